@@ -1,0 +1,143 @@
+"""``python -m recipes list | run RECIPE|all``: the suite's main job.
+
+``run`` launches each recipe under torchrun (``recipes.train``), prints progress,
+and writes the report (results.json + results.md) to ``--report-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from recipes.options import RunOptions
+from recipes.tiers import REPO_ROOT, TIERS
+
+DEFAULT_REPORT_DIR = REPO_ROOT / "report"
+
+#: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
+#: the cpu tier can reproduce: one layer, 2048 tokens, one step, one process.
+FULL_WIDTH_RANDOM_INIT = dict(layers=1, seq_len=2048, local_batch_size=1, steps=1, nproc=1)
+RANDOM_INIT_TOLERANCE = 0.03
+
+
+def cmd_list(args) -> int:
+    from recipes.registry import RECIPES
+
+    print("recipes:")
+    for recipe in RECIPES.values():
+        print(f"  {recipe.name:<14} {recipe.description}")
+    print("tiers:")
+    for tier in TIERS.values():
+        print(f"  {tier.name:<14} {tier.nproc} process(es), seq_len {tier.seq_len}, {tier.steps} steps")
+    try:
+        from recipes.overrides import available_overrides
+    except ImportError:
+        return 0
+    print("overrides (--override NAME or NAME=GLOB[,GLOB]):")
+    for name, description in available_overrides().items():
+        print(f"  {name:<14} {description}")
+    return 0
+
+
+def _runs_for(args, recipe: str) -> list[RunOptions]:
+    from recipes.train import options_from_args
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    inits = [args.init] if args.init else ["hf", "random"]
+    runs = []
+    for init in inits:
+        opts = options_from_args(args, recipe, None)
+        opts.init = init
+        opts.run_dir = args.report_dir / "runs" / f"{recipe}-{opts.tier}-{init}-{stamp}"
+        if init != "hf":
+            opts.export_dir = None
+        runs.append(opts)
+    return runs
+
+
+def _full_width_random_init(args) -> RunOptions:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return RunOptions(
+        recipe="native_qwen3",
+        tier="cpu",
+        init="random",
+        seed=args.seed,
+        run_dir=args.report_dir / "runs" / f"native_qwen3-cpu-random-4B-width-{stamp}",
+        **FULL_WIDTH_RANDOM_INIT,
+    )
+
+
+def cmd_run(args, cli_overrides: list[str]) -> int:
+    from recipes import report as report_mod
+    from recipes.launch import LaunchError, launch
+    from recipes.preflight import PreflightError, preflight
+    from recipes.published import CLAIMS
+    from recipes.registry import RECIPES
+    from recipes.train import build_config
+
+    names = list(RECIPES) if args.recipe == "all" else [args.recipe]
+    plan = [opts for name in names for opts in _runs_for(args, name)]
+    if args.tier == "cpu" and args.recipe in ("all", "native_qwen3") and args.init in (None, "random"):
+        plan.append(_full_width_random_init(args))
+    try:
+        resolved = []
+        for opts in plan:
+            opts = preflight(opts)
+            build_config(opts)  # the recipe's own checks (sizes vs config.json) before any rank
+            resolved.append(opts)
+    except PreflightError as e:
+        print(f"python -m recipes run: error: {e}", file=sys.stderr)
+        return 2
+
+    report = report_mod.load(args.report_dir)
+    failed = False
+    for opts in resolved:
+        try:
+            result = launch(opts, cli_overrides)
+        except LaunchError as e:
+            print(f"FAILED: {e}", file=sys.stderr)
+            failed = True
+            continue
+        report_mod.add_run(report, result.to_dict())
+        if opts.layers is not None and opts.init == "random" and result.losses:
+            claim = CLAIMS["step1_loss_random"]
+            measured = result.losses[0]
+            report_mod.add_check(
+                report,
+                claim.key,
+                measured,
+                published=claim.value,
+                tolerance=RANDOM_INIT_TOLERANCE,
+                passed=abs(measured - claim.value) <= RANDOM_INIT_TOLERANCE,
+                note=f"{opts.tier}: real 4B width/vocab, {opts.layers} layer(s), {opts.seq_len} tokens",
+            )
+        report_mod.save(args.report_dir, report)
+    path = report_mod.save(args.report_dir, report)
+    print()
+    print((args.report_dir / report_mod.RESULTS_MD).read_text())
+    print(f"report: {path} and {args.report_dir / report_mod.RESULTS_MD}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from recipes.train import add_run_arguments
+
+    parser = argparse.ArgumentParser(prog="python -m recipes", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list recipes, tiers and kernel overrides")
+    run = sub.add_parser("run", help="run recipes under torchrun and write the report")
+    run.add_argument("recipe", help="a recipe name (see `list`) or 'all'")
+    run.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
+    add_run_arguments(run)
+    run.set_defaults(init=None)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "list":
+        return cmd_list(args)
+    args.report_dir = args.report_dir.resolve()
+    return cmd_run(args, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

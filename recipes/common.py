@@ -1,0 +1,66 @@
+"""Settings all three recipes share: data, tokenizer, batch, parallelism, checkpoints, seed.
+
+A recipe picks its model; ``apply_run_options`` makes the rest of the
+``Trainer.Config`` the tutorial's launch on the chosen tier, so the recipes
+differ only where the tutorial's configs differ.
+"""
+
+from __future__ import annotations
+
+from recipes.options import RunOptions
+
+
+def apply_run_options(config, opts: RunOptions):
+    """Fill the run-dependent parts of a recipe's ``Trainer.Config`` from ``opts``.
+
+    ``opts`` must be ``RunOptions.resolved()``. Returns ``config`` for chaining.
+    """
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+    from torchtitan.models.common.config_utils import decoder_vocab_size
+
+    tier = opts.tier_preset
+    if config.model_spec is not None and hasattr(config.model_spec.model, "vocab_size"):
+        config.loss = ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
+        )
+    config.hf_assets_path = str(opts.model_dir or tier.tokenizer_dir)
+    config.dataloader = HuggingFaceTextDataLoader.Config(
+        dataset="c4_test", dataset_path=str(tier.dataset_path), infinite=True
+    )
+    config.metrics = MetricsProcessor.Config(log_freq=1)
+    config.lr_scheduler.warmup_steps = min(config.lr_scheduler.warmup_steps, tier.warmup_steps)
+
+    config.training.steps = opts.steps
+    config.training.seq_len = opts.seq_len
+    config.training.local_batch_size = opts.local_batch_size
+    config.training.global_batch_size = -1
+
+    config.parallelism.data_parallel_shard_degree = -1
+    config.parallelism.data_parallel_replicate_degree = 1
+    config.parallelism.tensor_parallel_degree = 1
+    config.parallelism.context_parallel_degree = 1
+    config.parallelism.pipeline_parallel_degree = 1
+
+    config.debug.seed = opts.seed
+    config.debug.deterministic = tier.deterministic
+    config.compile.enable = False if tier.name == "cpu" else config.compile.enable
+
+    run_dir = opts.run_dir
+    config.dump_folder = str(run_dir) if run_dir else config.dump_folder
+    load_hf = opts.init == "hf"
+    config.checkpoint = CheckpointManager.Config(
+        enable=True,
+        folder="checkpoint",
+        interval=opts.steps,
+        initial_load_path=str(opts.model_dir) if load_hf else None,
+        initial_load_in_hf=load_hf,
+        initial_load_model_only=True,
+        last_save_model_only=True,
+        last_save_in_hf=True,
+        export_dtype="float32" if tier.name == "cpu" else "bfloat16",
+        keep_latest_k=1,
+    )
+    return config

@@ -1,0 +1,121 @@
+"""Turn torchtitan's ``last_save_in_hf`` checkpoint into a model directory users can open.
+
+torchtitan writes safetensors and an index, but no config.json and no
+tokenizer, so ``AutoModelForCausalLM.from_pretrained(export)`` fails. Here the
+export gets a config.json describing the model that was trained, the tokenizer
+the run used, and is published atomically: a reader sees the previous complete
+export or the new complete one, never a half-written directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from recipes.options import RunOptions
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+    "chat_template.jinja",
+)
+
+EXPORT_DIR_NAME = "hf_export"
+
+
+def hf_config(spec, torch_dtype: str) -> dict:
+    """A transformers config.json for the model a torchtitan Qwen3 spec builds."""
+    from recipes.specs import model_dims
+
+    dims = model_dims(spec)
+    layer = spec.model.layers[0]
+    moe = getattr(layer, "moe", None)
+    config = {
+        **{k: v for k, v in dims.items() if k != "rope_theta"},
+        "rope_parameters": {"rope_type": "default", "rope_theta": dims["rope_theta"]},
+        "rms_norm_eps": spec.model.norm.eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": torch_dtype,
+    }
+    if moe is None:
+        config.update(
+            architectures=["Qwen3ForCausalLM"],
+            model_type="qwen3",
+            intermediate_size=layer.feed_forward.w1.out_features,
+        )
+    else:
+        experts = moe.routed_experts
+        config.update(
+            architectures=["Qwen3MoeForCausalLM"],
+            model_type="qwen3_moe",
+            num_experts=moe.num_experts,
+            num_experts_per_tok=moe.router.top_k,
+            norm_topk_prob=bool(moe.router.route_norm),
+            moe_intermediate_size=experts.hidden_dim,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    return config
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    """The newest ``checkpoint/step-N`` folder of a run."""
+    steps = sorted(
+        (p for p in (run_dir / "checkpoint").glob("step-*") if p.is_dir()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    if not steps:
+        raise FileNotFoundError(f"{run_dir / 'checkpoint'} holds no step-N checkpoint")
+    return steps[-1]
+
+
+def publish(source: Path, target: Path, overwrite: bool) -> None:
+    """Copy a complete export to ``target`` atomically (rename of a sibling temp dir)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        if target.exists():
+            if any(target.iterdir()) and not overwrite:
+                raise FileExistsError(f"{target} is not empty; pass --overwrite to replace it")
+            retired = target.with_name(f".{target.name}.old")
+            shutil.rmtree(retired, ignore_errors=True)
+            os.replace(target, retired)
+            os.replace(staging, target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def finish_export(opts: RunOptions, config) -> Path:
+    """Complete the run's HF export in ``run_dir/hf_export``; publish it to ``--export-dir``."""
+    run_dir = Path(config.dump_folder)
+    checkpoint = last_checkpoint(run_dir)
+    export = run_dir / EXPORT_DIR_NAME
+    staging = run_dir / f".{EXPORT_DIR_NAME}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(checkpoint, staging)
+    hf = hf_config(config.model_spec, config.checkpoint.export_dtype)
+    (staging / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    tokenizer_dir = Path(config.hf_assets_path)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, staging / name)
+    shutil.rmtree(export, ignore_errors=True)
+    os.replace(staging, export)
+    if opts.export_dir is not None:
+        publish(export, opts.export_dir, opts.overwrite)
+    return export

@@ -1,0 +1,163 @@
+"""Start a recipe under torchrun, show its progress, and collect what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from recipes.options import RunOptions
+from recipes.platform import offline_env
+from recipes.tiers import REPO_ROOT
+from recipes.train import RUN_FILE, STEPS_FILE
+
+LOG_TAIL_LINES = 40
+
+
+class LaunchError(RuntimeError):
+    """A run whose ranks did not all exit 0; the message carries their last log lines."""
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    tier: str
+    init: str
+    nproc: int
+    seed: int
+    seq_len: int
+    local_batch_size: int
+    run_dir: str
+    export_dir: str | None
+    returncode: int
+    wall_s: float
+    steps: list[dict] = field(default_factory=list)
+
+    @property
+    def losses(self) -> list[float]:
+        return [s["loss"] for s in self.steps]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "losses": self.losses}
+
+
+def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[str]:
+    """``torchrun --nproc_per_node=N -m recipes.train ...`` for resolved ``opts``."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={opts.nproc}",
+        "--log-dir", str(opts.run_dir / "logs"),
+        "--redirects", "3",
+        "-m", "recipes.train",
+        "--recipe", opts.recipe,
+        "--tier", opts.tier,
+        "--run-dir", str(opts.run_dir),
+        "--steps", str(opts.steps),
+        "--seq-len", str(opts.seq_len),
+        "--local-batch-size", str(opts.local_batch_size),
+        "--init", opts.init,
+        "--seed", str(opts.seed),
+    ]  # fmt: skip
+    if opts.layers is not None:
+        cmd += ["--layers", str(opts.layers)]
+    if opts.model_dir is not None:
+        cmd += ["--model-dir", str(opts.model_dir)]
+    if opts.export_dir is not None:
+        cmd += ["--export-dir", str(opts.export_dir)]
+    if opts.overwrite:
+        cmd.append("--overwrite")
+    for spec in opts.overrides:
+        cmd += ["--override", spec]
+    return cmd + list(cli_overrides)
+
+
+def child_env(opts: RunOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(offline_env())
+    env.update(opts.tier_preset.extra_env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def read_steps(run_dir: Path) -> list[dict]:
+    path = run_dir / STEPS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rank_log_tails(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of every rank's stderr, failing ranks' tracebacks included."""
+    parts = []
+    for log in sorted((run_dir / "logs").glob("*/attempt_*/*/stderr.log")):
+        text = log.read_text(errors="replace").splitlines()
+        if text:
+            rank = log.parent.name
+            parts.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {log}")
+            parts.extend(text[-lines:])
+    return "\n".join(parts)
+
+
+def _progress(step: dict, total: int) -> str:
+    return (
+        f"  step {step['step']:>3}/{total}  loss {step['loss']:.4f}  "
+        f"{step['tokens_per_s']:,.0f} tokens/s  {step['step_time_s']:.2f} s/step"
+    )
+
+
+def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_s: float | None = None) -> RunResult:
+    """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure."""
+    run_dir = opts.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(opts.to_json() + "\n")
+    cmd = torchrun_command(opts, cli_overrides)
+    echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
+    started = time.perf_counter()
+    shown = 0
+    with (run_dir / "console.log").open("w") as console:
+        proc = subprocess.Popen(cmd, env=child_env(opts), stdout=console, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                steps = read_steps(run_dir)
+                for step in steps[shown:]:
+                    echo(_progress(step, opts.steps))
+                shown = len(steps)
+                if timeout_s is not None and time.perf_counter() - started > timeout_s:
+                    raise LaunchError(f"run exceeded {timeout_s:.0f} s\n{rank_log_tails(run_dir)}")
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    steps = read_steps(run_dir)
+    for step in steps[shown:]:
+        echo(_progress(step, opts.steps))
+    result = RunResult(
+        recipe=opts.recipe,
+        tier=opts.tier,
+        init=opts.init,
+        nproc=opts.nproc,
+        seed=opts.seed,
+        seq_len=opts.seq_len,
+        local_batch_size=opts.local_batch_size,
+        run_dir=str(run_dir),
+        export_dir=str(opts.export_dir) if opts.export_dir else None,
+        returncode=proc.returncode,
+        wall_s=time.perf_counter() - started,
+        steps=steps,
+    )
+    if proc.returncode != 0:
+        raise LaunchError(
+            f"{opts.recipe} on {opts.tier} failed: torchrun exited {proc.returncode} "
+            f"after {result.wall_s:.0f} s.\n{rank_log_tails(run_dir)}"
+        )
+    return result

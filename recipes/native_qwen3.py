@@ -1,0 +1,38 @@
+"""Tutorial config 2: torchtitan's native Qwen3, the 32B config with the 4B model.
+
+The tutorial's torchtitan build has no ``qwen3_4b()``, so it starts from
+``qwen3_32b()`` and replaces ``model_spec`` with ``model_registry("4B",
+attn_backend="sdpa")``. The cpu tier keeps that structure with tiny dims.
+"""
+
+from __future__ import annotations
+
+from recipes.common import apply_run_options
+from recipes.options import RunOptions
+from recipes.specs import qwen3_spec, sized_spec, truncated_spec
+from recipes.tiers import TINY_DENSE
+
+#: The model the tutorial trains, and the one its published numbers are about.
+FLAVOR = "4B"
+
+
+def model_spec(tier: str, layers: int | None = None):
+    """The 4B spec with SDPA; on cpu tiny dims unless ``layers`` asks for the real width.
+
+    ``layers`` keeps the first N layers of the real 4B model: the cpu tier uses
+    it to measure the random-init loss of the real width and vocab.
+    """
+    if layers is not None:
+        return truncated_spec(FLAVOR, layers, attn_backend="sdpa")
+    if tier == "trn2":
+        return qwen3_spec(FLAVOR, attn_backend="sdpa")
+    return sized_spec(FLAVOR, TINY_DENSE, name="cpu-tiny")
+
+
+def native_qwen3(opts: RunOptions):
+    """``qwen3_32b()`` with ``config.model_spec = model_registry("4B", attn_backend="sdpa")``."""
+    from torchtitan.models.qwen3.config_registry import qwen3_32b
+
+    config = qwen3_32b()
+    config.model_spec = model_spec(opts.tier, opts.layers)
+    return apply_run_options(config, opts)

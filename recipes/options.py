@@ -1,0 +1,70 @@
+"""The options every recipe takes, on every tier, from the CLI or from tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from recipes.tiers import TIERS, Tier
+
+INITS = ("hf", "random")
+
+
+@dataclass
+class RunOptions:
+    """One training run of one recipe. ``None`` means "the tier's default"."""
+
+    recipe: str = "native_qwen3"
+    tier: str = "cpu"
+    nproc: int | None = None
+    steps: int | None = None
+    seq_len: int | None = None
+    local_batch_size: int | None = None
+    layers: int | None = None
+    init: str = "hf"
+    model_dir: Path | None = None
+    export_dir: Path | None = None
+    run_dir: Path | None = None
+    seed: int = 0
+    overrides: list[str] = field(default_factory=list)
+    overwrite: bool = False
+
+    @property
+    def tier_preset(self) -> Tier:
+        return TIERS[self.tier]
+
+    def resolved(self) -> "RunOptions":
+        """A copy with every tier default filled in and paths made absolute."""
+        tier = self.tier_preset
+        model_dir = self.model_dir or tier.model_dir
+
+        def absolute(p: Path | None) -> Path | None:
+            return Path(p).expanduser().resolve() if p is not None else None
+
+        return RunOptions(
+            recipe=self.recipe,
+            tier=self.tier,
+            nproc=self.nproc or tier.nproc,
+            steps=self.steps or tier.steps,
+            seq_len=self.seq_len or tier.seq_len,
+            local_batch_size=self.local_batch_size or tier.local_batch_size,
+            layers=self.layers,
+            init=self.init,
+            model_dir=absolute(model_dir),
+            export_dir=absolute(self.export_dir),
+            run_dir=absolute(self.run_dir),
+            seed=self.seed,
+            overrides=list(self.overrides),
+            overwrite=self.overwrite,
+        )
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in data.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunOptions":
+        data = json.loads(text)
+        paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
+        return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})

@@ -1,0 +1,37 @@
+"""The only place that knows about devices.
+
+``install(tier)`` turns the current process into a process of that tier and must
+run before torchtitan is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: Run-time settings every tier needs: nothing reaches the Hub.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+TIERS = ("cpu", "trn2")
+
+
+def offline_env() -> dict[str, str]:
+    return dict(OFFLINE_ENV)
+
+
+def install(tier: str) -> None:
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    if tier == "cpu":
+        from recipes.platform import cpu
+
+        cpu.install()
+    elif tier == "trn2":
+        from recipes.platform import neuron
+
+        neuron.install()
+    else:
+        raise ValueError(f"unknown tier {tier!r}; choose one of {', '.join(TIERS)}")

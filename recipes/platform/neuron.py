@@ -1,0 +1,116 @@
+"""Neuron detection: what a trn2 run needs, and a precise reason when it is missing.
+
+Nothing here imports a Neuron package at module import time, so the cpu tier
+and test collection work on machines without them.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+#: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
+DEFAULT_LNC = 2
+VALID_LNC = (1, 2)
+
+#: Python packages the trn2 tier imports, and what each provides.
+NEURON_PACKAGES = {
+    "torch_neuronx": "torch-neuronx 2.14.3 (the 'neuron' device and process-group backend)",
+    "nkilib": "nkilib (NKI kernels: rope_hf, MoE building blocks)",
+}
+
+
+class LNCError(ValueError):
+    """NEURON_LOGICAL_NC_CONFIG holds a value trn2 does not support."""
+
+
+def logical_neuron_cores() -> int:
+    """LNC from ``NEURON_LOGICAL_NC_CONFIG`` (1 or 2); trn2's default is 2."""
+    raw = os.environ.get("NEURON_LOGICAL_NC_CONFIG", str(DEFAULT_LNC)).strip()
+    try:
+        lnc = int(raw)
+    except ValueError:
+        lnc = None
+    if lnc not in VALID_LNC:
+        raise LNCError(
+            f"NEURON_LOGICAL_NC_CONFIG={raw!r} is not a supported logical NeuronCore "
+            f"size; set it to 1 or 2 (trn2 default: {DEFAULT_LNC}) or unset it."
+        )
+    return lnc
+
+
+def device_nodes() -> list[str]:
+    """``/dev/neuron*`` character devices: one per Neuron device (16 on trn2.48xlarge)."""
+    return sorted(glob.glob("/dev/neuron[0-9]*"))
+
+
+def neuron_ls() -> list[dict] | None:
+    """``neuron-ls -j`` parsed, or None when the tool is absent or fails."""
+    exe = shutil.which("neuron-ls")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "-j"], capture_output=True, text=True, timeout=30, check=True)
+        return json.loads(out.stdout)
+    except (subprocess.SubprocessError, json.JSONDecodeError, OSError):
+        return None
+
+
+def neuron_core_count() -> int:
+    """NeuronCores reported by ``neuron-ls`` (sum of ``nc_count``), 0 when unknown."""
+    devices = neuron_ls() or []
+    return sum(int(d.get("nc_count", 0)) for d in devices)
+
+
+def has_package(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@dataclass
+class NeuronStatus:
+    """What this machine has of the trn2 tier; ``missing`` names every gap."""
+
+    devices: list[str] = field(default_factory=list)
+    packages: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[str]:
+        gaps = []
+        if not self.devices:
+            gaps.append("no Neuron device (/dev/neuron* is absent: not a trn2 instance)")
+        for pkg, present in self.packages.items():
+            if not present:
+                gaps.append(f"package '{pkg}' is not installed ({NEURON_PACKAGES[pkg]})")
+        return gaps
+
+    @property
+    def ready(self) -> bool:
+        return not self.missing
+
+    def reason(self) -> str:
+        if self.ready:
+            return "Neuron device and packages present"
+        return "; ".join(self.missing) + ". Install requirements-neuron.txt on a trn2 instance."
+
+
+def neuron_status(packages: tuple[str, ...] = ("torch_neuronx",)) -> NeuronStatus:
+    return NeuronStatus(
+        devices=device_nodes(),
+        packages={p: has_package(p) for p in packages},
+    )
+
+
+def install() -> None:
+    """Make this process a trn2-tier process: register the 'neuron' device and backend.
+
+    ``import torch_neuronx`` renames PrivateUse1 to ``neuron`` and registers the
+    "neuron" process-group backend (it maps LOCAL_RANK to NEURON_RT_VISIBLE_CORES
+    when that is unset), which torchtitan then picks up as its device type.
+    """
+    logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
+    import torch_neuronx  # noqa: F401

@@ -1,0 +1,125 @@
+"""The report every run writes: results.json, a markdown table, and the versions behind them."""
+
+from __future__ import annotations
+
+import json
+import platform as _platform
+from importlib import metadata
+from pathlib import Path
+
+from recipes.published import CLAIMS, SOURCE
+
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+
+VERSIONED_PACKAGES = (
+    "torch",
+    "torchtitan",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+    "datasets",
+    "torch-neuronx",
+    "neuronx-cc",
+    "nki",
+    "nkilib",
+)
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages a result depends on (None: not installed)."""
+    found = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    found["python"] = _platform.python_version()
+    found["machine"] = f"{_platform.machine()} {_platform.system()}"
+    return found
+
+
+def load(report_dir: Path) -> dict:
+    path = report_dir / RESULTS_JSON
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"source": SOURCE, "runs": [], "checks": []}
+
+
+def save(report_dir: Path, report: dict) -> Path:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    report["versions"] = versions()
+    path = report_dir / RESULTS_JSON
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    (report_dir / RESULTS_MD).write_text(markdown(report))
+    return path
+
+
+def add_run(report: dict, run: dict) -> None:
+    report["runs"].append({**run, "versions": versions()})
+
+
+def add_check(report: dict, key: str, measured, *, published=None, tolerance=None, passed=None, note="") -> None:
+    """One measured number against its claim (``published``/``tolerance`` may be None)."""
+    report["checks"] = [c for c in report["checks"] if c["key"] != key]
+    report["checks"].append(
+        {
+            "key": key,
+            "measured": measured,
+            "published": published,
+            "tolerance": tolerance,
+            "passed": passed,
+            "note": note,
+        }
+    )
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def markdown(report: dict) -> str:
+    lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
+    if report.get("checks"):
+        lines += [
+            "## Published vs measured",
+            "",
+            "| claim | published | measured | tolerance | verdict | note |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in report["checks"]:
+            claim = CLAIMS.get(c["key"])
+            name = claim.what if claim else c["key"]
+            verdict = {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
+            lines.append(
+                f"| {name} | {_fmt(c['published'])} | {_fmt(c['measured'])} | "
+                f"{_fmt(c['tolerance'])} | {verdict} | {c.get('note', '')} |"
+            )
+        lines.append("")
+    if report.get("runs"):
+        lines += [
+            "## Runs",
+            "",
+            "| recipe | tier | init | procs | seq×batch | step-1 loss | last loss | steps | tokens/s | s/step |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in report["runs"]:
+            steps = r.get("steps") or []
+            tps = [s["tokens_per_s"] for s in steps[1:]] or [s["tokens_per_s"] for s in steps]
+            times = [s["step_time_s"] for s in steps[1:]] or [s["step_time_s"] for s in steps]
+            lines.append(
+                f"| {r['recipe']} | {r['tier']} | {r['init']} | {r['nproc']} | "
+                f"{r['seq_len']}×{r['local_batch_size']} | {_fmt(r['losses'][0] if r['losses'] else None)} | "
+                f"{_fmt(r['losses'][-1] if r['losses'] else None)} | {len(steps)} | "
+                f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} |"
+            )
+        lines.append("")
+    v = report.get("versions", {})
+    lines += ["Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val), ""]
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Qwen3 model specs as the tutorial names them, plus the tiny cpu-tier sizes.
+
+Every spec comes from torchtitan's own ``model_registry`` so the parallelize
+function, state-dict adapter and init schemes are upstream's. The cpu tier only
+swaps the model config for one with tiny dims built from torchtitan's public
+config builders.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import torch.nn as nn
+
+from recipes.tiers import DenseDims, MoEDims
+
+_LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
+
+
+def sdpa_attention(spec):
+    """Give every layer SDPA attention: what ``attn_backend="sdpa"`` means in the tutorial.
+
+    torchtitan-neuron accepts ``model_registry(..., attn_backend="sdpa")``;
+    torchtitan 0.3.0 rejects "sdpa" for language models (it wants per-document
+    masks), so there the same wiring is done here: causal SDPA in every layer.
+    """
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    for layer in spec.model.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return spec
+
+
+def qwen3_spec(flavor: str, attn_backend: str = "sdpa"):
+    """``model_registry(flavor, attn_backend=...)``, with SDPA where upstream refuses it."""
+    from torchtitan.models.qwen3 import model_registry
+
+    try:
+        return model_registry(flavor, attn_backend=attn_backend)
+    except ValueError:
+        if attn_backend != "sdpa":
+            raise
+        return sdpa_attention(model_registry(flavor, attn_backend="flex"))
+
+
+def _norm(dim: int, eps: float):
+    from torchtitan.models.common.nn_modules import RMSNorm
+
+    return RMSNorm.Config(normalized_shape=dim, eps=eps, param_init={"weight": nn.init.ones_})
+
+
+def _attention(dims: DenseDims, rope, inner_attention, wo_init):
+    from torchtitan.models.common.config_utils import make_gqa_config
+
+    return make_gqa_config(
+        dim=dims.hidden_size,
+        n_heads=dims.num_attention_heads,
+        n_kv_heads=dims.num_key_value_heads,
+        head_dim=dims.head_dim,
+        wqkv_param_init=_LINEAR_INIT,
+        wo_param_init=wo_init,
+        inner_attention=inner_attention,
+        fuse_qkv=True,
+        rope=rope,
+        qk_norm=_norm(dims.head_dim, dims.rms_norm_eps),
+    )
+
+
+def _moe(dims: MoEDims):
+    from torchtitan.models.common.config_utils import (
+        make_moe_config,
+        make_routed_experts_config,
+        make_router_config,
+    )
+
+    return make_moe_config(
+        num_experts=dims.num_experts,
+        router=make_router_config(
+            dim=dims.hidden_size,
+            num_experts=dims.num_experts,
+            gate_param_init=_LINEAR_INIT,
+            top_k=dims.num_experts_per_tok,
+            score_func="softmax",
+            route_norm=dims.norm_topk_prob,
+        ),
+        routed_experts=make_routed_experts_config(
+            dim=dims.hidden_size,
+            hidden_dim=dims.moe_intermediate_size,
+            num_experts=dims.num_experts,
+            top_k=dims.num_experts_per_tok,
+            param_init={name: _LINEAR_INIT["weight"] for name in ("w1_EFD", "w2_EDF", "w3_EFD")},
+            comm_backend="standard",
+        ),
+    )
+
+
+def sized_spec(base_flavor: str, dims: DenseDims, name: str):
+    """A ``model_registry(base_flavor)`` spec whose model has ``dims`` instead.
+
+    Used for the cpu tier: same model class, adapter and parallelize function
+    as the real flavor, with every size taken from ``dims``.
+    """
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.config_utils import make_ffn_config
+    from torchtitan.models.common.param_init import skip_param_init
+    from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+
+    spec = qwen3_spec(base_flavor)
+    inner_attention = copy.deepcopy(spec.model.layers[0].attention.inner_attention)
+    rope = CosSinRoPE.Config(
+        dim=dims.head_dim, max_seq_len=dims.max_position_embeddings, theta=dims.rope_theta
+    )
+    layers = []
+    for _ in range(dims.num_hidden_layers):
+        block = Qwen3TransformerBlock.Config(
+            attention_norm=_norm(dims.hidden_size, dims.rms_norm_eps),
+            ffn_norm=_norm(dims.hidden_size, dims.rms_norm_eps),
+            attention=_attention(dims, rope, copy.deepcopy(inner_attention), _LINEAR_INIT),
+        )
+        if isinstance(dims, MoEDims):
+            block.moe = _moe(dims)
+        else:
+            block.feed_forward = make_ffn_config(
+                dim=dims.hidden_size,
+                hidden_dim=dims.intermediate_size,
+                w1_param_init=_LINEAR_INIT,
+                w2w3_param_init=_LINEAR_INIT,
+            )
+        layers.append(block)
+    embed_init = (
+        {"weight": skip_param_init} if dims.tie_word_embeddings else _LINEAR_INIT
+    )
+    spec.model = Qwen3Model.Config(
+        vocab_size=dims.vocab_size,
+        dim=dims.hidden_size,
+        norm=_norm(dims.hidden_size, dims.rms_norm_eps),
+        enable_weight_tying=dims.tie_word_embeddings,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=dims.vocab_size,
+            embedding_dim=dims.hidden_size,
+            param_init={"weight": embed_init["weight"]},
+        ),
+        lm_head=Linear.Config(
+            in_features=dims.hidden_size, out_features=dims.vocab_size, param_init=_LINEAR_INIT
+        ),
+        layers=layers,
+    )
+    spec.flavor = name
+    return spec
+
+
+def truncated_spec(flavor: str, n_layers: int, attn_backend: str = "sdpa"):
+    """The real flavor's widths and vocab with only the first ``n_layers`` layers."""
+    spec = qwen3_spec(flavor, attn_backend)
+    spec.model.layers = spec.model.layers[:n_layers]
+    spec.flavor = f"{flavor}[:{n_layers} layers]"
+    return spec
+
+
+def model_dims(spec) -> dict:
+    """The hyper-parameters a built spec really has, named as in config.json."""
+    model = spec.model
+    attention = model.layers[0].attention
+    return {
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.dim,
+        "num_hidden_layers": len(model.layers),
+        "num_attention_heads": attention.n_heads,
+        "num_key_value_heads": attention.n_kv_heads,
+        "head_dim": attention.head_dim,
+        "rope_theta": attention.rope.theta,
+        "max_position_embeddings": attention.rope.max_seq_len,
+        "tie_word_embeddings": bool(model.enable_weight_tying),
+    }

@@ -1,0 +1,126 @@
+"""Tier presets: what differs between the cpu tier and a trn2.48xlarge.
+
+A recipe reads its sizes, process count, data and dtype from here, so the
+recipe modules stay a single description of the tutorial's configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = REPO_ROOT / "fixtures"
+
+
+@dataclass(frozen=True)
+class DenseDims:
+    """Qwen3 dense hyper-parameters, named as in Qwen3's config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = True
+    rms_norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class MoEDims(DenseDims):
+    """Qwen3-MoE hyper-parameters (``moe_intermediate_size``, experts, top-k)."""
+
+    moe_intermediate_size: int = 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    norm_topk_prob: bool = True
+
+
+#: The fixture checkpoint (fixtures/qwen3-tiny): a Qwen3 small enough for 2 CPU cores.
+TINY_DENSE = DenseDims(
+    vocab_size=1024,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=4096,
+)
+
+#: Qwen3-30B-A3B shrunk to 4 layers / 64 experts / top-4 with tiny widths (cpu tier).
+TINY_MOE = MoEDims(
+    vocab_size=1024,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    moe_intermediate_size=64,
+    num_experts=64,
+    num_experts_per_tok=4,
+)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Everything a recipe needs to know about where it runs."""
+
+    name: str
+    nproc: int
+    seq_len: int
+    local_batch_size: int
+    steps: int
+    dataset_path: Path
+    tokenizer_dir: Path
+    model_dir: Path | None
+    warmup_steps: int
+    deterministic: bool
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+CPU = Tier(
+    name="cpu",
+    nproc=2,
+    seq_len=256,
+    local_batch_size=2,
+    steps=5,
+    dataset_path=FIXTURES / "corpus",
+    tokenizer_dir=FIXTURES / "qwen3-tiny",
+    model_dir=FIXTURES / "qwen3-tiny",
+    warmup_steps=2,
+    deterministic=True,
+    extra_env={"OMP_NUM_THREADS": "1"},
+)
+
+#: trn2.48xlarge at LNC=2: 16 Trainium2 chips = 64 logical NeuronCores, one rank each.
+TRN2 = Tier(
+    name="trn2",
+    nproc=64,
+    seq_len=2048,
+    local_batch_size=1,
+    steps=10,
+    dataset_path=_env_path("QWEN3_DATASET_DIR") or FIXTURES / "corpus",
+    tokenizer_dir=_env_path("QWEN3_4B_DIR") or Path("QWEN3_4B_DIR-is-not-set"),
+    model_dir=_env_path("QWEN3_4B_DIR"),
+    warmup_steps=600,
+    deterministic=False,
+    extra_env={"NEURON_LOGICAL_NC_CONFIG": "2"},
+)
+
+TIERS = {t.name: t for t in (CPU, TRN2)}

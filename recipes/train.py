@@ -1,0 +1,167 @@
+"""The one entry torchrun starts on every tier.
+
+    torchrun --nproc_per_node=N -m recipes.train --recipe native_qwen3 --tier cpu \\
+        [--init hf|random] [--model-dir DIR] [--steps N] ... [torchtitan CLI overrides]
+
+Arguments this module does not know (``--training.steps 3``, ``--parallelism.…``)
+go to torchtitan's own CLI parser on top of the recipe's config, exactly as with
+``torchtitan.train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from recipes.options import RunOptions
+
+STEPS_FILE = "steps.jsonl"
+RUN_FILE = "run.json"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options shared by ``recipes.train`` and ``python -m recipes run``."""
+    parser.add_argument("--tier", default="cpu", help="cpu or trn2 (default: cpu)")
+    parser.add_argument("--nproc", type=int, help="processes (default: the tier's: cpu 2, trn2 64)")
+    parser.add_argument("--steps", type=int, help="training steps (default: the tier's)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the tier's)")
+    parser.add_argument("--local-batch-size", type=int, help="sequences per rank per step")
+    parser.add_argument(
+        "--layers", type=int, help="keep the first N layers of the real model (cpu: real 4B width, not tiny)"
+    )
+    parser.add_argument("--init", default="hf", help="hf (load --model-dir weights) or random")
+    parser.add_argument("--model-dir", type=Path, help="local Hugging Face model dir (weights, config, tokenizer)")
+    parser.add_argument("--export-dir", type=Path, help="where the final HF export is published")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="NAME[=GLOB,...]",
+        help="kernel override, all matching modules or scoped by model-relative fqn globs",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --export-dir")
+
+
+def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | None) -> RunOptions:
+    return RunOptions(
+        recipe=recipe,
+        tier=args.tier,
+        nproc=args.nproc,
+        steps=args.steps,
+        seq_len=args.seq_len,
+        local_batch_size=args.local_batch_size,
+        layers=args.layers,
+        init=args.init,
+        model_dir=args.model_dir,
+        export_dir=args.export_dir,
+        run_dir=run_dir,
+        seed=args.seed,
+        overrides=args.override,
+        overwrite=args.overwrite,
+    )
+
+
+def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
+    """The recipe's ``Trainer.Config`` for resolved ``opts``, then kernel and CLI overrides."""
+    from torchtitan.config.manager import ConfigManager
+
+    from recipes.preflight import check_model_matches
+    from recipes.registry import get_recipe
+    from recipes.specs import model_dims
+
+    config = get_recipe(opts.recipe).config_fn()(opts)
+    check_model_matches(opts, model_dims(config.model_spec))
+    if opts.overrides:
+        from recipes.overrides import apply_override_specs
+
+        apply_override_specs(config, opts.overrides)
+
+    class _RecipeConfig(ConfigManager):
+        def _load_config(self, args):
+            return config, args
+
+    return _RecipeConfig().parse_args(list(cli_overrides))
+
+
+class StepRecorder:
+    """A torchtitan metric logger that appends each step's numbers to ``steps.jsonl``.
+
+    Registered on rank 0 through ``LoggerContainer.add_logger``, so the numbers
+    are exactly the ones torchtitan prints.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started = time.perf_counter()
+
+    def log(self, metrics: dict, step: int) -> None:
+        record = {
+            "step": step,
+            "loss": metrics["loss_metrics/global_avg_loss"],
+            "grad_norm": metrics["grad_norm"],
+            "tokens_per_s": metrics["throughput(tps)"],
+            "step_time_s": metrics["time_metrics/end_to_end(s)"],
+            "max_reserved_gib": metrics["memory/max_reserved(GiB)"],
+            "wall_s": time.perf_counter() - self.started,
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        return None
+
+
+def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
+    """Build the recipe and train it in this process (one torchrun rank)."""
+    import torch
+
+    from recipes.export import finish_export
+
+    config = build_config(opts, cli_overrides)
+    rank = int(os.environ.get("RANK", "0"))
+    run_dir = Path(config.dump_folder)
+    trainer = None
+    try:
+        trainer = config.build()
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / STEPS_FILE).unlink(missing_ok=True)
+            trainer.metrics_processor.logger.add_logger(StepRecorder(run_dir / STEPS_FILE))
+        trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    if rank == 0:
+        finish_export(opts, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="recipes.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--run-dir", type=Path, help="dump folder of this run (checkpoints, steps.jsonl)")
+    add_run_arguments(parser)
+    args, cli_overrides = parser.parse_known_args(argv)
+
+    from recipes import platform
+    from recipes.preflight import PreflightError, preflight
+
+    try:
+        opts = preflight(options_from_args(args, args.recipe, args.run_dir))
+        platform.install(opts.tier)
+        train(opts, cli_overrides)
+    except PreflightError as e:
+        print(f"recipes.train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
