@@ -68,3 +68,37 @@ def recipe_run(shared_dir):
         return result
 
     return run
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        help="rewrite the exact-lane cpu goldens from this run's measurements (published values never change)",
+    )
+
+
+@pytest.fixture
+def golden(request, record_property):
+    """``golden(recipe, tier, key, measured, reason=...)``: record, then assert against the goldens file.
+
+    With ``--update-goldens`` an exact-lane value is rewritten from ``measured``
+    instead (NaN/inf refused); published values are always asserted.
+    """
+    from recipes import goldens
+
+    def check(recipe: str, tier: str, key: str, measured, reason: str = ""):
+        record_property(f"{recipe}.{tier}.{key}", measured)
+        if request.config.getoption("--update-goldens"):
+            _, values = goldens.load(recipe, tier) if goldens.goldens_path(recipe, tier).exists() else ({}, {})
+            if key not in values or values[key].lane == "exact":
+                goldens.update_exact(recipe, tier, {key: measured}, {key: reason})
+                return
+        metadata, values = goldens.load(recipe, tier)
+        if key not in values:
+            pytest.fail(f"{goldens.goldens_path(recipe, tier)} has no golden {key!r}; run `make goldens`", pytrace=False)
+        verdict = goldens.compare(key, measured, values, metadata)
+        record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
+        assert verdict.passed, verdict.message()
+
+    return check

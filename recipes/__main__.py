@@ -79,7 +79,8 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
 
     names = list(RECIPES) if args.recipe == "all" else [args.recipe]
     plan = [opts for name in names for opts in _runs_for(args, name)]
-    if args.tier == "cpu" and args.recipe in ("all", "native_qwen3") and args.init in (None, "random"):
+    wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
+    if wants_full_width and args.recipe in ("all", "native_qwen3"):
         plan.append(_full_width_random_init(args))
     try:
         resolved = []

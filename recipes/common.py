@@ -20,15 +20,17 @@ def apply_run_options(config, opts: RunOptions):
     from torchtitan.components.metrics import MetricsProcessor
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
     from torchtitan.models.common.config_utils import decoder_vocab_size
+    from torchtitan.models.common.decoder import Decoder
 
     tier = opts.tier_preset
-    if config.model_spec is not None and hasattr(config.model_spec.model, "vocab_size"):
+    # A torchtitan decoder's vocab is known here; the HF backend sets its loss's vocab itself.
+    if config.model_spec is not None and isinstance(config.model_spec.model, Decoder.Config):
         config.loss = ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
         )
     config.hf_assets_path = str(opts.model_dir or tier.tokenizer_dir)
     config.dataloader = HuggingFaceTextDataLoader.Config(
-        dataset="c4_test", dataset_path=str(tier.dataset_path), infinite=True
+        dataset="c4_test", dataset_path=str(opts.dataset_dir), infinite=True
     )
     config.metrics = MetricsProcessor.Config(log_freq=1)
     config.lr_scheduler.warmup_steps = min(config.lr_scheduler.warmup_steps, tier.warmup_steps)
@@ -37,6 +39,7 @@ def apply_run_options(config, opts: RunOptions):
     config.training.seq_len = opts.seq_len
     config.training.local_batch_size = opts.local_batch_size
     config.training.global_batch_size = -1
+    config.training.mixed_precision_param = tier.param_dtype
 
     config.parallelism.data_parallel_shard_degree = -1
     config.parallelism.data_parallel_replicate_degree = 1
@@ -57,10 +60,10 @@ def apply_run_options(config, opts: RunOptions):
         interval=opts.steps,
         initial_load_path=str(opts.model_dir) if load_hf else None,
         initial_load_in_hf=load_hf,
-        initial_load_model_only=True,
+        initial_load_model_only=load_hf,
         last_save_model_only=True,
         last_save_in_hf=True,
         export_dtype="float32" if tier.name == "cpu" else "bfloat16",
-        keep_latest_k=1,
+        keep_latest_k=2,
     )
     return config

@@ -107,7 +107,8 @@ def finish_export(opts: RunOptions, config) -> Path:
     export = run_dir / EXPORT_DIR_NAME
     staging = run_dir / f".{EXPORT_DIR_NAME}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(checkpoint, staging)
+    # "sharded/" holds the per-rank pieces torchtitan consolidated into the model files.
+    shutil.copytree(checkpoint, staging, ignore=shutil.ignore_patterns("sharded"))
     hf = hf_config(config.model_spec, config.checkpoint.export_dtype)
     (staging / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     tokenizer_dir = Path(config.hf_assets_path)

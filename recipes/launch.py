@@ -61,6 +61,7 @@ def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[st
         "--seq-len", str(opts.seq_len),
         "--local-batch-size", str(opts.local_batch_size),
         "--init", opts.init,
+        "--dataset-dir", str(opts.dataset_dir),
         "--seed", str(opts.seed),
     ]  # fmt: skip
     if opts.layers is not None:

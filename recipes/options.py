@@ -24,6 +24,7 @@ class RunOptions:
     layers: int | None = None
     init: str = "hf"
     model_dir: Path | None = None
+    dataset_dir: Path | None = None
     export_dir: Path | None = None
     run_dir: Path | None = None
     seed: int = 0
@@ -52,6 +53,7 @@ class RunOptions:
             layers=self.layers,
             init=self.init,
             model_dir=absolute(model_dir),
+            dataset_dir=absolute(self.dataset_dir or tier.dataset_path),
             export_dir=absolute(self.export_dir),
             run_dir=absolute(self.run_dir),
             seed=self.seed,

@@ -99,6 +99,20 @@ def check_model_matches(opts: RunOptions, built_dims: dict) -> None:
         )
 
 
+def check_dataset_dir(opts: RunOptions) -> None:
+    data = opts.dataset_dir
+    if data is None or not data.is_dir():
+        raise PreflightError(
+            f"--dataset-dir {data} does not exist; point it at a directory of *.jsonl files "
+            'with one {"text": ...} object per line'
+        )
+    if not any(data.glob("*.jsonl")) and not any(data.glob("*.json")) and not any(data.glob("*.parquet")):
+        raise PreflightError(
+            f"--dataset-dir {data} holds no *.jsonl, *.json or *.parquet data files; "
+            'put the corpus there as one {"text": ...} object per line'
+        )
+
+
 def check_export_dir(opts: RunOptions) -> None:
     export_dir = opts.export_dir
     if export_dir is None:
@@ -127,5 +141,6 @@ def preflight(opts: RunOptions) -> RunOptions:
     resolved = opts.resolved()
     check_tier(resolved)
     check_model_dir(resolved)
+    check_dataset_dir(resolved)
     check_export_dir(resolved)
     return resolved

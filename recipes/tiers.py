@@ -86,6 +86,8 @@ class Tier:
     model_dir: Path | None
     warmup_steps: int
     deterministic: bool
+    #: FSDP mixed-precision parameter dtype: fp32 on cpu keeps 1- and 2-process runs and HF parity exact.
+    param_dtype: str
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -105,6 +107,7 @@ CPU = Tier(
     model_dir=FIXTURES / "qwen3-tiny",
     warmup_steps=2,
     deterministic=True,
+    param_dtype="float32",
     extra_env={"OMP_NUM_THREADS": "1"},
 )
 
@@ -120,6 +123,7 @@ TRN2 = Tier(
     model_dir=_env_path("QWEN3_4B_DIR"),
     warmup_steps=600,
     deterministic=False,
+    param_dtype="bfloat16",
     extra_env={"NEURON_LOGICAL_NC_CONFIG": "2"},
 )
 

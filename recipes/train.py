@@ -35,6 +35,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--init", default="hf", help="hf (load --model-dir weights) or random")
     parser.add_argument("--model-dir", type=Path, help="local Hugging Face model dir (weights, config, tokenizer)")
+    parser.add_argument("--dataset-dir", type=Path, help="local dir of *.jsonl {'text': ...} (default: the tier's)")
     parser.add_argument("--export-dir", type=Path, help="where the final HF export is published")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -58,6 +59,7 @@ def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | Non
         layers=args.layers,
         init=args.init,
         model_dir=args.model_dir,
+        dataset_dir=args.dataset_dir,
         export_dir=args.export_dir,
         run_dir=run_dir,
         seed=args.seed,
@@ -91,7 +93,7 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
 class StepRecorder:
     """A torchtitan metric logger that appends each step's numbers to ``steps.jsonl``.
 
-    Registered on rank 0 through ``LoggerContainer.add_logger``, so the numbers
+    Registered on rank 0 beside torchtitan's own loggers, so the numbers
     are exactly the ones torchtitan prints.
     """
 
@@ -116,6 +118,16 @@ class StepRecorder:
         return None
 
 
+def record_steps(trainer, path: Path) -> None:
+    """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none)."""
+    from torchtitan.components.metrics import LoggerContainer
+
+    loggers = LoggerContainer()
+    loggers.add_logger(trainer.metrics_processor.logger)
+    loggers.add_logger(StepRecorder(path))
+    trainer.metrics_processor.logger = loggers
+
+
 def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
@@ -131,7 +143,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / STEPS_FILE).unlink(missing_ok=True)
-            trainer.metrics_processor.logger.add_logger(StepRecorder(run_dir / STEPS_FILE))
+            record_steps(trainer, run_dir / STEPS_FILE)
         trainer.train()
     finally:
         if trainer is not None:

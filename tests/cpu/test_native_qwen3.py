@@ -8,55 +8,41 @@ from pathlib import Path
 
 import pytest
 
-from recipes.tiers import FIXTURES, TINY_DENSE
+from recipes.tiers import TINY_DENSE
 
 pytestmark = pytest.mark.cpu
 
-FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 STEPS = 5
 
 
-@pytest.fixture(scope="module")
-def hf_run(recipe_run, shared_dir):
-    """2 processes, gloo, fixture weights, HF export published to an export dir."""
-    return recipe_run(
-        "native-hf-2proc",
-        recipe="native_qwen3",
-        tier="cpu",
-        nproc=2,
-        steps=STEPS,
-        init="hf",
-        model_dir=FIXTURE_DIR,
-        export_dir=shared_dir / "native-hf-export",
-        seed=0,
-    )
-
-
-@pytest.fixture(scope="module")
-def random_run(recipe_run):
-    return recipe_run("native-random-2proc", recipe="native_qwen3", tier="cpu", nproc=2, steps=STEPS, init="random", seed=0)
-
-
-def test_two_process_run_trains(hf_run, record_property):
-    losses = hf_run["losses"]
+def test_two_process_run_trains(native_hf_run, record_property):
+    losses = native_hf_run["losses"]
     record_property("native_hf_losses", losses)
-    assert hf_run["returncode"] == 0
+    assert native_hf_run["returncode"] == 0
     assert len(losses) == STEPS
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0], f"loss did not decrease over {STEPS} steps: {losses}"
 
 
-def test_pretrained_step1_loss_is_far_below_random_init(hf_run, random_run, record_property):
-    pretrained, random = hf_run["losses"][0], random_run["losses"][0]
+def test_pretrained_step1_loss_matches_golden(native_hf_run, golden):
+    golden(
+        "native_qwen3", "cpu", "step1_loss_hf", native_hf_run["losses"][0],
+        reason="fixture checkpoint, 2 ranks × 2 × 256 tokens, seed 0: deterministic on the pinned cpu lock",
+    )
+
+
+def test_pretrained_step1_loss_is_far_below_random_init(native_hf_run, native_random_run, record_property):
+    pretrained, random = native_hf_run["losses"][0], native_random_run["losses"][0]
     record_property("native_step1_loss_hf", pretrained)
     record_property("native_step1_loss_random", random)
-    assert pretrained < random - 2.0, (pretrained, random)
+    # The fixture was trained to ~0.94 on this corpus; random init sits at ~ln 1024 = 6.93.
+    assert pretrained < random - 3.0, (pretrained, random)
 
 
-def test_random_init_loss_matches_first_principles(random_run, record_property):
+def test_random_init_loss_matches_first_principles(native_random_run, record_property):
     """CE of a tied output at init ≈ ln V + d·σ²/2 (σ = 0.02 output init std)."""
     expected = math.log(TINY_DENSE.vocab_size) + TINY_DENSE.hidden_size * 0.02**2 / 2
-    measured = random_run["losses"][0]
+    measured = native_random_run["losses"][0]
     record_property("native_step1_loss_random_expected", expected)
     # 2 ranks × 2 × 256 sampled tokens: the sampling spread of CE is ~0.02 here.
     assert measured == pytest.approx(expected, abs=0.06)
@@ -74,3 +60,23 @@ def test_failing_rank_log_lines_reach_the_failure(tmp_path):
     message = str(failure.value)
     assert "rank 0" in message and "rank 1" in message
     assert "Traceback" in message or "Error" in message
+
+
+def test_random_init_at_real_4b_width_reproduces_published_12_43(recipe_run, golden):
+    """The published random-init loss needs no chip: real 4B width/vocab, 1 layer, 2048 tokens."""
+    run = recipe_run(
+        "native-random-4b-width",
+        recipe="native_qwen3", tier="cpu", nproc=1, steps=1, init="random",
+        layers=1, seq_len=2048, local_batch_size=1, seed=0,
+    )
+    golden("native_qwen3", "cpu", "step1_loss_random_4b_width", run["losses"][0])
+
+
+def test_same_seed_gives_bitwise_identical_losses(recipe_run, record_property):
+    runs = [
+        recipe_run(f"native-determinism-{i}", recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", seed=7)
+        for i in (1, 2)
+    ]
+    record_property("determinism_losses", [r["losses"] for r in runs])
+    assert runs[0]["losses"] == runs[1]["losses"]
+    assert len(runs[0]["losses"]) == 3

@@ -1,0 +1,34 @@
+"""Recipe runs that several cpu test modules assert on (each launched once per session)."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.tiers import FIXTURES
+
+FIXTURE_DIR = FIXTURES / "qwen3-tiny"
+STEPS = 5
+
+
+@pytest.fixture(scope="session")
+def native_hf_run(recipe_run, shared_dir):
+    """native_qwen3, 2 processes (gloo), fixture weights, HF export published to an export dir."""
+    return recipe_run(
+        "native-hf-2proc",
+        recipe="native_qwen3",
+        tier="cpu",
+        nproc=2,
+        steps=STEPS,
+        init="hf",
+        model_dir=FIXTURE_DIR,
+        export_dir=shared_dir / "native-hf-export",
+        seed=0,
+    )
+
+
+@pytest.fixture(scope="session")
+def native_random_run(recipe_run):
+    """native_qwen3, 2 processes, torchtitan's own random init."""
+    return recipe_run(
+        "native-random-2proc", recipe="native_qwen3", tier="cpu", nproc=2, steps=STEPS, init="random", seed=0
+    )

@@ -1,0 +1,107 @@
+"""The ``last_save_in_hf`` export round trip: transformers reads back exactly what torchtitan trained."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipes.published import CLAIMS
+
+pytestmark = pytest.mark.cpu
+
+#: What the fixture checkpoint holds; a run that wrote into it would add or change files.
+SOURCE_FILES = (
+    "TRAINING.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
+@pytest.fixture(scope="module")
+def export_dir(native_hf_run) -> Path:
+    return Path(native_hf_run["export_dir"])
+
+
+@pytest.fixture(scope="module")
+def export_state_dict(export_dir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in sorted(export_dir.glob("*.safetensors")):
+        state.update(load_file(path))
+    return state
+
+
+@pytest.fixture(scope="module")
+def tokens(export_dir) -> torch.Tensor:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    text = "The train to the harbour leaves at seven, and the garden is quiet in the rain."
+    return torch.tensor([tokenizer(text)["input_ids"]])
+
+
+def hf_model_from_state_dict(export_dir: Path, state: dict):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(export_dir)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    result = model.load_state_dict(state, strict=False)
+    return model, result
+
+
+def test_export_loads_with_only_the_tied_head_missing(export_dir, export_state_dict, record_property):
+    model, result = hf_model_from_state_dict(export_dir, export_state_dict)
+    record_property("export_missing_keys", sorted(result.missing_keys))
+    record_property("export_unexpected_keys", sorted(result.unexpected_keys))
+    assert sorted(result.unexpected_keys) == CLAIMS["export_unexpected_keys"].value
+    assert sorted(result.missing_keys) == CLAIMS["export_missing_keys"].value
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(model.lm_head.weight, export_state_dict["model.embed_tokens.weight"])
+
+
+def test_reloaded_logits_equal_torchtitan_logits(export_dir, export_state_dict, tokens, record_property):
+    """torchtitan's Qwen3 with the export loaded through its own adapter == transformers' logits."""
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+    from recipes.native_qwen3 import model_spec
+
+    hf_model, _ = hf_model_from_state_dict(export_dir, export_state_dict)
+    spec = model_spec("cpu")
+    titan = spec.model.build().eval()
+    adapter = Qwen3StateDictAdapter(spec.model, hf_assets_path=str(export_dir))
+    missing, unexpected = titan.load_state_dict(adapter.from_hf(dict(export_state_dict)), strict=False)
+    assert not unexpected and not [k for k in missing if "lm_head" not in k and "output" not in k], (missing, unexpected)
+    with torch.no_grad():
+        hf_logits = hf_model(tokens).logits
+        titan_logits = titan(tokens)
+    diff = (hf_logits - titan_logits).abs().max().item()
+    record_property("export_logits_max_abs_diff", diff)
+    assert diff == 0.0
+
+
+def test_export_opens_directly_with_from_pretrained(export_dir, tokens):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(export_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    assert tokenizer.vocab_size <= model.config.vocab_size
+    with torch.no_grad():
+        assert torch.isfinite(model(tokens).logits).all()
+
+
+def test_source_model_dir_is_never_written(native_hf_run):
+    from recipes.tiers import FIXTURES
+
+    source = FIXTURES / "qwen3-tiny"
+    recorded = json.loads((source / "TRAINING.json").read_text())
+    digest = hashlib.sha256((source / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == recorded["model_safetensors_sha256"]
+    assert sorted(p.name for p in source.iterdir()) == sorted(SOURCE_FILES)
