@@ -20,7 +20,7 @@ repro: venv
 
 # The cpu test tier, in parallel on every core.
 test: venv
-	$(PY) -m pytest -m cpu -n auto
+	$(PY) -m pytest -m cpu -n auto $(PYTEST_ARGS)
 
 # On a trn2.48xlarge with requirements-neuron.txt installed.
 test-neuron:

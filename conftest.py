@@ -19,6 +19,8 @@ from recipes.platform import OFFLINE_ENV
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
+pytest_plugins = ["recipes.pytest_report"]
+
 TIER_MARKERS = ("cpu", "neuron")
 
 

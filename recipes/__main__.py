@@ -18,7 +18,7 @@ DEFAULT_REPORT_DIR = REPO_ROOT / "report"
 
 #: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
 #: the cpu tier can reproduce: one layer, 2048 tokens, one step, one process.
-FULL_WIDTH_RANDOM_INIT = dict(layers=1, seq_len=2048, local_batch_size=1, steps=1, nproc=1)
+FULL_WIDTH_RANDOM_INIT = dict(layers=1, seq_len=2048, local_batch_size=1, steps=1, nproc=1, export=False)
 RANDOM_INIT_TOLERANCE = 0.03
 
 

@@ -55,7 +55,7 @@ def apply_run_options(config, opts: RunOptions):
     config.dump_folder = str(run_dir) if run_dir else config.dump_folder
     load_hf = opts.init == "hf"
     config.checkpoint = CheckpointManager.Config(
-        enable=True,
+        enable=load_hf or opts.export,
         folder="checkpoint",
         interval=opts.steps,
         initial_load_path=str(opts.model_dir) if load_hf else None,
@@ -65,5 +65,6 @@ def apply_run_options(config, opts: RunOptions):
         last_save_in_hf=True,
         export_dtype="float32" if tier.name == "cpu" else "bfloat16",
         keep_latest_k=2,
+        load_only=not opts.export,
     )
     return config

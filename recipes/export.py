@@ -69,6 +69,31 @@ def hf_config(spec, torch_dtype: str) -> dict:
     return config
 
 
+def source_hf_config(model_dir: Path, layers: int | None, torch_dtype: str) -> dict:
+    """The config.json of a model the HF backend trained: the source model's own.
+
+    The backend builds exactly what the source config.json describes, so only
+    what the run changed is updated: the export dtype and, with ``--layers``,
+    the layer count.
+    """
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = torch_dtype
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+        if "layer_types" in config:
+            config["layer_types"] = config["layer_types"][:layers]
+    return config
+
+
+def export_hf_config(opts: RunOptions, config) -> dict:
+    """config.json for the export: the source's for the HF backend, else derived from the spec."""
+    dtype = config.checkpoint.export_dtype
+    if hasattr(config, "hf_model"):
+        return source_hf_config(Path(config.hf_model), opts.layers, dtype)
+    return hf_config(config.model_spec, dtype)
+
+
 def last_checkpoint(run_dir: Path) -> Path:
     """The newest ``checkpoint/step-N`` folder of a run."""
     steps = sorted(
@@ -109,7 +134,7 @@ def finish_export(opts: RunOptions, config) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     # "sharded/" holds the per-rank pieces torchtitan consolidated into the model files.
     shutil.copytree(checkpoint, staging, ignore=shutil.ignore_patterns("sharded"))
-    hf = hf_config(config.model_spec, config.checkpoint.export_dtype)
+    hf = export_hf_config(opts, config)
     (staging / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     tokenizer_dir = Path(config.hf_assets_path)
     for name in TOKENIZER_FILES:

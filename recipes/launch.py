@@ -72,6 +72,8 @@ def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[st
         cmd += ["--export-dir", str(opts.export_dir)]
     if opts.overwrite:
         cmd.append("--overwrite")
+    if not opts.export:
+        cmd.append("--no-export")
     for spec in opts.overrides:
         cmd += ["--override", spec]
     return cmd + list(cli_overrides)

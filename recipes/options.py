@@ -30,6 +30,8 @@ class RunOptions:
     seed: int = 0
     overrides: list[str] = field(default_factory=list)
     overwrite: bool = False
+    #: Save the final HF export (``last_save_in_hf``). Measurement-only runs skip the write.
+    export: bool = True
 
     @property
     def tier_preset(self) -> Tier:
@@ -59,6 +61,7 @@ class RunOptions:
             seed=self.seed,
             overrides=list(self.overrides),
             overwrite=self.overwrite,
+            export=self.export,
         )
 
     def to_json(self) -> str:

@@ -117,6 +117,8 @@ def check_export_dir(opts: RunOptions) -> None:
     export_dir = opts.export_dir
     if export_dir is None:
         return
+    if not opts.export:
+        raise PreflightError(f"--export-dir {export_dir} and --no-export contradict each other; drop one")
     if opts.model_dir is not None:
         source = opts.model_dir.resolve()
         target = export_dir.resolve()

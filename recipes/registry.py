@@ -26,6 +26,12 @@ RECIPES = {
             "native_qwen3",
             "tutorial config 2: qwen3_32b() with model_registry('4B', attn_backend='sdpa')",
         ),
+        Recipe(
+            "hf_backend",
+            "recipes.hf_backend",
+            "hf_backend",
+            "tutorial config 1: transformers_modeling_backend_full() with hf_model = --model-dir",
+        ),
     )
 }
 

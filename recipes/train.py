@@ -46,6 +46,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="kernel override, all matching modules or scoped by model-relative fqn globs",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --export-dir")
+    parser.add_argument(
+        "--no-export", dest="export", action="store_false", help="skip the final HF export (measurement-only runs)"
+    )
 
 
 def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | None) -> RunOptions:
@@ -65,6 +68,7 @@ def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | Non
         seed=args.seed,
         overrides=args.override,
         overwrite=args.overwrite,
+        export=args.export,
     )
 
 
@@ -77,7 +81,8 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
     from recipes.specs import model_dims
 
     config = get_recipe(opts.recipe).config_fn()(opts)
-    check_model_matches(opts, model_dims(config.model_spec))
+    if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
+        check_model_matches(opts, model_dims(config.model_spec))
     if opts.overrides:
         from recipes.overrides import apply_override_specs
 
@@ -151,7 +156,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-    if rank == 0:
+    if rank == 0 and opts.export:
         finish_export(opts, config)
 
 

@@ -67,7 +67,7 @@ def test_random_init_at_real_4b_width_reproduces_published_12_43(recipe_run, gol
     run = recipe_run(
         "native-random-4b-width",
         recipe="native_qwen3", tier="cpu", nproc=1, steps=1, init="random",
-        layers=1, seq_len=2048, local_batch_size=1, seed=0,
+        layers=1, seq_len=2048, local_batch_size=1, seed=0, export=False,
     )
     golden("native_qwen3", "cpu", "step1_loss_random_4b_width", run["losses"][0])
 

@@ -1,0 +1,132 @@
+"""pytest plugin: every value a test records with ``record_property`` lands in the report, pass or fail.
+
+Writes ``<report-dir>/tests.json`` and ``<report-dir>/tests.md`` (published vs
+measured vs tolerance vs verdict for golden checks, then every other recorded
+value), appends the markdown to ``$GITHUB_STEP_SUMMARY`` when set. JUnit XML
+(``--junitxml``) carries the same properties through pytest's own writer.
+Works under xdist: workers ship ``user_properties`` to the controller, which
+alone writes the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from recipes.tiers import REPO_ROOT
+
+VERDICT_SUFFIX = ".verdict"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--report-dir",
+        default=os.environ.get("QWEN3_REPRO_REPORT_DIR", str(REPO_ROOT / "report")),
+        help="where tests.json / tests.md are written (default: report/)",
+    )
+
+
+#: One entry per test (its call phase, or a failed/skipped setup), filled on the controller.
+_RECORDS: list[dict] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+        return
+    properties = {name: value for name, value in report.user_properties}
+    if report.skipped and isinstance(report.longrepr, tuple):
+        properties["skip_reason"] = report.longrepr[2]
+    _RECORDS.append(
+        {
+            "test": report.nodeid,
+            "outcome": report.outcome,
+            "duration_s": round(report.duration, 3),
+            "properties": properties,
+        }
+    )
+
+
+def _is_controller(config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def _golden_rows(records: list[dict]) -> list[dict]:
+    """Rows for recorded golden checks: '<recipe>.<tier>.<key>' with a '.verdict' sibling."""
+    from recipes import goldens
+
+    rows = []
+    for record in records:
+        props = record["properties"]
+        for name, verdict in props.items():
+            if not name.endswith(VERDICT_SUFFIX):
+                continue
+            key = name[: -len(VERDICT_SUFFIX)]
+            recipe, tier, golden_key = key.split(".", 2)
+            try:
+                _, values = goldens.load(recipe, tier)
+                g = values[golden_key]
+                published, tolerance, lane = g.value, g.tolerance, g.lane
+            except (goldens.GoldenError, KeyError):
+                published, tolerance, lane = None, None, None
+            rows.append(
+                {
+                    "recipe": recipe,
+                    "tier": tier,
+                    "key": golden_key,
+                    "lane": lane,
+                    "golden": published,
+                    "measured": props.get(key),
+                    "tolerance": tolerance,
+                    "verdict": verdict,
+                    "test": record["test"],
+                }
+            )
+    return rows
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "–" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def markdown(records: list[dict], rows: list[dict]) -> str:
+    lines = ["# qwen3-trn-repro test report", ""]
+    if rows:
+        lines += [
+            "| recipe | tier | value | lane | golden / published | measured | tolerance | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['recipe']} | {r['tier']} | {r['key']} | {r['lane'] or '–'} | {_fmt(r['golden'])} | "
+                f"{_fmt(r['measured'])} | {_fmt(r['tolerance'])} | {r['verdict']} |"
+            )
+        lines.append("")
+    lines += ["| test | outcome | s | recorded values |", "|---|---|---|---|"]
+    for record in sorted(records, key=lambda r: r["test"]):
+        values = ", ".join(
+            f"{k}={_fmt(v)}" for k, v in record["properties"].items() if not k.endswith(VERDICT_SUFFIX)
+        )
+        lines.append(f"| {record['test']} | {record['outcome']} | {record['duration_s']} | {values} |")
+    return "\n".join(lines) + "\n"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if not _is_controller(config) or not _RECORDS:
+        return
+    from recipes.report import versions
+
+    report_dir = Path(config.getoption("--report-dir"))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    rows = _golden_rows(_RECORDS)
+    data = {"versions": versions(), "goldens": rows, "tests": sorted(_RECORDS, key=lambda r: r["test"])}
+    (report_dir / "tests.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    text = markdown(_RECORDS, rows)
+    (report_dir / "tests.md").write_text(text)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a") as f:
+            f.write(text)

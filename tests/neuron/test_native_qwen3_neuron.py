@@ -1,0 +1,76 @@
+"""Tutorial config 2 at full size on a trn2.48xlarge: the published 6.54 / 12.43 and the export round trip."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from recipes.platform.neuron import neuron_status
+
+pytestmark = pytest.mark.neuron
+
+STATUS = neuron_status()
+MODEL_DIR = Path(os.environ["QWEN3_4B_DIR"]) if os.environ.get("QWEN3_4B_DIR") else None
+
+
+def _weights_reason() -> str | None:
+    if MODEL_DIR is None:
+        return "QWEN3_4B_DIR is not set: point it at a local copy of Qwen/Qwen3-4B-Instruct-2507"
+    if not any(MODEL_DIR.glob("*.safetensors")):
+        return f"QWEN3_4B_DIR={MODEL_DIR} holds no *.safetensors"
+    return None
+
+
+needs_trn2 = pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason())
+needs_weights = pytest.mark.skipif(_weights_reason() is not None, reason=_weights_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def trn2_hf_run(recipe_run, shared_dir):
+    return recipe_run(
+        "trn2-native-hf",
+        recipe="native_qwen3",
+        tier="trn2",
+        nproc=64,
+        steps=3,
+        init="hf",
+        model_dir=MODEL_DIR,
+        export_dir=shared_dir / "trn2-native-export",
+        seed=0,
+    )
+
+
+@needs_trn2
+@needs_weights
+def test_published_step1_loss_from_pretrained_weights(trn2_hf_run, golden):
+    golden("native_qwen3", "trn2", "step1_loss_hf", trn2_hf_run["losses"][0])
+
+
+@needs_trn2
+@needs_weights
+def test_published_step1_loss_from_random_init(recipe_run, golden):
+    run = recipe_run(
+        "trn2-native-random", recipe="native_qwen3", tier="trn2", nproc=64, steps=1, init="random",
+        model_dir=MODEL_DIR, seed=0, export=False,
+    )
+    golden("native_qwen3", "trn2", "step1_loss_random", run["losses"][0])
+
+
+@needs_trn2
+@needs_weights
+def test_export_round_trip_keys(trn2_hf_run, golden):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    export = Path(trn2_hf_run["export_dir"])
+    state = {}
+    for path in sorted(export.glob("*.safetensors")):
+        state.update(load_file(path))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(export))
+    result = model.load_state_dict(state, strict=False, assign=True)
+    golden("native_qwen3", "trn2", "export_missing_keys", sorted(result.missing_keys))
+    golden("native_qwen3", "trn2", "export_unexpected_keys", sorted(result.unexpected_keys))
