@@ -72,7 +72,8 @@ def _full_width_random_init(args) -> RunOptions:
 def cmd_run(args, cli_overrides: list[str]) -> int:
     from recipes import report as report_mod
     from recipes.launch import LaunchError, launch
-    from recipes.preflight import PreflightError, preflight
+    from recipes.errors import RecipeError
+    from recipes.preflight import preflight
     from recipes.published import CLAIMS
     from recipes.registry import RECIPES
     from recipes.train import build_config
@@ -88,7 +89,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
             opts = preflight(opts)
             build_config(opts)  # the recipe's own checks (sizes vs config.json) before any rank
             resolved.append(opts)
-    except PreflightError as e:
+    except RecipeError as e:
         print(f"python -m recipes run: error: {e}", file=sys.stderr)
         return 2
 

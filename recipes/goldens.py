@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes.errors import RecipeError
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 GOLDENS_DIR = FIXTURES / "goldens"
@@ -29,7 +30,7 @@ ENTRY_KEYS = {"value", "tolerance", "lane", "reason", "source"}
 VERSION_KEYS = ("torch", "torchtitan", "transformers", "torch-neuronx")
 
 
-class GoldenError(ValueError):
+class GoldenError(RecipeError):
     """A goldens file that cannot be trusted: names the file, the key and the problem."""
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from recipes.errors import RecipeError
 from recipes.options import INITS, RunOptions
 from recipes.tiers import TIERS
 
 
-class PreflightError(ValueError):
+class PreflightError(RecipeError):
     """A run that cannot start; the message says what is wrong and how to fix it."""
 
 

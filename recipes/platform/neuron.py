@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from recipes.errors import RecipeError
+
 #: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
 DEFAULT_LNC = 2
 VALID_LNC = (1, 2)
@@ -25,7 +27,7 @@ NEURON_PACKAGES = {
 }
 
 
-class LNCError(ValueError):
+class LNCError(RecipeError):
     """NEURON_LOGICAL_NC_CONFIG holds a value trn2 does not support."""
 
 

@@ -1,0 +1,317 @@
+"""Routed experts for both tiers: nkilib's blockwise MoE on trn2, a per-expert loop on cpu.
+
+``TrnGroupedExperts`` is torchtitan's ``GroupedExperts`` with the same parameters
+(``w1_EFD``, ``w2_EDF``, ``w3_EFD``: names, shapes, init, sharding), so
+checkpoints and the HF state-dict adapter work unchanged. It is selected with
+torchtitan's ``@override(target=GroupedExperts.Config)`` (see
+:func:`grouped_experts`, or ``--override grouped_experts`` through
+``recipes.overrides``).
+
+* cpu: a plain fp32 loop over experts. Stock ``GroupedExperts`` casts to bf16 for
+  ``torch._grouped_mm``, which is slow on CPU; the fp32 loop is faster there and
+  agrees within bf16 rounding (see tests/cpu/test_overrides.py).
+* trn2: nkilib's MoE context-encoding kernel ``moe_cte`` (blockwise matmul,
+  ``shard_on_I``, activations checkpointed) forward and
+  ``nkilib.experimental.moe.bwd.blockwise_mm_bwd`` backward, through the custom
+  op ``qwen3_trn_repro::moe_blockwise``. torchtitan hands the experts tokens
+  already sorted by expert plus per-expert counts; :func:`blockwise_inputs`
+  turns that into the kernel's blocks (``token_position_to_id``,
+  ``block_to_expert``) and weight layout (``[E, H, 2, I]`` / ``[E, I, H]``).
+  Routing scores are applied by torchtitan's dispatcher, so expert affinities
+  are 1.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torchtitan.config import derive, override
+from torchtitan.models.common.moe import GroupedExperts
+
+from recipes.errors import RecipeError
+from recipes.platform.neuron import logical_neuron_cores
+
+__all__ = [
+    "BLOCK_SIZE",
+    "BlockwiseInputs",
+    "GROUPED_EXPERTS_OVERRIDE",
+    "MoEShapeError",
+    "TrnGroupedExperts",
+    "block_layout",
+    "blockwise_inputs",
+    "check_moe_shapes",
+    "expert_loop",
+    "grouped_experts",
+    "moe_blockwise_op",
+    "nki_grouped_experts",
+]
+
+#: Tokens per block for moe_cte's shard_on_I variant (it requires a multiple of 256).
+BLOCK_SIZE = 256
+
+MOE_OP_NAME = "qwen3_trn_repro::moe_blockwise"
+
+
+class MoEShapeError(RecipeError):
+    """Expert sizes nkilib's blockwise MoE kernels do not support."""
+
+
+def check_moe_shapes(dim: int, hidden_dim: int, lnc: int) -> None:
+    """Refuse, before compiling, shapes that moe_cte / blockwise_mm_bwd assert on."""
+    problems = []
+    if not (512 <= dim <= 8192 and dim % 512 == 0):
+        problems.append(f"dim (H)={dim} must be a multiple of 512 in [512, 8192]")
+    if hidden_dim % (16 * lnc) != 0:
+        problems.append(
+            f"hidden_dim (I)={hidden_dim} must split into LNC={lnc} shards divisible by 16"
+        )
+    if problems:
+        raise MoEShapeError(
+            "grouped_experts on trn2 uses nkilib's moe_cte, which needs "
+            + "; ".join(problems)
+            + ". Use the stock GroupedExperts for this model (drop the override)."
+        )
+
+
+# ---------------------------------------------------------------------------
+# cpu: per-expert fp32 loop
+# ---------------------------------------------------------------------------
+
+
+def expert_loop(
+    x_RD: torch.Tensor,
+    num_tokens_per_expert_E: torch.Tensor,
+    w1_EFD: torch.Tensor,
+    w2_EDF: torch.Tensor,
+    w3_EFD: torch.Tensor,
+) -> torch.Tensor:
+    """SwiGLU of each expert's contiguous rows of ``x_RD``, in fp32; rows past the counts are 0."""
+    rows = x_RD.float()
+    # unbind once: indexing w[e] per expert would make autograd build a full-size
+    # zero gradient per expert; unbind's backward stacks the expert grads once.
+    w1s, w2s, w3s = (w.float().unbind(0) for w in (w1_EFD, w2_EDF, w3_EFD))
+    outputs, start = [], 0
+    for e, n in enumerate(num_tokens_per_expert_E.tolist()):
+        if n == 0:
+            continue
+        x = rows[start : start + n]
+        h = F.silu(x @ w1s[e].T) * (x @ w3s[e].T)
+        outputs.append(h @ w2s[e].T)
+        start += n
+    if start < rows.shape[0]:  # capacity padding rows carry no token
+        outputs.append(rows.new_zeros(rows.shape[0] - start, w2_EDF.shape[1]))
+    if not outputs:
+        return x_RD.new_zeros(0, w2_EDF.shape[1])
+    return torch.cat(outputs).type_as(x_RD)
+
+
+# ---------------------------------------------------------------------------
+# trn2: nkilib moe_cte forward + blockwise_mm_bwd backward as one custom op
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class BlockwiseInputs:
+    """torchtitan's expert-sorted rows in the layout of nkilib's blockwise MoE kernels."""
+
+    hidden: torch.Tensor  # [R+1, H]: row R is the zero row padding ids point at
+    affinities: torch.Tensor  # [(R+1)*E, 1]: 1, scores are applied by the dispatcher
+    gate_up: torch.Tensor  # [E, H, 2, I]: w1 (gate) and w3 (up), transposed
+    down: torch.Tensor  # [E, I, H]: w2, transposed
+    token_position_to_id: torch.Tensor  # [N*B] int32, padding id R
+    block_to_expert: torch.Tensor  # [N, 1] int32
+
+
+def block_layout(
+    counts: list[int], num_rows: int, block_size: int = BLOCK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of ``block_size`` rows, each of one expert, padded with id ``num_rows``.
+
+    N = ceil(R / B) + E blocks (each expert adds at most one partial block) keeps
+    the kernel's shapes static; unused blocks hold only padding ids.
+    """
+    n_blocks = -(-num_rows // block_size) + len(counts)
+    token_ids = torch.full((n_blocks * block_size,), num_rows, dtype=torch.int32)
+    block_to_expert = torch.zeros((n_blocks, 1), dtype=torch.int32)
+    row, block = 0, 0
+    for expert, n in enumerate(counts):
+        first = block * block_size
+        token_ids[first : first + n] = torch.arange(row, row + n, dtype=torch.int32)
+        expert_blocks = -(-n // block_size)
+        block_to_expert[block : block + expert_blocks] = expert
+        row, block = row + n, block + expert_blocks
+    return token_ids, block_to_expert
+
+
+def blockwise_inputs(
+    x_RD: torch.Tensor,
+    num_tokens_per_expert_E: torch.Tensor,
+    w1_EFD: torch.Tensor,
+    w2_EDF: torch.Tensor,
+    w3_EFD: torch.Tensor,
+    dtype: torch.dtype = torch.bfloat16,
+    block_size: int = BLOCK_SIZE,
+) -> BlockwiseInputs:
+    """Kernel inputs; the weight layout changes are torch ops, so autograd maps grads back."""
+    num_rows, num_experts = x_RD.shape[0], w1_EFD.shape[0]
+    token_ids, block_to_expert = block_layout(
+        num_tokens_per_expert_E.tolist(), num_rows, block_size
+    )
+    device = x_RD.device
+    return BlockwiseInputs(
+        hidden=torch.cat([x_RD.to(dtype), x_RD.new_zeros(1, x_RD.shape[1], dtype=dtype)]),
+        affinities=torch.ones((num_rows + 1) * num_experts, 1, dtype=dtype, device=device),
+        gate_up=torch.stack([w1_EFD.transpose(1, 2), w3_EFD.transpose(1, 2)], dim=2).to(dtype),
+        down=w2_EDF.transpose(1, 2).to(dtype),
+        token_position_to_id=token_ids.to(device),
+        block_to_expert=block_to_expert.to(device),
+    )
+
+
+@functools.cache
+def _kernels():
+    """(moe_cte, blockwise_mm_bwd) wrapped for torch; imported only on the neuron device."""
+    from nkilib.core.moe.moe_cte import moe_cte
+    from nkilib.experimental.moe.bwd import blockwise_mm_bwd
+    from torch_neuronx.nki_hop import wrap_nki
+
+    return wrap_nki(moe_cte), wrap_nki(blockwise_mm_bwd)
+
+
+@torch.library.custom_op(MOE_OP_NAME, mutates_args=())
+def moe_blockwise_op(
+    hidden: torch.Tensor,
+    affinities: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    token_position_to_id: torch.Tensor,
+    block_to_expert: torch.Tensor,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe_cte → (output [R+1, H], gate/up activations [N, 2, I, B], down activations [N, B, H])."""
+    if hidden.device.type != "neuron":
+        raise RuntimeError(
+            f"{MOE_OP_NAME} runs nkilib kernels and needs tensors on the neuron device; "
+            "off the device TrnGroupedExperts uses expert_loop."
+        )
+    from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig
+    from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+
+    moe_cte, _ = _kernels()
+    spec = MoECTESpec(
+        implementation=MoECTEImplementation.shard_on_i,
+        shard_on_I=ShardOnIConfig(checkpoint_activation=True),
+    )
+    out, gate_up_act_T, down_act = moe_cte[logical_neuron_cores()](
+        hidden,
+        affinities,
+        gate_up,
+        down,
+        token_position_to_id,
+        block_to_expert,
+        block_size=block_size,
+        spec=spec,
+        expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
+    )
+    return out, gate_up_act_T, down_act
+
+
+@moe_blockwise_op.register_fake
+def _moe_blockwise_fake(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size):
+    n_blocks, hidden_dim = block_to_expert.shape[0], gate_up.shape[-1]
+    return (
+        torch.empty_like(hidden),
+        hidden.new_empty(n_blocks, 2, hidden_dim, block_size),
+        hidden.new_empty(n_blocks, block_size, hidden.shape[1]),
+    )
+
+
+def _moe_setup_context(ctx, inputs, output) -> None:
+    ctx.block_size = inputs[-1]
+    ctx.save_for_backward(*inputs[:-1], output[1], output[2])
+
+
+def _moe_backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
+    """blockwise_mm_bwd from the checkpointed activations: grads of hidden, gate_up, down."""
+    hidden, affinities, gate_up, down, token_ids, block_to_expert, gate_up_act_T, down_act = (
+        ctx.saved_tensors
+    )
+    _, blockwise_mm_bwd = _kernels()
+    grad_hidden, _grad_affinities, grad_gate_up, grad_down = blockwise_mm_bwd[
+        logical_neuron_cores()
+    ](
+        hidden,
+        affinities,
+        gate_up,
+        down,
+        gate_up_act_T,
+        down_act,
+        token_ids,
+        block_to_expert,
+        grad_out.contiguous(),
+        block_size=ctx.block_size,
+    )
+    return grad_hidden, None, grad_gate_up, grad_down, None, None, None
+
+
+moe_blockwise_op.register_autograd(_moe_backward, setup_context=_moe_setup_context)
+
+
+def nki_grouped_experts(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD) -> torch.Tensor:
+    check_moe_shapes(w1_EFD.shape[2], w1_EFD.shape[1], logical_neuron_cores())
+    inputs = blockwise_inputs(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD)
+    out, _, _ = moe_blockwise_op(
+        inputs.hidden,
+        inputs.affinities,
+        inputs.gate_up,
+        inputs.down,
+        inputs.token_position_to_id,
+        inputs.block_to_expert,
+        BLOCK_SIZE,
+    )
+    return out[:-1].type_as(x_RD)
+
+
+# ---------------------------------------------------------------------------
+# The torchtitan module and its override
+# ---------------------------------------------------------------------------
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class TrnGroupedExperts(GroupedExperts):
+    """``GroupedExperts`` computed by nkilib on the neuron device, by :func:`expert_loop` elsewhere."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GroupedExperts.Config):
+        pass
+
+    def forward(
+        self,
+        x_RD: torch.Tensor,
+        num_tokens_per_expert_E: torch.Tensor,
+    ) -> torch.Tensor:
+        weights = _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
+        if x_RD.device.type == "neuron":
+            return nki_grouped_experts(x_RD, num_tokens_per_expert_E, *weights)
+        return expert_loop(x_RD, num_tokens_per_expert_E, *weights)
+
+
+GROUPED_EXPERTS_OVERRIDE = dict(
+    target=GroupedExperts.Config,
+    exact=True,
+    description="nkilib blockwise MoE (trn2) / fp32 per-expert loop (cpu) for routed experts",
+)
+"""Exactly ``GroupedExperts``: subclasses (gpt-oss, fused w13) have other parameters."""
+
+
+@override(**GROUPED_EXPERTS_OVERRIDE)
+def grouped_experts(cfg: GroupedExperts.Config) -> TrnGroupedExperts.Config:
+    """torchtitan override factory: ``--override.imports recipes.kernels.grouped_experts.grouped_experts``."""
+    return derive(cfg, TrnGroupedExperts.Config)
