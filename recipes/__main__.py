@@ -44,8 +44,10 @@ def cmd_list(args) -> int:
 def _runs_for(args, recipe: str) -> list[RunOptions]:
     from recipes.train import options_from_args
 
+    from recipes.registry import RECIPES
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    inits = [args.init] if args.init else ["hf", "random"]
+    inits = [args.init] if args.init else list(RECIPES[recipe].inits) if recipe in RECIPES else ["hf"]
     runs = []
     for init in inits:
         opts = options_from_args(args, recipe, None)

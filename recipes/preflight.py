@@ -26,6 +26,11 @@ def check_names(opts: RunOptions) -> None:
         raise PreflightError(f"unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}")
     if opts.init not in INITS:
         raise PreflightError(f"unknown --init {opts.init!r}; choose one of: {', '.join(INITS)}")
+    supported = RECIPES[opts.recipe].inits
+    if opts.init not in supported:
+        raise PreflightError(
+            f"recipe {opts.recipe!r} does not support --init {opts.init}; use --init {' or '.join(supported)}"
+        )
 
 
 def check_tier(opts: RunOptions) -> None:
@@ -137,12 +142,24 @@ def check_export_dir(opts: RunOptions) -> None:
         )
 
 
+def check_recipe(opts: RunOptions) -> None:
+    """The recipe's own checks: ``preflight_check(opts)`` in its module, if it defines one."""
+    import importlib
+
+    from recipes.registry import get_recipe
+
+    check = getattr(importlib.import_module(get_recipe(opts.recipe).module), "preflight_check", None)
+    if check is not None:
+        check(opts)
+
+
 def preflight(opts: RunOptions) -> RunOptions:
     """Every check that needs no device; returns the resolved options."""
     check_names(opts)
     check_sizes(opts)
     resolved = opts.resolved()
     check_tier(resolved)
+    check_recipe(resolved)
     check_model_dir(resolved)
     check_dataset_dir(resolved)
     check_export_dir(resolved)

@@ -12,6 +12,8 @@ class Recipe:
     module: str
     function: str
     description: str
+    #: Which ``--init`` values the recipe supports; the shrunk MoE has no published weights.
+    inits: tuple[str, ...] = ("hf", "random")
 
     def config_fn(self):
         return getattr(importlib.import_module(self.module), self.function)
@@ -31,6 +33,13 @@ RECIPES = {
             "recipes.hf_backend",
             "hf_backend",
             "tutorial config 1: transformers_modeling_backend_full() with hf_model = --model-dir",
+        ),
+        Recipe(
+            "nki_moe",
+            "recipes.nki_moe",
+            "nki_moe",
+            "tutorial config 3: 30B-A3B shrunk to 4 layers/64 experts/top-4, NKI grouped experts, eager",
+            inits=("random",),
         ),
     )
 }

@@ -1,0 +1,74 @@
+"""Tutorial config 3: Qwen3-30B-A3B shrunk to one instance, MoE through NKI grouped experts.
+
+``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)``: the
+native 30B-A3B widths with 4 layers, 64 experts and top-4 routing, the grouped
+experts replaced by the NKI implementation, SDPA attention, RoPE computed from
+positions (no table gather, nkilib ``rope_hf`` on trn2), eager mode
+(``CompileConfig(enable=False)``), data-parallel sharding only: TP=1, no expert
+parallel. The cpu tier keeps 4 layers / 64 experts / top-4 with tiny widths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from recipes.common import apply_run_options
+from recipes.options import RunOptions
+from recipes.specs import sized_spec
+from recipes.tiers import TINY_MOE, MoEDims
+
+#: Qwen3-30B-A3B's own widths (config.json of Qwen/Qwen3-30B-A3B).
+QWEN3_30B_A3B = MoEDims(
+    vocab_size=151936,
+    hidden_size=2048,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=6144,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+)
+
+#: The kernels the tutorial's MoE recipe runs, as ``--override`` specs (every matching node).
+KERNEL_OVERRIDES = ("grouped_experts", "rope_hf")
+
+
+def moe_dims(tier: str, n_layers: int, num_experts: int, top_k: int) -> MoEDims:
+    """30B-A3B shrunk to fit one instance; tiny widths on the cpu tier."""
+    base = QWEN3_30B_A3B if tier == "trn2" else TINY_MOE
+    return replace(base, num_hidden_layers=n_layers, num_experts=num_experts, num_experts_per_tok=top_k)
+
+
+def qwen3_nki_moe_config(
+    flavor: str = "30B-A3B",
+    *,
+    tier: str = "trn2",
+    n_layers: int = 4,
+    num_experts: int = 64,
+    top_k: int = 4,
+):
+    """The tutorial's MoE ``Trainer.Config`` before run options (data, batch, checkpoint)."""
+    from torchtitan.config import CompileConfig
+    from torchtitan.models.qwen3.config_registry import qwen3_30b_a3b
+
+    from recipes.overrides import apply_override_specs
+
+    if flavor != "30B-A3B":
+        raise ValueError(f"qwen3_nki_moe_config reproduces the tutorial's 30B-A3B only, got {flavor!r}")
+    config = qwen3_30b_a3b()
+    dims = moe_dims(tier, n_layers, num_experts, top_k)
+    config.model_spec = sized_spec(flavor, dims, name=f"{flavor}[{n_layers}L,{num_experts}E,top{top_k}]")
+    config.compile = CompileConfig(enable=False)
+    config.parallelism.expert_parallel_degree = 1
+    apply_override_specs(config, KERNEL_OVERRIDES)
+    return config
+
+
+def nki_moe(opts: RunOptions):
+    config = qwen3_nki_moe_config("30B-A3B", tier=opts.tier)
+    return apply_run_options(config, opts)
