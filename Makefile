@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test test-neuron bench lock fixtures clean
+.PHONY: venv repro test test-neuron bench lock fixtures goldens clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ test-neuron:
 lock: venv
 	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	  --no-emit-index-url --no-emit-find-links -o requirements-lock.txt requirements.in
+
+# Rewrite the exact-lane cpu goldens from a real run (published values are never touched).
+goldens: venv
+	$(PY) -m pytest -m cpu -n auto --update-goldens
 
 # Rebuild the tiny tokenizer, corpus and checkpoints in fixtures/ (deterministic).
 fixtures: venv

@@ -79,6 +79,7 @@ class NeuronStatus:
 
     devices: list[str] = field(default_factory=list)
     packages: dict[str, bool] = field(default_factory=dict)
+    weights_gap: str | None = None
 
     @property
     def missing(self) -> list[str]:
@@ -88,6 +89,8 @@ class NeuronStatus:
         for pkg, present in self.packages.items():
             if not present:
                 gaps.append(f"package '{pkg}' is not installed ({NEURON_PACKAGES[pkg]})")
+        if self.weights_gap:
+            gaps.append(self.weights_gap)
         return gaps
 
     @property
@@ -100,10 +103,25 @@ class NeuronStatus:
         return "; ".join(self.missing) + ". Install requirements-neuron.txt on a trn2 instance."
 
 
-def neuron_status(packages: tuple[str, ...] = ("torch_neuronx",)) -> NeuronStatus:
+#: Where the trn2 tier finds Qwen3-4B-Instruct-2507 (a local copy; nothing is downloaded).
+WEIGHTS_ENV = "QWEN3_4B_DIR"
+
+
+def weights_gap(env: str = WEIGHTS_ENV) -> str | None:
+    """Why ``$env`` cannot serve as the published weights, or None when it can."""
+    value = os.environ.get(env)
+    if not value:
+        return f"{env} is not set (point it at a local copy of Qwen/Qwen3-4B-Instruct-2507)"
+    if not glob.glob(os.path.join(value, "*.safetensors")):
+        return f"{env}={value} holds no *.safetensors"
+    return None
+
+
+def neuron_status(packages: tuple[str, ...] = ("torch_neuronx",), needs_weights: bool = False) -> NeuronStatus:
     return NeuronStatus(
         devices=device_nodes(),
         packages={p: has_package(p) for p in packages},
+        weights_gap=weights_gap() if needs_weights else None,
     )
 
 

@@ -11,20 +11,10 @@ from recipes.platform.neuron import neuron_status
 
 pytestmark = pytest.mark.neuron
 
-STATUS = neuron_status()
-MODEL_DIR = Path(os.environ["QWEN3_4B_DIR"]) if os.environ.get("QWEN3_4B_DIR") else None
+STATUS = neuron_status(needs_weights=True)
+MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 
-
-def _weights_reason() -> str | None:
-    if MODEL_DIR is None:
-        return "QWEN3_4B_DIR is not set: point it at a local copy of Qwen/Qwen3-4B-Instruct-2507"
-    if not any(MODEL_DIR.glob("*.safetensors")):
-        return f"QWEN3_4B_DIR={MODEL_DIR} holds no *.safetensors"
-    return None
-
-
-needs_trn2 = pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason())
-needs_weights = pytest.mark.skipif(_weights_reason() is not None, reason=_weights_reason() or "")
+needs_trn2_and_weights = pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason())
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +32,12 @@ def trn2_hf_run(recipe_run, shared_dir):
     )
 
 
-@needs_trn2
-@needs_weights
+@needs_trn2_and_weights
 def test_published_step1_loss_from_pretrained_weights(trn2_hf_run, golden):
     golden("native_qwen3", "trn2", "step1_loss_hf", trn2_hf_run["losses"][0])
 
 
-@needs_trn2
-@needs_weights
+@needs_trn2_and_weights
 def test_published_step1_loss_from_random_init(recipe_run, golden):
     run = recipe_run(
         "trn2-native-random", recipe="native_qwen3", tier="trn2", nproc=64, steps=1, init="random",
@@ -58,8 +46,7 @@ def test_published_step1_loss_from_random_init(recipe_run, golden):
     golden("native_qwen3", "trn2", "step1_loss_random", run["losses"][0])
 
 
-@needs_trn2
-@needs_weights
+@needs_trn2_and_weights
 def test_export_round_trip_keys(trn2_hf_run, golden):
     import torch
     from safetensors.torch import load_file

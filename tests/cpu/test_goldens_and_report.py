@@ -1,0 +1,158 @@
+"""The suite's own machinery: goldens loader, stale-vs-regression, report plugin, CI files and guard."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipes import goldens
+from recipes.tiers import REPO_ROOT
+
+pytestmark = pytest.mark.cpu
+
+
+def write(path: Path, values: dict, metadata: dict | None = None) -> Path:
+    path.write_text(json.dumps({"metadata": metadata or {}, "values": values}))
+    return path
+
+
+ENTRY = {"value": 1.5, "tolerance": 0.0, "lane": "exact", "reason": "deterministic"}
+
+
+def test_every_shipped_goldens_file_loads():
+    files = sorted(goldens.GOLDENS_DIR.glob("*/*.json"))
+    assert files, "no goldens files shipped"
+    for path in files:
+        recipe, tier = path.parent.name, path.stem
+        _, values = goldens.load(recipe, tier)
+        assert values, path
+
+
+def test_published_values_are_the_tutorials():
+    _, trn2 = goldens.load("native_qwen3", "trn2")
+    assert trn2["step1_loss_hf"].value == 6.54 and trn2["step1_loss_hf"].lane == "published"
+    assert trn2["step1_loss_random"].value == 12.43 and trn2["step1_loss_random"].lane == "published"
+    assert trn2["export_missing_keys"].value == ["lm_head.weight"]
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({**ENTRY, "value": float("nan")}, "not finite"),
+        ({**ENTRY, "value": float("inf")}, "not finite"),
+        ({k: v for k, v in ENTRY.items() if k != "tolerance"}, "has no 'tolerance'"),
+        ({k: v for k, v in ENTRY.items() if k != "reason"}, "has no 'reason'"),
+        ({**ENTRY, "colour": "red"}, "unknown field(s) ['colour']"),
+        ({**ENTRY, "lane": "vibes"}, "lane 'vibes'"),
+        ({**ENTRY, "tolerance": -1}, "tolerance -1"),
+    ],
+)
+def test_loader_rejects_untrustworthy_goldens(tmp_path, entry, message):
+    path = write(tmp_path / "g.json", {"step1_loss_hf": entry})
+    with pytest.raises(goldens.GoldenError) as error:
+        goldens.load("r", "t", path)
+    assert message in str(error.value) and str(path) in str(error.value)
+
+
+def test_loader_rejects_unknown_top_level_keys(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"metadata": {}, "values": {}, "notes": 1}))
+    with pytest.raises(goldens.GoldenError, match="unknown top-level"):
+        goldens.load("r", "t", path)
+
+
+def test_mismatch_is_regression_in_the_recorded_environment_and_stale_elsewhere(tmp_path):
+    env = goldens.environment_metadata()
+    values = {"k": goldens.Golden("k", 1.5, 0.0, "exact", "deterministic")}
+    assert goldens.compare("k", 1.5, values, env, env).kind == "pass"
+    assert goldens.compare("k", 1.6, values, env, env).kind == "regression"
+    other = {**env, "versions": {**env["versions"], "torch": "0.0.1"}}
+    assert goldens.compare("k", 1.6, values, other, env).kind == "stale golden"
+
+
+def test_update_refuses_non_finite_and_never_touches_published(tmp_path, monkeypatch):
+    monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
+    (tmp_path / "r").mkdir()
+    write(tmp_path / "r" / "t.json", {"pub": {**ENTRY, "lane": "published", "value": 6.54, "tolerance": 0.02}})
+    with pytest.raises(goldens.GoldenError, match="non-finite"):
+        goldens.update_exact("r", "t", {"x": float("nan")}, {"x": "why"})
+    with pytest.raises(goldens.GoldenError, match="never regenerated"):
+        goldens.update_exact("r", "t", {"pub": 6.0}, {"pub": "why"})
+    goldens.update_exact("r", "t", {"x": 2.5}, {"x": "measured"})
+    _, values = goldens.load("r", "t")
+    assert values["x"].value == 2.5 and values["pub"].value == 6.54
+
+
+def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "recipes.pytest_report", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+def test_report_plugin_writes_json_markdown_and_junit_properties_pass_or_fail(tmp_path):
+    (tmp_path / "test_sample.py").write_text(
+        textwrap.dedent(
+            """
+            def test_passes(record_property):
+                record_property("measured_loss", 1.25)
+
+            def test_fails(record_property):
+                record_property("measured_diff", 0.5)
+                assert False
+            """
+        )
+    )
+    junit = tmp_path / "junit.xml"
+    report = tmp_path / "report"
+    out = run_pytest("test_sample.py", f"--junitxml={junit}", f"--report-dir={report}", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    data = json.loads((report / "tests.json").read_text())
+    outcomes = {t["test"].split("::")[1]: (t["outcome"], t["properties"]) for t in data["tests"]}
+    assert outcomes["test_passes"] == ("passed", {"measured_loss": 1.25})
+    assert outcomes["test_fails"] == ("failed", {"measured_diff": 0.5})
+    markdown = (report / "tests.md").read_text()
+    assert "measured_loss=1.25" in markdown and "measured_diff=0.5" in markdown
+    xml = junit.read_text()
+    assert 'name="measured_loss" value="1.25"' in xml and 'name="measured_diff" value="0.5"' in xml
+
+
+def test_zero_tests_guard_fails_when_every_neuron_test_skipped(tmp_path):
+    report = tmp_path / "report"
+    out = run_pytest("-m", "neuron", "tests/neuron", f"--report-dir={report}", "-q", cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((report / "tests.json").read_text())
+    assert data["tests"] and all(t["outcome"] == "skipped" for t in data["tests"])
+    assert all("no Neuron device" in t["properties"]["skip_reason"] for t in data["tests"])
+    guard = subprocess.run(
+        [sys.executable, "-m", "recipes.ci", "require-ran", str(report / "tests.json"), "--marker", "neuron"],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert guard.returncode == 1
+    assert f"0 of {len(data['tests'])} neuron tests actually ran" in guard.stderr
+
+
+def test_workflows_parse_and_call_the_readme_commands():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "make repro" in readme and "make test" in readme
+    cpu = yaml.safe_load((REPO_ROOT / ".github/workflows/cpu.yml").read_text())
+    cpu_steps = " ".join(step.get("run", "") for step in cpu["jobs"]["cpu"]["steps"])
+    assert "make test" in cpu_steps
+    nightly = yaml.safe_load((REPO_ROOT / ".github/workflows/nightly-trn2.yml").read_text())
+    job = nightly["jobs"]["neuron"]
+    assert job["runs-on"] == ["self-hosted", "trn2"]
+    assert "schedule" in nightly[True] or "schedule" in nightly.get("on", {})  # YAML 1.1 reads `on` as True
+    nightly_steps = " ".join(step.get("run", "") for step in job["steps"])
+    for needed in ("neuron-ls", "requirements-neuron.txt", "pytest -m neuron", "recipes.ci require-ran", "recipes.ci trend"):
+        assert needed in nightly_steps, needed
+    assert "make test" in (REPO_ROOT / ".ci/run").read_text()
