@@ -62,7 +62,7 @@ def hf_config(spec, torch_dtype: str) -> dict:
             num_experts=moe.num_experts,
             num_experts_per_tok=moe.router.top_k,
             norm_topk_prob=bool(moe.router.route_norm),
-            moe_intermediate_size=experts.hidden_dim,
+            moe_intermediate_size=experts.inner_experts.hidden_dim,
             decoder_sparse_step=1,
             mlp_only_layers=[],
         )

@@ -92,7 +92,19 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
         def _load_config(self, args):
             return config, args
 
-    return _RecipeConfig().parse_args(list(cli_overrides))
+    config = _RecipeConfig().parse_args(list(cli_overrides))
+    check_kernel_constraints(config)
+    return config
+
+
+def check_kernel_constraints(config) -> None:
+    """Refuse, before any rank trains, a shape an enabled NKI kernel cannot take."""
+    from recipes.kernels.rope import NKIRoPE, check_seq_len
+    from recipes.platform.neuron import logical_neuron_cores
+
+    ropes = [cfg for _, cfg, _, _ in config.traverse(NKIRoPE.Config) if cfg.enforce_kernel_constraints]
+    if ropes:
+        check_seq_len(config.training.seq_len, logical_neuron_cores())
 
 
 class StepRecorder:
@@ -168,13 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     args, cli_overrides = parser.parse_known_args(argv)
 
     from recipes import platform
-    from recipes.preflight import PreflightError, preflight
+    from recipes.errors import RecipeError
+    from recipes.preflight import preflight
 
     try:
         opts = preflight(options_from_args(args, args.recipe, args.run_dir))
         platform.install(opts.tier)
         train(opts, cli_overrides)
-    except PreflightError as e:
+    except RecipeError as e:
         print(f"recipes.train: error: {e}", file=sys.stderr)
         return 2
     return 0
