@@ -103,6 +103,9 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
         except LaunchError as e:
             print(f"FAILED: {e}", file=sys.stderr)
             failed = True
+            if e.result is not None:
+                report_mod.add_run(report, {**e.result.to_dict(), "error": e.summary})
+                report_mod.save(args.report_dir, report)
             continue
         report_mod.add_run(report, result.to_dict())
         if opts.layers is not None and opts.init == "random" and result.losses:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +21,15 @@ LOG_TAIL_LINES = 40
 
 
 class LaunchError(RuntimeError):
-    """A run whose ranks did not all exit 0; the message carries their last log lines."""
+    """A run whose ranks did not all exit 0; the message carries their last log lines.
+
+    ``result`` holds what the run measured before it failed, ``summary`` the one-line why.
+    """
+
+    def __init__(self, message: str, result: "RunResult | None" = None, summary: str = "") -> None:
+        super().__init__(message)
+        self.result = result
+        self.summary = summary
 
 
 @dataclass
@@ -113,8 +123,48 @@ def _progress(step: dict, total: int) -> str:
     )
 
 
+NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
+GRACE_S = 10
+
+
+def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
+    """'loss became non-finite at step N (last good loss L at step N-1)', if that is what ended the run."""
+    for log in sorted((run_dir / "logs").glob("*/attempt_*/*/stderr.log")):
+        match = NON_FINITE.search(log.read_text(errors="replace"))
+        if match:
+            good = f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}" if steps else "no good step"
+            return f"loss became non-finite ({match.group(1)}) at step {match.group(2)}; {good}"
+    return None
+
+
+def _end_process_group(proc: subprocess.Popen) -> None:
+    """Terminate torchrun and every rank it started (they share its session), then reap."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        proc.poll()
+        time.sleep(0.2)
+    else:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_s: float | None = None) -> RunResult:
-    """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure."""
+    """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
+
+    torchrun runs in its own session, so on a timeout, a failure or an interrupt
+    every rank is ended with it and no process outlives the launch.
+    """
     run_dir = opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_FILE).write_text(opts.to_json() + "\n")
@@ -122,8 +172,11 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
     started = time.perf_counter()
     shown = 0
+    timed_out = False
     with (run_dir / "console.log").open("w") as console:
-        proc = subprocess.Popen(cmd, env=child_env(opts), stdout=console, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        proc = subprocess.Popen(
+            cmd, env=child_env(opts), stdout=console, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True
+        )
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
@@ -132,15 +185,10 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
                     echo(_progress(step, opts.steps))
                 shown = len(steps)
                 if timeout_s is not None and time.perf_counter() - started > timeout_s:
-                    raise LaunchError(f"run exceeded {timeout_s:.0f} s\n{rank_log_tails(run_dir)}")
+                    timed_out = True
+                    break
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            _end_process_group(proc)
     steps = read_steps(run_dir)
     for step in steps[shown:]:
         echo(_progress(step, opts.steps))
@@ -158,9 +206,15 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
         wall_s=time.perf_counter() - started,
         steps=steps,
     )
-    if proc.returncode != 0:
+    if timed_out or proc.returncode != 0:
+        why = (
+            f"timed out after {timeout_s:.0f} s (a hung collective or a stuck rank); every rank was ended"
+            if timed_out
+            else non_finite_summary(run_dir, steps) or f"torchrun exited {proc.returncode}"
+        )
         raise LaunchError(
-            f"{opts.recipe} on {opts.tier} failed: torchrun exited {proc.returncode} "
-            f"after {result.wall_s:.0f} s.\n{rank_log_tails(run_dir)}"
+            f"{opts.recipe} on {opts.tier} failed after {result.wall_s:.0f} s: {why}.\n{rank_log_tails(run_dir)}",
+            result=result,
+            summary=why,
         )
     return result

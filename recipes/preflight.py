@@ -80,10 +80,48 @@ def check_model_dir(opts: RunOptions) -> None:
     if not model_dir.is_dir():
         raise PreflightError(f"--model-dir {model_dir} does not exist or is not a directory")
     read_hf_config(model_dir)
-    if not sorted(model_dir.glob("*.safetensors")):
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
         raise PreflightError(
             f"--model-dir {model_dir} holds no *.safetensors weights; the recipes load only "
             "safetensors (never pickled .bin files)"
+        )
+    for path in files:
+        read_safetensors_header(path)
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """``{tensor: (dtype, shape)}`` from a safetensors header; refuses corrupt or truncated files."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw_len = f.read(8)
+        header_len = int.from_bytes(raw_len, "little") if len(raw_len) == 8 else -1
+        if header_len < 2 or 8 + header_len > size:
+            raise PreflightError(
+                f"{path} is not a valid safetensors file (header length {header_len}, file {size} bytes); "
+                "re-copy or re-download the model directory"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise PreflightError(f"{path} has a corrupt safetensors header ({e}); re-copy the model directory") from None
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    data_end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
+    if 8 + header_len + data_end > size:
+        raise PreflightError(
+            f"{path} is truncated: its header describes {8 + header_len + data_end} bytes, the file has "
+            f"{size}; re-copy the model directory"
+        )
+    return {k: (v["dtype"], v["shape"]) for k, v in tensors.items()}
+
+
+def check_tokenizer(opts: RunOptions) -> None:
+    """The recipes read the tokenizer from the model directory (or the tier's tokenizer dir)."""
+    tokenizer_dir = opts.model_dir or opts.tier_preset.tokenizer_dir
+    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        raise PreflightError(
+            f"{Path(tokenizer_dir) / 'tokenizer.json'} does not exist: the run tokenizes with the "
+            "tokenizer of --model-dir; copy the model's tokenizer.json (and tokenizer_config.json) there"
         )
 
 
@@ -105,6 +143,43 @@ def check_model_matches(opts: RunOptions, built_dims: dict) -> None:
         )
 
 
+def check_checkpoint_tensors(opts: RunOptions, spec) -> None:
+    """Every weight the recipe's model needs is in the checkpoint, with the shape it needs."""
+    if opts.init != "hf" or opts.model_dir is None:
+        return
+    import torch
+
+    on_disk: dict[str, tuple[str, list[int]]] = {}
+    where: dict[str, Path] = {}
+    for path in sorted(opts.model_dir.glob("*.safetensors")):
+        for key, meta in read_safetensors_header(path).items():
+            on_disk[key], where[key] = meta, path
+    with torch.device("meta"):
+        model = spec.model.build()
+    adapter = spec.state_dict_adapter(spec.model, str(opts.model_dir))
+    expected = {k: list(v.shape) for k, v in adapter.to_hf(model.state_dict()).items()}
+    tied = getattr(spec.model, "enable_weight_tying", False)
+    for key, shape in expected.items():
+        if key not in on_disk:
+            if tied and key == "lm_head.weight":
+                continue
+            raise PreflightError(
+                f"{opts.model_dir} has no tensor {key!r} (shape {shape}) that recipe {opts.recipe!r} needs; "
+                "point --model-dir at weights of this model"
+            )
+        if on_disk[key][1] != shape:
+            raise PreflightError(
+                f"{where[key]}: tensor {key!r} has shape {on_disk[key][1]}, recipe {opts.recipe!r} needs "
+                f"{shape}; point --model-dir at weights of this model"
+            )
+    extra = sorted(set(on_disk) - set(expected))
+    if extra:
+        raise PreflightError(
+            f"{where[extra[0]]}: tensor {extra[0]!r} is not part of recipe {opts.recipe!r}'s model "
+            f"({len(extra)} such tensors); point --model-dir at weights of this model"
+        )
+
+
 def check_dataset_dir(opts: RunOptions) -> None:
     data = opts.dataset_dir
     if data is None or not data.is_dir():
@@ -112,11 +187,28 @@ def check_dataset_dir(opts: RunOptions) -> None:
             f"--dataset-dir {data} does not exist; point it at a directory of *.jsonl files "
             'with one {"text": ...} object per line'
         )
-    if not any(data.glob("*.jsonl")) and not any(data.glob("*.json")) and not any(data.glob("*.parquet")):
+    files = sorted(data.glob("*.jsonl"))
+    if not files:
         raise PreflightError(
-            f"--dataset-dir {data} holds no *.jsonl, *.json or *.parquet data files; "
+            f"--dataset-dir {data} holds no *.jsonl data files; "
             'put the corpus there as one {"text": ...} object per line'
         )
+    for path in files:
+        check_jsonl_text(path)
+
+
+def check_jsonl_text(path: Path) -> None:
+    """The first record of a jsonl corpus file must be an object with a non-empty "text" string."""
+    with path.open(errors="replace") as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        raise PreflightError(f"{path} holds no text (the file is empty); put one {{\"text\": ...}} object per line")
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError as e:
+        raise PreflightError(f"{path}: the first line is not JSON ({e}); one {{\"text\": ...}} object per line") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str) or not record["text"].strip():
+        raise PreflightError(f'{path}: the first record has no non-empty "text" string; one {{"text": ...}} object per line')
 
 
 def check_export_dir(opts: RunOptions) -> None:
@@ -161,6 +253,7 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_tier(resolved)
     check_recipe(resolved)
     check_model_dir(resolved)
+    check_tokenizer(resolved)
     check_dataset_dir(resolved)
     check_export_dir(resolved)
     return resolved

@@ -106,8 +106,8 @@ def markdown(report: dict) -> str:
         lines += [
             "## Runs",
             "",
-            "| recipe | tier | init | procs | seq×batch | step-1 loss | last loss | steps | tokens/s | s/step |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| recipe | tier | init | procs | seq×batch | step-1 loss | last loss | steps | tokens/s | s/step | status |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in report["runs"]:
             steps = r.get("steps") or []
@@ -117,7 +117,8 @@ def markdown(report: dict) -> str:
                 f"| {r['recipe']} | {r['tier']} | {r['init']} | {r['nproc']} | "
                 f"{r['seq_len']}×{r['local_batch_size']} | {_fmt(r['losses'][0] if r['losses'] else None)} | "
                 f"{_fmt(r['losses'][-1] if r['losses'] else None)} | {len(steps)} | "
-                f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} |"
+                f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} | "
+                f"{'FAILED: ' + r['error'] if r.get('error') else 'ok'} |"
             )
         lines.append("")
     v = report.get("versions", {})

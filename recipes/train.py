@@ -76,13 +76,14 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
     """The recipe's ``Trainer.Config`` for resolved ``opts``, then kernel and CLI overrides."""
     from torchtitan.config.manager import ConfigManager
 
-    from recipes.preflight import check_model_matches
+    from recipes.preflight import check_checkpoint_tensors, check_model_matches
     from recipes.registry import get_recipe
     from recipes.specs import model_dims
 
     config = get_recipe(opts.recipe).config_fn()(opts)
     if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
         check_model_matches(opts, model_dims(config.model_spec))
+        check_checkpoint_tensors(opts, config.model_spec)
     if opts.overrides:
         from recipes.overrides import apply_override_specs
 
@@ -149,6 +150,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
 
+    from recipes import faults
     from recipes.export import finish_export
 
     config = build_config(opts, cli_overrides)
@@ -161,6 +163,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / STEPS_FILE).unlink(missing_ok=True)
             record_steps(trainer, run_dir / STEPS_FILE)
+        faults.install(trainer, rank)
         trainer.train()
     finally:
         if trainer is not None:

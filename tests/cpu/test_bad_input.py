@@ -93,3 +93,83 @@ def test_unknown_tier(tmp_path):
 def test_trn2_tier_without_a_neuron_device(tmp_path):
     out, elapsed = run_main("native_qwen3", "--tier", "trn2", report_dir=tmp_path / "r")
     assert_refused(out, elapsed, tmp_path / "r", "--tier trn2", "no Neuron device", "--tier cpu")
+
+
+def copy_fixture(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURE_DIR, model)
+    return model
+
+
+def test_truncated_safetensors(tmp_path):
+    model = copy_fixture(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    out, elapsed = run_main("native_qwen3", "--init", "hf", "--model-dir", str(model), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", str(weights), "truncated")
+
+
+def test_corrupt_safetensors_header(tmp_path):
+    model = copy_fixture(tmp_path)
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:40] = b"\xff" * 32
+    weights.write_bytes(bytes(data))
+    out, elapsed = run_main("native_qwen3", "--init", "hf", "--model-dir", str(model), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", str(weights), "corrupt safetensors header")
+
+
+def test_checkpoint_tensor_with_the_wrong_shape_names_key_and_both_shapes(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = copy_fixture(tmp_path)
+    weights = model / "model.safetensors"
+    state = load_file(weights)
+    state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(100, 128)
+    save_file(state, weights)
+    out, elapsed = run_main("native_qwen3", "--init", "hf", "--model-dir", str(model), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", "'model.layers.0.mlp.up_proj.weight'", "[100, 128]", "[384, 128]")
+
+
+def test_checkpoint_missing_a_tensor_names_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = copy_fixture(tmp_path)
+    weights = model / "model.safetensors"
+    state = load_file(weights)
+    del state["model.norm.weight"]
+    save_file(state, weights)
+    out, elapsed = run_main("native_qwen3", "--init", "hf", "--model-dir", str(model), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", "'model.norm.weight'", "[128]")
+
+
+def test_tokenizer_missing_from_model_dir(tmp_path):
+    model = copy_fixture(tmp_path)
+    (model / "tokenizer.json").unlink()
+    out, elapsed = run_main("native_qwen3", "--init", "hf", "--model-dir", str(model), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", str(model / "tokenizer.json"), "does not exist")
+
+
+def test_dataset_dir_that_does_not_exist(tmp_path):
+    missing = tmp_path / "no-corpus"
+    out, elapsed = run_main("native_qwen3", "--dataset-dir", str(missing), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", str(missing), "does not exist")
+
+
+@pytest.mark.parametrize("content, fragment", [("", "holds no text"), ('{"url": "x"}\n', 'no non-empty "text"')])
+def test_dataset_without_text(tmp_path, content, fragment):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text(content)
+    out, elapsed = run_main("native_qwen3", "--dataset-dir", str(corpus), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", str(corpus / "train.jsonl"), fragment)
+
+
+def test_non_empty_export_dir_is_refused_without_overwrite(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "keep.txt").write_text("a previous export")
+    out, elapsed = run_main("native_qwen3", "--init", "hf", "--export-dir", str(export), report_dir=tmp_path / "r")
+    assert_refused(out, elapsed, tmp_path / "r", str(export), "--overwrite")
+    assert (export / "keep.txt").read_text() == "a previous export"

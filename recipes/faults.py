@@ -1,0 +1,67 @@
+"""Test-only fault injection: make one rank die, hang or produce a NaN loss at a given step.
+
+Set ``QWEN3_REPRO_FAULT=KIND@RANK:STEP`` (``die@1:2``, ``hang@1:2``, ``nan@0:2``)
+in a rank's environment; the launcher's tests use it to prove that failures end
+the run within a bounded time, with the failing rank's log lines, and leave no
+process behind. Unset, nothing here runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+ENV = "QWEN3_REPRO_FAULT"
+KINDS = ("die", "hang", "nan")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        try:
+            kind, where = text.split("@")
+            rank, step = where.split(":")
+            fault = cls(kind=kind, rank=int(rank), step=int(step))
+        except ValueError:
+            raise ValueError(f"{ENV}={text!r} must look like KIND@RANK:STEP, e.g. die@1:2") from None
+        if fault.kind not in KINDS:
+            raise ValueError(f"{ENV}={text!r}: KIND must be one of {', '.join(KINDS)}")
+        return fault
+
+
+def from_env() -> Fault | None:
+    text = os.environ.get(ENV)
+    return Fault.parse(text) if text else None
+
+
+def install(trainer, rank: int) -> None:
+    """Wrap ``trainer.train_step`` so the configured fault fires on its rank and step."""
+    fault = from_env()
+    if fault is None or fault.rank != rank:
+        return
+    original = trainer.train_step
+
+    def train_step(*args, **kwargs):
+        if trainer.step == fault.step:
+            print(f"[fault injection] {fault.kind} on rank {rank} at step {fault.step}", file=sys.stderr, flush=True)
+            if fault.kind == "die":
+                os._exit(17)
+            if fault.kind == "hang":
+                while True:
+                    time.sleep(3600)
+            if fault.kind == "nan":
+                import torch
+
+                with torch.no_grad():
+                    for part in trainer.model_parts:
+                        next(part.parameters()).fill_(float("nan"))
+        return original(*args, **kwargs)
+
+    trainer.train_step = train_step
