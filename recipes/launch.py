@@ -55,11 +55,24 @@ class RunResult:
         return {**asdict(self), "losses": self.losses}
 
 
+def rendezvous_args(opts: RunOptions) -> list[str]:
+    """One node: ``--standalone`` (a free local port). Several: torchrun's c10d rendezvous."""
+    if opts.nnodes == 1:
+        return ["--standalone"]
+    return [
+        f"--nnodes={opts.nnodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={opts.rdzv_endpoint}",
+        f"--rdzv-id={opts.recipe}-{opts.tier}-{opts.seed}",
+        f"--rdzv-conf=is_host={str(opts.node_rank == 0).lower()}",
+    ]
+
+
 def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[str]:
     """``torchrun --nproc_per_node=N -m recipes.train ...`` for resolved ``opts``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
-        "--standalone",
+        *rendezvous_args(opts),
         f"--nproc_per_node={opts.nproc}",
         "--log-dir", str(opts.run_dir / "logs"),
         "--redirects", "3",

@@ -18,6 +18,10 @@ class RunOptions:
     recipe: str = "native_qwen3"
     tier: str = "cpu"
     nproc: int | None = None
+    #: Multi-node through torchrun's c10d rendezvous; node 0 hosts the rendezvous store.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
     steps: int | None = None
     seq_len: int | None = None
     local_batch_size: int | None = None
@@ -49,6 +53,9 @@ class RunOptions:
             recipe=self.recipe,
             tier=self.tier,
             nproc=self.nproc or tier.nproc,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            rdzv_endpoint=self.rdzv_endpoint,
             steps=self.steps or tier.steps,
             seq_len=self.seq_len or tier.seq_len,
             local_batch_size=self.local_batch_size or tier.local_batch_size,

@@ -53,6 +53,15 @@ def check_sizes(opts: RunOptions) -> None:
             raise PreflightError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
 
 
+def check_nodes(opts: RunOptions) -> None:
+    if opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
+        raise PreflightError(f"--node-rank {opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes {opts.nnodes}")
+    if opts.nnodes > 1 and not opts.rdzv_endpoint:
+        raise PreflightError(
+            f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, reachable from every node)"
+        )
+
+
 def read_hf_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     try:
@@ -249,6 +258,7 @@ def preflight(opts: RunOptions) -> RunOptions:
     """Every check that needs no device; returns the resolved options."""
     check_names(opts)
     check_sizes(opts)
+    check_nodes(opts)
     resolved = opts.resolved()
     check_tier(resolved)
     check_recipe(resolved)

@@ -27,6 +27,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options shared by ``recipes.train`` and ``python -m recipes run``."""
     parser.add_argument("--tier", default="cpu", help="cpu or trn2 (default: cpu)")
     parser.add_argument("--nproc", type=int, help="processes (default: the tier's: cpu 2, trn2 64)")
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node run (c10d rendezvous)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's index; node 0 hosts the rendezvous")
+    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous store on node 0 (multi-node)")
     parser.add_argument("--steps", type=int, help="training steps (default: the tier's)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the tier's)")
     parser.add_argument("--local-batch-size", type=int, help="sequences per rank per step")
@@ -56,6 +59,9 @@ def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | Non
         recipe=recipe,
         tier=args.tier,
         nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
         steps=args.steps,
         seq_len=args.seq_len,
         local_batch_size=args.local_batch_size,
