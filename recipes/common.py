@@ -28,7 +28,7 @@ def apply_run_options(config, opts: RunOptions):
         config.loss = ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
         )
-    config.hf_assets_path = str(opts.model_dir or tier.tokenizer_dir)
+    config.hf_assets_path = str(opts.tokenizer_dir)
     config.dataloader = HuggingFaceTextDataLoader.Config(
         dataset="c4_test", dataset_path=str(opts.dataset_dir), infinite=True
     )
@@ -51,6 +51,9 @@ def apply_run_options(config, opts: RunOptions):
     config.debug.deterministic = tier.deterministic
     config.compile.enable = False if tier.name == "cpu" else config.compile.enable
 
+    if opts.rope_theta is not None:
+        set_rope_theta(config, opts.rope_theta)
+
     run_dir = opts.run_dir
     config.dump_folder = str(run_dir) if run_dir else config.dump_folder
     load_hf = opts.init == "hf"
@@ -68,3 +71,11 @@ def apply_run_options(config, opts: RunOptions):
         load_only=not opts.export,
     )
     return config
+
+
+def set_rope_theta(config, theta: float) -> None:
+    """Every RoPE of the model gets ``theta`` (``--rope-theta``)."""
+    from torchtitan.models.common.rope import RoPE
+
+    for _, rope, _, _ in config.traverse(RoPE.Config):
+        rope.theta = theta

@@ -38,7 +38,8 @@ def hf_config(spec, torch_dtype: str) -> dict:
     layer = spec.model.layers[0]
     moe = getattr(layer, "moe", None)
     config = {
-        **{k: v for k, v in dims.items() if k != "rope_theta"},
+        **{k: v for k, v in dims.items() if k not in ("rope_theta", "max_seq_len")},
+        "max_position_embeddings": dims["max_seq_len"],
         "rope_parameters": {"rope_type": "default", "rope_theta": dims["rope_theta"]},
         "rms_norm_eps": spec.model.norm.eps,
         "hidden_act": "silu",

@@ -15,7 +15,7 @@ from pathlib import Path
 from recipes.options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
-from recipes.train import RUN_FILE, STEPS_FILE
+from recipes.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
 
 LOG_TAIL_LINES = 40
 
@@ -46,6 +46,7 @@ class RunResult:
     returncode: int
     wall_s: float
     steps: list[dict] = field(default_factory=list)
+    provenance: dict = field(default_factory=dict)
 
     @property
     def losses(self) -> list[float]:
@@ -93,6 +94,12 @@ def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[st
         cmd += ["--model-dir", str(opts.model_dir)]
     if opts.export_dir is not None:
         cmd += ["--export-dir", str(opts.export_dir)]
+    if opts.tokenizer_dir is not None:
+        cmd += ["--tokenizer-dir", str(opts.tokenizer_dir)]
+    if opts.rope_theta is not None:
+        cmd += ["--rope-theta", repr(opts.rope_theta)]
+    for name in opts.allow_mismatch:
+        cmd += ["--allow-mismatch", name]
     if opts.overwrite:
         cmd.append("--overwrite")
     if not opts.export:
@@ -115,6 +122,11 @@ def read_steps(run_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_provenance(run_dir: Path) -> dict:
+    path = run_dir / PROVENANCE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def rank_log_tails(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -218,6 +230,7 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
         returncode=proc.returncode,
         wall_s=time.perf_counter() - started,
         steps=steps,
+        provenance=read_provenance(run_dir),
     )
     if timed_out or proc.returncode != 0:
         why = (

@@ -29,6 +29,12 @@ class RunOptions:
     init: str = "hf"
     model_dir: Path | None = None
     dataset_dir: Path | None = None
+    #: Tokenizer directory; default: --model-dir (the weights' own tokenizer), else the tier's.
+    tokenizer_dir: Path | None = None
+    #: Replace the recipe's RoPE theta (to measure what a wrong theta costs).
+    rope_theta: float | None = None
+    #: Mismatch names (see recipes.provenance) accepted as warnings instead of refusals.
+    allow_mismatch: list[str] = field(default_factory=list)
     export_dir: Path | None = None
     run_dir: Path | None = None
     seed: int = 0
@@ -63,6 +69,9 @@ class RunOptions:
             init=self.init,
             model_dir=absolute(model_dir),
             dataset_dir=absolute(self.dataset_dir or tier.dataset_path),
+            tokenizer_dir=absolute(self.tokenizer_dir or model_dir or tier.tokenizer_dir),
+            rope_theta=self.rope_theta,
+            allow_mismatch=list(self.allow_mismatch),
             export_dir=absolute(self.export_dir),
             run_dir=absolute(self.run_dir),
             seed=self.seed,

@@ -53,6 +53,16 @@ def check_sizes(opts: RunOptions) -> None:
             raise PreflightError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
 
 
+def check_mismatch_names(opts: RunOptions) -> None:
+    from recipes.provenance import MISMATCH_NAMES
+
+    unknown = [n for n in opts.allow_mismatch if n not in MISMATCH_NAMES]
+    if unknown:
+        raise PreflightError(
+            f"--allow-mismatch {unknown[0]!r} is not a mismatch name; choose from: {', '.join(MISMATCH_NAMES)}"
+        )
+
+
 def check_nodes(opts: RunOptions) -> None:
     if opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
         raise PreflightError(f"--node-rank {opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes {opts.nnodes}")
@@ -125,30 +135,12 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
 
 
 def check_tokenizer(opts: RunOptions) -> None:
-    """The recipes read the tokenizer from the model directory (or the tier's tokenizer dir)."""
-    tokenizer_dir = opts.model_dir or opts.tier_preset.tokenizer_dir
+    """The recipes read the tokenizer from --tokenizer-dir, else the model directory."""
+    tokenizer_dir = opts.tokenizer_dir
     if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         raise PreflightError(
             f"{Path(tokenizer_dir) / 'tokenizer.json'} does not exist: the run tokenizes with the "
             "tokenizer of --model-dir; copy the model's tokenizer.json (and tokenizer_config.json) there"
-        )
-
-
-def check_model_matches(opts: RunOptions, built_dims: dict) -> None:
-    """The checkpoint's config.json must describe the model the recipe builds."""
-    if opts.init != "hf" or opts.model_dir is None:
-        return
-    hf = read_hf_config(opts.model_dir)
-    mismatched = [
-        f"{key}: config.json says {hf[key]!r}, the recipe builds {value!r}"
-        for key, value in built_dims.items()
-        if key in hf and key not in ("rope_theta", "max_position_embeddings") and hf[key] != value
-    ]
-    if mismatched:
-        raise PreflightError(
-            f"{opts.model_dir / 'config.json'} does not match recipe {opts.recipe!r} on tier "
-            f"{opts.tier!r}: " + "; ".join(mismatched) + ". Point --model-dir at weights of "
-            "this model (or choose the recipe/tier that builds it)."
         )
 
 
@@ -259,6 +251,7 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_names(opts)
     check_sizes(opts)
     check_nodes(opts)
+    check_mismatch_names(opts)
     resolved = opts.resolved()
     check_tier(resolved)
     check_recipe(resolved)

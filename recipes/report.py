@@ -84,6 +84,12 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _weights_cell(weights: dict | None) -> str:
+    if weights is None:
+        return "random init"
+    return f"{weights['path']} ({weights['headers_sha256'][:12]})"
+
+
 def markdown(report: dict) -> str:
     lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
     if report.get("checks"):
@@ -119,6 +125,26 @@ def markdown(report: dict) -> str:
                 f"{_fmt(r['losses'][-1] if r['losses'] else None)} | {len(steps)} | "
                 f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} | "
                 f"{'FAILED: ' + r['error'] if r.get('error') else 'ok'} |"
+            )
+        lines.append("")
+    runs_with_provenance = [r for r in report.get("runs", []) if r.get("provenance")]
+    if runs_with_provenance:
+        lines += [
+            "## Provenance",
+            "",
+            "| recipe | init | tokenizer (V, sha256) | weights (headers sha256) | model d/L/H/KV/V/θ/tied | data seq×local (global) | seed | dtype | allowed mismatches |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in runs_with_provenance:
+            p = r["provenance"]
+            t, w, m, d = p["tokenizer"], p.get("weights"), p["model"], p["data"]
+            lines.append(
+                f"| {r['recipe']} | {r['init']} | {t['path']} ({t['vocab_size']}, {t['sha256'][:12]}) | "
+                f"{_weights_cell(w)} | "
+                f"{m['hidden_size']}/{m['num_hidden_layers']}/{m['num_attention_heads']}/{m['num_key_value_heads']}/"
+                f"{m['vocab_size']}/{m['rope_theta']:g}/{m['tie_word_embeddings']} | "
+                f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']}) | {p['seed']} | "
+                f"{p['dtype']['params']} | {'; '.join(p['allowed_mismatches']) or '–'} |"
             )
         lines.append("")
     v = report.get("versions", {})

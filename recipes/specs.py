@@ -159,7 +159,11 @@ def truncated_spec(flavor: str, n_layers: int, attn_backend: str = "sdpa"):
 
 
 def model_dims(spec) -> dict:
-    """The hyper-parameters a built spec really has, named as in config.json."""
+    """The hyper-parameters a spec builds, named as in config.json.
+
+    ``max_seq_len`` is the RoPE table length: torchtitan sets it to the run's
+    seq_len when the trainer is built.
+    """
     model = spec.model
     attention = model.layers[0].attention
     return {
@@ -170,6 +174,6 @@ def model_dims(spec) -> dict:
         "num_key_value_heads": attention.n_kv_heads,
         "head_dim": attention.head_dim,
         "rope_theta": attention.rope.theta,
-        "max_position_embeddings": attention.rope.max_seq_len,
+        "max_seq_len": attention.rope.max_seq_len,
         "tie_word_embeddings": bool(model.enable_weight_tying),
     }

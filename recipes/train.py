@@ -20,6 +20,7 @@ from pathlib import Path
 from recipes.options import RunOptions
 
 STEPS_FILE = "steps.jsonl"
+PROVENANCE_FILE = "provenance.json"
 RUN_FILE = "run.json"
 
 
@@ -39,6 +40,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", default="hf", help="hf (load --model-dir weights) or random")
     parser.add_argument("--model-dir", type=Path, help="local Hugging Face model dir (weights, config, tokenizer)")
     parser.add_argument("--dataset-dir", type=Path, help="local dir of *.jsonl {'text': ...} (default: the tier's)")
+    parser.add_argument("--tokenizer-dir", type=Path, help="tokenizer dir (default: --model-dir's own)")
+    parser.add_argument("--rope-theta", type=float, help="replace the recipe's RoPE theta")
+    parser.add_argument(
+        "--allow-mismatch",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept a tokenizer/weights/model mismatch as a warning (tokenizer, vocab, rope_theta, seq_len, ...)",
+    )
     parser.add_argument("--export-dir", type=Path, help="where the final HF export is published")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -69,6 +79,9 @@ def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | Non
         init=args.init,
         model_dir=args.model_dir,
         dataset_dir=args.dataset_dir,
+        tokenizer_dir=args.tokenizer_dir,
+        rope_theta=args.rope_theta,
+        allow_mismatch=args.allow_mismatch,
         export_dir=args.export_dir,
         run_dir=run_dir,
         seed=args.seed,
@@ -82,13 +95,13 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
     """The recipe's ``Trainer.Config`` for resolved ``opts``, then kernel and CLI overrides."""
     from torchtitan.config.manager import ConfigManager
 
-    from recipes.preflight import check_checkpoint_tensors, check_model_matches
+    from recipes import provenance
+    from recipes.preflight import check_checkpoint_tensors
     from recipes.registry import get_recipe
-    from recipes.specs import model_dims
 
     config = get_recipe(opts.recipe).config_fn()(opts)
+    provenance.check(opts, config)
     if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
-        check_model_matches(opts, model_dims(config.model_spec))
         check_checkpoint_tensors(opts, config.model_spec)
     if opts.overrides:
         from recipes.overrides import apply_override_specs
@@ -142,6 +155,13 @@ class StepRecorder:
         return None
 
 
+def write_provenance(opts: RunOptions, config, path: Path) -> None:
+    from recipes import provenance
+
+    allowed = [m for m in provenance.mismatches(opts, config) if m.name in opts.allow_mismatch]
+    path.write_text(json.dumps(provenance.provenance(opts, config, allowed), indent=2, default=str) + "\n")
+
+
 def record_steps(trainer, path: Path) -> None:
     """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none)."""
     from torchtitan.components.metrics import LoggerContainer
@@ -169,6 +189,8 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / STEPS_FILE).unlink(missing_ok=True)
             record_steps(trainer, run_dir / STEPS_FILE)
+        if rank == 0:
+            write_provenance(opts, config, run_dir / PROVENANCE_FILE)
         faults.install(trainer, rank)
         trainer.train()
     finally:
@@ -192,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.errors import RecipeError
     from recipes.preflight import preflight
 
+    # Under torchrun the launch itself says how many processes and nodes there are
+    # (torchrun would take a --nproc/--nnodes after the script name for its own).
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        args.nproc = int(os.environ["LOCAL_WORLD_SIZE"])
+        args.nnodes = int(os.environ["WORLD_SIZE"]) // args.nproc
+        args.node_rank = int(os.environ.get("GROUP_RANK", "0"))
+        args.rdzv_endpoint = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     try:
         opts = preflight(options_from_args(args, args.recipe, args.run_dir))
         platform.install(opts.tier)

@@ -1,0 +1,175 @@
+"""What a run really used, and refusals when it is not what the user thinks.
+
+A step-1 loss is only comparable when the tokenizer, the weights and the model
+hyper-parameters are the ones the user believes. ``provenance`` records them
+(results.json and the report); ``check`` refuses a run whose pieces disagree,
+unless the user names the mismatch with ``--allow-mismatch NAME``, in which case
+it becomes a warning the report repeats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes.errors import RecipeError
+from recipes.options import RunOptions
+
+#: Names ``--allow-mismatch`` accepts.
+MISMATCH_NAMES = (
+    "tokenizer",
+    "vocab",
+    "rope_theta",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "seq_len",
+)
+
+#: config.json keys compared with the model the recipe builds.
+COMPARED_DIMS = MISMATCH_NAMES[2:-1]
+
+
+class MismatchError(RecipeError):
+    """The run's tokenizer, weights or model hyper-parameters disagree."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    name: str
+    message: str
+
+
+def sha256_of(paths: list[Path], header_only: bool = False) -> str:
+    """One digest over files; for safetensors only the header (names, dtypes, shapes, offsets)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            if header_only:
+                length = f.read(8)
+                digest.update(length + f.read(int.from_bytes(length, "little")))
+            else:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+def tokenizer_info(tokenizer_dir: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    files = [p for p in (tokenizer_dir / "tokenizer.json", tokenizer_dir / "tokenizer_config.json") if p.is_file()]
+    return {
+        "path": str(tokenizer_dir),
+        "vocab_size": Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size(),
+        "sha256": sha256_of(files),
+    }
+
+
+def weights_info(opts: RunOptions) -> dict | None:
+    if opts.init != "hf" or opts.model_dir is None:
+        return None
+    files = sorted(opts.model_dir.glob("*.safetensors"))
+    index = sorted(opts.model_dir.glob("*.safetensors.index.json"))
+    return {
+        "path": str(opts.model_dir),
+        "files": [p.name for p in files],
+        "headers_sha256": sha256_of(files, header_only=True),
+        "index_sha256": sha256_of(index) if index else None,
+    }
+
+
+def checkpoint_config(opts: RunOptions) -> dict | None:
+    """The weights' own config.json (rope theta read from ``rope_parameters`` when nested)."""
+    if opts.model_dir is None or not (opts.model_dir / "config.json").is_file():
+        return None
+    hf = json.loads((opts.model_dir / "config.json").read_text())
+    rope = hf.get("rope_parameters") or {}
+    if "rope_theta" not in hf and "rope_theta" in rope:
+        hf["rope_theta"] = rope["rope_theta"]
+    return hf
+
+
+def built_dims(config) -> dict:
+    """The hyper-parameters of the model the config builds, named as in config.json."""
+    from recipes.specs import model_dims
+
+    if hasattr(config, "hf_model"):  # the HF backend builds what the checkpoint's config.json says
+        return hf_backend_dims(config)
+    return model_dims(config.model_spec)
+
+
+def hf_backend_dims(config) -> dict:
+    hf = json.loads((Path(config.hf_model) / "config.json").read_text())
+    rope = hf.get("rope_parameters") or {}
+    dims = {key: hf.get(key) for key in COMPARED_DIMS if key != "rope_theta"}
+    dims["rope_theta"] = hf.get("rope_theta", rope.get("rope_theta"))
+    dims["max_seq_len"] = hf.get("max_position_embeddings")
+    return dims
+
+
+def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
+    """Everything that decides a step-1 loss, as this run really has it."""
+    dp = int(os.environ.get("WORLD_SIZE", opts.nproc * opts.nnodes))  # data parallel only (TP=1)
+    return {
+        "tokenizer": tokenizer_info(Path(config.hf_assets_path)),
+        "weights": weights_info(opts),
+        "model": built_dims(config),
+        "data": {
+            "path": str(config.dataloader.dataset_path),
+            "seq_len": config.training.seq_len,
+            "local_batch_size": config.training.local_batch_size,
+            "global_batch_size": config.training.local_batch_size * dp,
+        },
+        "seed": config.debug.seed,
+        "dtype": {"params": config.training.mixed_precision_param, "export": config.checkpoint.export_dtype},
+        "allowed_mismatches": [m.message for m in allowed],
+    }
+
+
+def mismatches(opts: RunOptions, config) -> list[Mismatch]:
+    """Every disagreement between tokenizer, weights and the model the recipe builds."""
+    found = []
+    dims = built_dims(config)
+    tokenizer_dir = Path(config.hf_assets_path).resolve()
+    vocab = tokenizer_info(tokenizer_dir)["vocab_size"]
+    if vocab > dims["vocab_size"]:
+        found.append(Mismatch("vocab", f"the tokenizer in {tokenizer_dir} has {vocab} tokens, more than the "
+                                       f"model's {dims['vocab_size']} embedding rows"))
+    if opts.init == "hf" and opts.model_dir is not None and tokenizer_dir != opts.model_dir.resolve():
+        found.append(Mismatch("tokenizer", f"weights come from {opts.model_dir} but the tokenizer from "
+                                           f"{tokenizer_dir}; the weights were trained with their own tokenizer"))
+    hf = checkpoint_config(opts) if opts.init == "hf" else None
+    if hf is not None:
+        for key in COMPARED_DIMS:
+            if key in hf and key in dims and hf[key] != dims[key]:
+                found.append(Mismatch(key, f"{key}: {opts.model_dir / 'config.json'} says {hf[key]!r}, "
+                                           f"recipe {opts.recipe!r} builds {dims[key]!r}"))
+    limit = (hf or {}).get("max_position_embeddings")
+    if limit and config.training.seq_len > limit:
+        found.append(Mismatch("seq_len", f"seq_len {config.training.seq_len} is above "
+                                         f"max_position_embeddings {limit}"))
+    return found
+
+
+def check(opts: RunOptions, config) -> list[Mismatch]:
+    """Refuse unallowed mismatches (one message naming each); return the allowed ones."""
+    found = mismatches(opts, config)
+    refused = [m for m in found if m.name not in opts.allow_mismatch]
+    if refused:
+        raise MismatchError(
+            "; ".join(m.message for m in refused)
+            + ". Fix the inputs, or accept with "
+            + " ".join(f"--allow-mismatch {name}" for name in dict.fromkeys(m.name for m in refused))
+        )
+    allowed = [m for m in found if m.name in opts.allow_mismatch]
+    for m in allowed:
+        print(f"warning: allowed mismatch {m.name}: {m.message}", file=sys.stderr)
+    return allowed
