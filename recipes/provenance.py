@@ -112,6 +112,8 @@ def hf_backend_dims(config) -> dict:
     dims = {key: hf.get(key) for key in COMPARED_DIMS if key != "rope_theta"}
     dims["rope_theta"] = hf.get("rope_theta", rope.get("rope_theta"))
     dims["max_seq_len"] = hf.get("max_position_embeddings")
+    # --layers keeps the first N: the backend's model config carries the count it builds.
+    dims["num_hidden_layers"] = getattr(config.model_spec.model, "num_hidden_layers", None) or dims["num_hidden_layers"]
     return dims
 
 

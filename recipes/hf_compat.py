@@ -1,0 +1,263 @@
+"""Workarounds for torchtitan 0.3.0's Transformers modeling backend, all in one place.
+
+The backend (``torchtitan.experiments.transformers_modeling_backend``) wraps a
+transformers ``*ForCausalLM``. In torchtitan 0.3.0 (with transformers 5.x) it
+has these defects on every device; each workaround below is the smallest
+change that gives transformers' own numerics back, names its upstream cause,
+and has a canary in ``tests/cpu/test_hf_compat_canaries.py`` that fails once
+upstream is fixed, so the workaround can be deleted:
+
+1. RoPE ``inv_freq`` is left uninitialised  -> ``init_rotary_embeddings``
+2. swapped-in MoE left uninitialised         -> ``init_swapped_moe``
+3. HF MoE checkpoints do not load            -> ``CompatStateDictAdapter``
+4. flex attention, no CPU backward           -> ``causal_sdpa_attention``
+5. transformers patched process-wide         -> ``scope_init_patch``
+
+The recipe uses them through ``compat_model_spec``: the spec builds
+``CompatHFTransformerModel`` (upstream's model with 1, 2, 4 and 5 fixed) and
+carries the fixed state-dict adapter (3). Nothing in torchtitan or
+transformers is monkeypatched (5 undoes upstream's own patch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torchtitan.experiments.transformers_modeling_backend import (
+    HFTransformerModel,
+    TitanModelConfig,
+    TitanMoeModelConfig,
+)
+from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
+    HFTransformerStateDictAdapter,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_utils import AttentionInterface, PreTrainedModel
+
+#: The HF attention implementation name the compat model registers and uses.
+ATTN_IMPLEMENTATION = "sdpa_causal_torchtitan"
+
+
+# --- 1. RoPE ----------------------------------------------------------------
+
+
+def init_rotary_embeddings(model: torch.nn.Module) -> None:
+    """Recompute every HF rotary embedding's ``inv_freq`` exactly as its ``__init__`` does.
+
+    Upstream cause: the model is built on the meta device and materialised with
+    ``to_empty()``; ``HFTransformerModel.init_states`` only recomputes rotary
+    modules that have ``rope_init_fn``, which transformers 5.x rotary classes
+    (``Qwen3RotaryEmbedding``...) no longer have, so ``inv_freq`` keeps whatever
+    memory ``to_empty()`` returned: step-1 loss differs run to run, NaN follows.
+    """
+    for module in model.modules():
+        compute_default = getattr(module, "compute_default_rope_parameters", None)
+        if compute_default is None or not hasattr(module, "inv_freq"):
+            continue
+        rope_type = module.rope_type
+        rope_init_fn = compute_default if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+        inv_freq, module.attention_scaling = rope_init_fn(module.config, module.inv_freq.device)
+        module.inv_freq.copy_(inv_freq)
+        if hasattr(module, "original_inv_freq"):
+            module.original_inv_freq.copy_(inv_freq)
+
+
+# --- 2. MoE init --------------------------------------------------------------
+
+
+def init_swapped_moe(model: HFTransformerModel, buffer_device: torch.device | None) -> None:
+    """Initialise the torchtitan MoE modules the backend swapped in for HF's MoE blocks.
+
+    Upstream cause: ``build_and_swap_native_moe`` (at parallelize time)
+    initialises each torchtitan ``MoE`` on CPU, then the trainer's model-wide
+    ``to_empty()`` discards those values, and ``HFTransformerModel.init_states``
+    only runs HF's ``_init_weights``, which does not know torchtitan's MoE:
+    experts and router stay uninitialised (values like 1e37).
+    """
+    for layer in model.layers.values():
+        moe = getattr(layer, "moe", None)
+        if moe is not None:
+            moe.init_states(buffer_device=buffer_device)
+
+
+# --- 3. MoE checkpoints --------------------------------------------------------
+
+#: torchtitan ``GroupedExperts`` parameter -> the per-expert HF projection it stacks.
+EXPERT_PROJECTIONS = {"w1_EFD": "gate_proj", "w3_EFD": "up_proj", "w2_EDF": "down_proj"}
+_GROUPED_EXPERTS = re.compile(r"^(.*\.mlp)\.routed_experts\.inner_experts\.(w1_EFD|w3_EFD|w2_EDF)$")
+_HF_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_TITAN_ROUTER = re.compile(r"^(.*\.mlp)\.router\.gate\.weight$")
+_HF_ROUTER = re.compile(r"^(.*\.mlp)\.gate\.weight$")
+
+
+class CompatStateDictAdapter(HFTransformerStateDictAdapter):
+    """Upstream's adapter plus the MoE layout of HF checkpoints on disk.
+
+    Upstream cause: ``HFTransformerStateDictAdapter`` only adds/strips the
+    ``model.`` prefix, so the swapped-in torchtitan MoE's keys
+    (``mlp.router.gate.weight``, ``mlp.routed_experts.inner_experts.w1_EFD`` ...)
+    are not in an HF MoE checkpoint, which stores ``mlp.gate.weight`` and one
+    ``mlp.experts.<e>.{gate,up,down}_proj.weight`` per expert, and loading
+    fails. (The module's ``hf_to_titan_moe_state_dict`` is never called, and
+    converts to transformers' in-memory fused ``gate_up_proj``, which is not
+    what checkpoints hold either.) Dense keys pass through unchanged.
+
+    Each rank reads and writes only its own experts: the per-expert tensors are
+    views of the local shard of the grouped weight.
+    """
+
+    def __init__(self, model_config, hf_assets_path: str | None) -> None:
+        super().__init__(model_config, hf_assets_path)
+        self._grouped_layouts: dict[str, tuple] = {}
+
+    def to_hf(self, state_dict: dict) -> dict:
+        hf_state_dict = {}
+        for key, value in super().to_hf(state_dict).items():
+            grouped = _GROUPED_EXPERTS.match(key)
+            if grouped:
+                hf_state_dict.update(self._split_experts(key, value, grouped[1], EXPERT_PROJECTIONS[grouped[2]]))
+            else:
+                hf_state_dict[_TITAN_ROUTER.sub(r"\1.gate.weight", key)] = value
+        return hf_state_dict
+
+    def from_hf(self, hf_state_dict: dict) -> dict:
+        state_dict, experts = {}, defaultdict(dict)
+        titan_names = {hf: titan for titan, hf in EXPERT_PROJECTIONS.items()}
+        for key, value in hf_state_dict.items():
+            expert = _HF_EXPERT.match(key)
+            if expert:
+                grouped_key = f"{expert[1]}.routed_experts.inner_experts.{titan_names[expert[3]]}"
+                experts[grouped_key][int(expert[2])] = value
+            else:
+                state_dict[_HF_ROUTER.sub(r"\1.router.gate.weight", key)] = value
+        for key, by_id in experts.items():
+            state_dict[key] = self._stack_experts(key, [by_id[e] for e in sorted(by_id)])
+        return super().from_hf(state_dict)
+
+    def _split_experts(self, key: str, grouped, mlp: str, projection: str) -> dict:
+        first, local = 0, grouped
+        if isinstance(grouped, DTensor):
+            self._grouped_layouts[key] = (grouped.device_mesh, grouped.placements, grouped.shape, grouped.stride())
+            _, offset = compute_local_shape_and_global_offset(grouped.shape, grouped.device_mesh, grouped.placements)
+            first, local = offset[0], grouped.to_local()
+        return {f"{mlp}.experts.{first + i}.{projection}.weight": local[i] for i in range(local.shape[0])}
+
+    def _stack_experts(self, key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        local = torch.stack(tensors)
+        if key not in self._grouped_layouts:
+            return local
+        mesh, placements, shape, stride = self._grouped_layouts[key]
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+# --- 4. attention --------------------------------------------------------------
+
+
+def causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' own SDPA attention, causal through ``is_causal`` (no mask tensor).
+
+    Upstream cause: the backend hard-wires ``_attn_implementation =
+    "flex_torchtitan"`` (FlexAttention), which has no backward on CPU in torch
+    2.14, and builds a compiled BlockMask every step. For the causal mask the
+    recipe trains with, this is exactly what ``AutoModelForCausalLM`` runs with
+    ``attn_implementation="sdpa"`` and no padding mask.
+    """
+    if attention_mask is not None:
+        raise ValueError(f"{ATTN_IMPLEMENTATION} applies a causal mask itself; got an explicit attention mask")
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
+# --- 5. process-wide init patch ---------------------------------------------------
+
+#: The ``PreTrainedModel`` methods upstream replaces with its torchtitan-style init.
+PATCHED_INIT_METHODS = ("_init_weights", "_initialize_weights")
+
+
+def scope_init_patch(model: PreTrainedModel, originals: dict) -> None:
+    """Move upstream's init patch from ``transformers.PreTrainedModel`` onto ``model`` alone.
+
+    Upstream cause: ``HFTransformerModel._patch_hf_llama_like`` assigns its
+    init functions to ``PreTrainedModel`` itself, so every transformers model
+    loaded later in the process uses them, and ``from_pretrained`` then leaves
+    RoPE's ``inv_freq`` at 0. ``originals`` are the methods from before the
+    build; ``model`` keeps upstream's (same functions, same numerics).
+    """
+    for name, original in originals.items():
+        setattr(model, name, types.MethodType(getattr(PreTrainedModel, name), model))
+        setattr(PreTrainedModel, name, original)
+
+
+class CompatHFTransformerModel(HFTransformerModel):
+    """``HFTransformerModel`` with workarounds 1, 2, 4 and 5; everything else is upstream's."""
+
+    @dataclass(kw_only=True, slots=True, init=False, repr=False, eq=False)
+    class Config(HFTransformerModel.Config):
+        """Upstream's config, routing attention through ``causal_sdpa_attention``."""
+
+        def __init__(self, model_config, **kwargs) -> None:
+            # transformers wraps a config subclass without its own __init__ in a
+            # strict dataclass __init__; keep upstream's.
+            HFTransformerModel.Config.__init__(self, model_config, **kwargs)
+
+        def _configure_hf_attention(self) -> None:
+            AttentionInterface.register(ATTN_IMPLEMENTATION, causal_sdpa_attention)
+            self._titan_injected_model_args["attn_implementation"] = ATTN_IMPLEMENTATION
+            self.attn_implementation = ATTN_IMPLEMENTATION
+            self._attn_implementation = ATTN_IMPLEMENTATION
+
+    def __init__(self, config: "CompatHFTransformerModel.Config") -> None:
+        originals = {name: getattr(PreTrainedModel, name) for name in PATCHED_INIT_METHODS}
+        super().__init__(config)
+        scope_init_patch(self.model, originals)
+
+    def get_attention_masks(self, positions: torch.Tensor):
+        """No BlockMask: ``causal_sdpa_attention`` is causal by itself (and sees whole sequences)."""
+        mask_type = getattr(self.model.config, "attn_mask_type", "causal")
+        if mask_type != "causal":
+            raise ValueError(f"{ATTN_IMPLEMENTATION} supports attn_mask_type='causal' only, got {mask_type!r}")
+        if self.cp_mesh is not None:
+            raise ValueError(f"{ATTN_IMPLEMENTATION} does not gather k/v for context parallelism; use degree 1")
+        return None
+
+    def init_states(self, *, buffer_device: torch.device | None = None) -> None:
+        super().init_states(buffer_device=buffer_device)
+        init_rotary_embeddings(self.model)
+        init_swapped_moe(self, buffer_device)
+
+
+# --- the spec the recipe uses --------------------------------------------------------
+
+
+def compat_model_config(hf_config: dict, layers: int | None = None) -> CompatHFTransformerModel.Config:
+    """The backend's "full" flavor (every size from the HF config) for this HF config.
+
+    Qwen3-MoE gets ``TitanMoeModelConfig`` without torchtitan's
+    auxiliary-loss-free expert bias: Qwen3-MoE has none, so an HF checkpoint
+    cannot provide it and an HF export could not keep it.
+    """
+    base = TitanMoeModelConfig(load_balance_coeff=None) if is_moe(hf_config) else TitanModelConfig()
+    if layers is not None:
+        base = dataclasses.replace(base, n_layers=layers)
+    return CompatHFTransformerModel.Config(model_config=base)
+
+
+def compat_model_spec(spec, hf_config: dict, layers: int | None = None):
+    """``spec`` (upstream's ``model_registry`` spec) building the compat model, with the compat adapter."""
+    return dataclasses.replace(
+        spec,
+        model=compat_model_config(hf_config, layers),
+        state_dict_adapter=CompatStateDictAdapter,
+    )
+
+
+def is_moe(hf_config: dict) -> bool:
+    """An HF MoE config (transformers 5 writes Qwen3-MoE's expert count as ``num_local_experts``)."""
+    return "num_experts" in hf_config or "num_local_experts" in hf_config
