@@ -22,6 +22,11 @@ repro: venv
 test: venv
 	$(PY) -m pytest -m cpu -n auto $(PYTEST_ARGS)
 
+# Figures, not tests: harness overhead, per-recipe step time/tokens/s/memory, suite wall time
+# (report/bench/*.json; several minutes). E.g. BENCH_ARGS="overhead --reps 6" or "recipes --tier trn2".
+bench: venv
+	$(PY) -m benchmarks $(or $(BENCH_ARGS),all)
+
 # On a trn2.48xlarge with requirements-neuron.txt installed.
 test-neuron:
 	python -m pytest -m neuron

@@ -146,6 +146,8 @@ class StepRecorder:
             "tokens_per_s": metrics["throughput(tps)"],
             "step_time_s": metrics["time_metrics/end_to_end(s)"],
             "max_reserved_gib": metrics["memory/max_reserved(GiB)"],
+            "tflops": metrics["tflops"],
+            "mfu_pct": metrics.get("mfu(%)"),
             "wall_s": time.perf_counter() - self.started,
         }
         with self.path.open("a") as f:

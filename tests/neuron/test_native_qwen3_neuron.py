@@ -29,6 +29,10 @@ def trn2_hf_run(recipe_run, shared_dir):
         model_dir=MODEL_DIR,
         export_dir=shared_dir / "trn2-native-export",
         seed=0,
+        # The tutorial's model_registry("4B") uses RoPE theta 1e6; Instruct-2507's config.json
+        # says 5e6. The published 6.54 comes from the tutorial's config, so reproduce that and
+        # let provenance record the difference.
+        allow_mismatch=["rope_theta"],
     )
 
 
@@ -42,7 +46,7 @@ def test_published_step1_loss_from_random_init(recipe_run, golden):
     run = recipe_run(
         "trn2-native-random", recipe="native_qwen3", tier="trn2", nproc=64, steps=1, init="random",
         model_dir=MODEL_DIR, seed=0, export=False,
-    )
+    )  # random init loads no weights, so there is no config.json to disagree with
     golden("native_qwen3", "trn2", "step1_loss_random", run["losses"][0])
 
 
