@@ -24,6 +24,23 @@ pytest_plugins = ["recipes.pytest_report"]
 TIER_MARKERS = ("cpu", "neuron")
 
 
+def pytest_configure(config):
+    """On a trn2 instance under xdist, each worker gets its own NeuronCores.
+
+    Single-core kernel tests then run side by side; a 64-rank launch needs the whole
+    instance and refuses to start inside a slice (run those serially: -p no:xdist).
+    """
+    from recipes.platform import neuron
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or "NEURON_RT_VISIBLE_CORES" in os.environ or not neuron.device_nodes():
+        return
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["NEURON_RT_VISIBLE_CORES"] = neuron.worker_cores(
+        int(worker.removeprefix("gw")), workers, neuron.logical_core_count()
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test carries exactly one tier marker; a test with none or both is an error."""
     bad = []

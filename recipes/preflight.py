@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from recipes.errors import RecipeError
@@ -43,6 +44,19 @@ def check_tier(opts: RunOptions) -> None:
         raise PreflightError(
             f"--tier trn2 cannot run on this machine: {status.reason()} "
             "Use --tier cpu here, or run on a trn2.48xlarge."
+        )
+    check_visible_cores(opts.nproc, os.environ.get("NEURON_RT_VISIBLE_CORES"))
+
+
+def check_visible_cores(nproc: int, visible: str | None) -> None:
+    """A job of ``nproc`` ranks needs that many NeuronCores visible to it."""
+    from recipes.platform.neuron import parse_visible_cores
+
+    if visible is not None and nproc > 1 and len(parse_visible_cores(visible)) < nproc:
+        raise PreflightError(
+            f"{nproc} ranks need {nproc} NeuronCores but NEURON_RT_VISIBLE_CORES={visible} leaves "
+            f"{len(parse_visible_cores(visible))}: a 64-rank job takes the whole instance; unset "
+            "NEURON_RT_VISIBLE_CORES (or run the neuron tests serially, -p no:xdist)"
         )
 
 

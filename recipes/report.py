@@ -53,8 +53,41 @@ def save(report_dir: Path, report: dict) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
+    report["loss_curves"] = plot_loss_curves(report_dir, report["runs"])
     (report_dir / RESULTS_MD).write_text(markdown(report))
     return path
+
+
+def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
+    """One PNG per recipe and tier: every run's loss per step (pretrained vs random init)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if run.get("losses"):
+            groups.setdefault(f"{run['recipe']}-{run['tier']}", []).append(run)
+    written = {}
+    for name, group in sorted(groups.items()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run in group:
+            width = f", {run.get('provenance', {}).get('model', {}).get('hidden_size', '?')}-wide"
+            ax.plot(
+                [s["step"] for s in run["steps"]], run["losses"], marker="o",
+                label=f"init={run['init']}, {run['nproc']} proc{width}",
+            )  # fmt: skip
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_title(name)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = report_dir / f"loss-{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written[name] = path.name
+    return written
 
 
 def add_run(report: dict, run: dict) -> None:
@@ -100,8 +133,8 @@ def markdown(report: dict) -> str:
             "|---|---|---|---|---|---|",
         ]
         for c in report["checks"]:
-            claim = CLAIMS.get(c["key"])
-            name = claim.what if claim else c["key"]
+            claim = CLAIMS.get(c["key"].rsplit(".", 1)[-1])
+            name = f"{c['key']} ({claim.what})" if claim else c["key"]
             verdict = {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
             lines.append(
                 f"| {name} | {_fmt(c['published'])} | {_fmt(c['measured'])} | "
@@ -126,6 +159,10 @@ def markdown(report: dict) -> str:
                 f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} | "
                 f"{'FAILED: ' + r['error'] if r.get('error') else 'ok'} |"
             )
+        lines.append("")
+    if report.get("loss_curves"):
+        lines += ["## Loss curves", ""]
+        lines += [f"- [{name}]({png})" for name, png in report["loss_curves"].items()]
         lines.append("")
     runs_with_provenance = [r for r in report.get("runs", []) if r.get("provenance")]
     if runs_with_provenance:

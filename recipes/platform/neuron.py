@@ -69,6 +69,29 @@ def neuron_core_count() -> int:
     return sum(int(d.get("nc_count", 0)) for d in devices)
 
 
+def logical_core_count() -> int:
+    """Logical NeuronCores of this instance: physical cores from ``neuron-ls`` / LNC (64 on trn2.48xlarge)."""
+    return neuron_core_count() // logical_neuron_cores()
+
+
+def parse_visible_cores(value: str) -> list[int]:
+    """``NEURON_RT_VISIBLE_CORES`` ("3", "0-15", "0,2,4-7") as a list of core ids."""
+    cores: list[int] = []
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        first, _, last = part.partition("-")
+        cores.extend(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def worker_cores(worker: int, workers: int, total: int) -> str:
+    """Disjoint ``NEURON_RT_VISIBLE_CORES`` for xdist worker ``worker`` of ``workers``."""
+    if workers > total:
+        raise ValueError(f"{workers} test workers cannot each get a NeuronCore of {total}; use -n {total} or fewer")
+    per = total // workers
+    first = worker * per
+    return f"{first}-{first + per - 1}" if per > 1 else str(first)
+
+
 def has_package(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 

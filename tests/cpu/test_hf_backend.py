@@ -233,6 +233,13 @@ def test_two_process_run_trains(hf_run, record_property):
     assert losses[-1] < losses[0], f"loss did not decrease over {STEPS} steps: {losses}"
 
 
+def test_step1_loss_matches_golden(hf_run, golden):
+    golden(
+        "hf_backend", "cpu", "step1_loss_hf", hf_run["losses"][0],
+        reason="fixture checkpoint through the backend, 2 ranks × 2 × 256 tokens, seed 0: deterministic on the pinned cpu lock",
+    )
+
+
 def test_step1_loss_matches_native_recipe(hf_run, native_hf_run, record_property):
     """Same safetensors, same first batch (same data, seq_len, batch, seed): same loss."""
     backend, native = hf_run["losses"][0], native_hf_run["losses"][0]

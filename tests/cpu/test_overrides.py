@@ -306,3 +306,41 @@ def test_block_layout_blocks_hold_one_expert_each():
     token_ids, block_to_expert = block_layout([3, 0, 5], num_rows=8, block_size=4)
     assert token_ids.tolist() == [0, 1, 2, 8, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]
     assert block_to_expert.flatten().tolist() == [0, 2, 2, 0, 0]
+
+
+def test_training_with_rope_hf_on_layers_10_to_19_is_bitwise_identical(record_property):
+    """The tutorial's scoped override inside training: a 24-layer model, 3 AdamW steps, same losses."""
+    from dataclasses import replace
+
+    import torch
+
+    from recipes.overrides import apply_override_specs
+    from recipes.specs import sized_spec
+    from recipes.tiers import TINY_DENSE
+
+    def build(overrides):
+        spec = sized_spec("4B", replace(TINY_DENSE, num_hidden_layers=24), name="tiny-24")
+        replaced = apply_override_specs(spec, overrides)
+        torch.manual_seed(0)
+        return spec.model.build(), replaced
+
+    stock, _ = build([])
+    scoped, replaced = build(["rope_hf=layers.1[0-9].attention.rope"])
+    assert len(replaced) == 10
+    params = {k: v for k, v in stock.state_dict().items() if not k.endswith("rope.cache")}
+    scoped.load_state_dict(params, strict=False)
+    tokens = torch.randint(0, TINY_DENSE.vocab_size, (2, 257), generator=torch.Generator().manual_seed(1))
+    losses = {}
+    for name, model in (("stock", stock), ("scoped", scoped)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses[name] = []
+        for _ in range(3):
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[name].append(loss.item())
+    record_property("rope_scoped_training_losses", losses)
+    assert losses["scoped"] == losses["stock"]
+    assert losses["stock"][-1] < losses["stock"][0]

@@ -120,3 +120,30 @@ def test_bad_logical_neuron_cores_is_refused(monkeypatch, value):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", value)
     with pytest.raises(neuron.LNCError, match="NEURON_LOGICAL_NC_CONFIG"):
         neuron.logical_neuron_cores()
+
+
+def test_xdist_workers_get_disjoint_neuron_cores():
+    slices = [neuron.parse_visible_cores(neuron.worker_cores(w, 4, 64)) for w in range(4)]
+    assert [len(s) for s in slices] == [16, 16, 16, 16]
+    assert sorted(c for s in slices for c in s) == list(range(64))
+    assert neuron.worker_cores(3, 64, 64) == "3"
+    with pytest.raises(ValueError, match="cannot each get a NeuronCore"):
+        neuron.worker_cores(0, 65, 64)
+
+
+def test_a_64_rank_job_refuses_a_core_slice():
+    from recipes.preflight import PreflightError, check_visible_cores
+
+    check_visible_cores(64, None)
+    check_visible_cores(1, "5")
+    check_visible_cores(16, "0-15")
+    with pytest.raises(PreflightError, match="64 ranks need 64 NeuronCores but NEURON_RT_VISIBLE_CORES=0-15 leaves 16"):
+        check_visible_cores(64, "0-15")
+
+
+def test_canary_torchtitan_still_rejects_sdpa_for_language_models():
+    """Upstream: 0.3.0 refuses model_registry(..., attn_backend="sdpa"); recipes.specs wires SDPA itself."""
+    from torchtitan.models.qwen3 import model_registry
+
+    with pytest.raises(ValueError, match="sdpa is no longer supported"):
+        model_registry("4B", attn_backend="sdpa")

@@ -67,6 +67,16 @@ def test_override_builds_nkirope_with_same_fields():
     assert new.enforce_kernel_constraints is True
 
 
+def test_published_rope_diff_in_float32(modules, golden):
+    """The tutorial's number: rope_hf vs torchtitan's PyTorch RoPE, float32, max abs diff 0.0."""
+    ref, new = modules
+    q, k = _qk(torch.float32)
+    q_ref, k_ref = ref(q, k, None)
+    q_new, k_new = new(q, k, None)
+    golden("nki_moe", "cpu", "rope_q_max_abs_diff", _max_abs(q_new, q_ref))
+    golden("nki_moe", "cpu", "rope_k_max_abs_diff", _max_abs(k_new, k_ref))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("positions", ["default", "shared", "per_sample"])
 def test_forward_equals_cossinrope_exactly(modules, dtype, positions, record_property):

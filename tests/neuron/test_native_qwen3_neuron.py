@@ -37,7 +37,8 @@ def trn2_hf_run(recipe_run, shared_dir):
 
 
 @needs_trn2_and_weights
-def test_published_step1_loss_from_pretrained_weights(trn2_hf_run, golden):
+def test_published_step1_loss_from_pretrained_weights(trn2_hf_run, golden, record_property):
+    record_property("native_qwen3.trn2.provenance", trn2_hf_run["provenance"])
     golden("native_qwen3", "trn2", "step1_loss_hf", trn2_hf_run["losses"][0])
 
 
