@@ -202,10 +202,10 @@ def check_dataset_dir(opts: RunOptions) -> None:
             f"--dataset-dir {data} does not exist; point it at a directory of *.jsonl files "
             'with one {"text": ...} object per line'
         )
-    files = sorted(data.glob("*.jsonl"))
+    files = sorted(data.glob("*.jsonl")) + sorted(data.glob("*.json"))  # both read as JSON lines
     if not files:
         raise PreflightError(
-            f"--dataset-dir {data} holds no *.jsonl data files; "
+            f"--dataset-dir {data} holds no *.jsonl or *.json data files; "
             'put the corpus there as one {"text": ...} object per line'
         )
     for path in files:
