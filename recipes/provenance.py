@@ -10,7 +10,6 @@ it becomes a warning the report repeats.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -86,15 +85,22 @@ def weights_info(opts: RunOptions) -> dict | None:
     }
 
 
-def checkpoint_config(opts: RunOptions) -> dict | None:
-    """The weights' own config.json (rope theta read from ``rope_parameters`` when nested)."""
-    if opts.model_dir is None or not (opts.model_dir / "config.json").is_file():
-        return None
-    hf = json.loads((opts.model_dir / "config.json").read_text())
+def read_checkpoint_config(model_dir: Path) -> dict:
+    """A model dir's config.json, with rope theta lifted out of ``rope_parameters`` (transformers 5)."""
+    from recipes.preflight import read_hf_config
+
+    hf = read_hf_config(model_dir)
     rope = hf.get("rope_parameters") or {}
     if "rope_theta" not in hf and "rope_theta" in rope:
         hf["rope_theta"] = rope["rope_theta"]
     return hf
+
+
+def checkpoint_config(opts: RunOptions) -> dict | None:
+    """The weights' own config.json, when the run has a model dir that holds one."""
+    if opts.model_dir is None or not (opts.model_dir / "config.json").is_file():
+        return None
+    return read_checkpoint_config(opts.model_dir)
 
 
 def built_dims(config) -> dict:
@@ -107,10 +113,8 @@ def built_dims(config) -> dict:
 
 
 def hf_backend_dims(config) -> dict:
-    hf = json.loads((Path(config.hf_model) / "config.json").read_text())
-    rope = hf.get("rope_parameters") or {}
-    dims = {key: hf.get(key) for key in COMPARED_DIMS if key != "rope_theta"}
-    dims["rope_theta"] = hf.get("rope_theta", rope.get("rope_theta"))
+    hf = read_checkpoint_config(Path(config.hf_model))
+    dims = {key: hf.get(key) for key in COMPARED_DIMS}
     dims["max_seq_len"] = hf.get("max_position_embeddings")
     # --layers keeps the first N: the backend's model config carries the count it builds.
     dims["num_hidden_layers"] = getattr(config.model_spec.model, "num_hidden_layers", None) or dims["num_hidden_layers"]

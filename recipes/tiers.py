@@ -7,7 +7,7 @@ recipe modules stay a single description of the tutorial's configuration.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,16 +56,7 @@ TINY_DENSE = DenseDims(
 
 #: Qwen3-30B-A3B shrunk to 4 layers / 64 experts / top-4 with tiny widths (cpu tier).
 TINY_MOE = MoEDims(
-    vocab_size=1024,
-    hidden_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    intermediate_size=384,
-    rope_theta=1_000_000.0,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
+    **{**asdict(TINY_DENSE), "num_hidden_layers": 4, "tie_word_embeddings": False},
     moe_intermediate_size=64,
     num_experts=64,
     num_experts_per_tok=4,
