@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from recipes.platform.neuron import neuron_status
-
-STATUS = neuron_status(needs_weights=True)
 MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 NPROC = 64
 
-pytestmark = [pytest.mark.neuron, pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason())]
+pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "weights", "dataset")]
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.platform.neuron import neuron_status
+pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "weights", "dataset")]
 
-pytestmark = pytest.mark.neuron
-
-STATUS = neuron_status(needs_weights=True)
 MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
-
-needs_trn2_and_weights = pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason())
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +31,11 @@ def trn2_hf_run(recipe_run, shared_dir):
     )
 
 
-@needs_trn2_and_weights
 def test_published_step1_loss_from_pretrained_weights(trn2_hf_run, golden, record_property):
     record_property("native_qwen3.trn2.provenance", trn2_hf_run["provenance"])
     golden("native_qwen3", "trn2", "step1_loss_hf", trn2_hf_run["losses"][0])
 
 
-@needs_trn2_and_weights
 def test_published_step1_loss_from_random_init(recipe_run, golden):
     run = recipe_run(
         "trn2-native-random", recipe="native_qwen3", tier="trn2", nproc=64, steps=1, init="random",
@@ -51,7 +44,6 @@ def test_published_step1_loss_from_random_init(recipe_run, golden):
     golden("native_qwen3", "trn2", "step1_loss_random", run["losses"][0])
 
 
-@needs_trn2_and_weights
 def test_export_round_trip_keys(trn2_hf_run, golden):
     import torch
     from safetensors.torch import load_file

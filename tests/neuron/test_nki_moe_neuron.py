@@ -6,14 +6,10 @@ import math
 
 import pytest
 
-from recipes.platform.neuron import neuron_status
-
 pytestmark = pytest.mark.neuron
 
-STATUS = neuron_status(("torch_neuronx", "nkilib"))
 
-
-@pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason())
+@pytest.mark.requires("device", "torch_neuronx", "nkilib", "dataset")
 def test_nki_moe_trains_in_eager_mode_on_64_ranks(recipe_run, record_property):
     run = recipe_run("trn2-nki-moe", recipe="nki_moe", tier="trn2", nproc=64, steps=5, init="random", seed=0)
     losses = run["losses"]

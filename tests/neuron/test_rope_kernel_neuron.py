@@ -11,14 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recipes.platform.neuron import logical_neuron_cores, neuron_status
+from recipes.platform.neuron import logical_neuron_cores
 
-STATUS = neuron_status(("torch_neuronx", "nkilib"))
-
-pytestmark = [
-    pytest.mark.neuron,
-    pytest.mark.skipif(not STATUS.ready, reason=STATUS.reason()),
-]
+pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "nkilib")]
 
 B, NQ, NKV, H = 2, 32, 8, 128  # Qwen3-4B attention: 32 q heads, 8 kv heads, head_dim 128
 SEQ_LEN = 512  # a multiple of 128 × LNC for LNC 1 and 2
