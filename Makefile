@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test test-neuron bench lock fixtures goldens clean
+.PHONY: venv repro test neuron-venv test-neuron bench lock fixtures goldens clean
 
 venv: $(STAMP)
 
@@ -27,9 +27,19 @@ test: venv
 bench: venv
 	$(PY) -m benchmarks $(or $(BENCH_ARGS),all)
 
-# On a trn2.48xlarge with requirements-neuron.txt installed.
-test-neuron:
-	python -m pytest -m neuron
+# The trn2 tier (Neuron SDK 2.33) in $(NEURON_VENV_DIR): requirements-neuron.txt + TorchTitan Neuron
+# from git. On the Neuron DLAMI (Ubuntu 22.04/24.04) reuse its venv:
+#   NEURON_VENV=/opt/aws_neuronx_venv_torch_neuronx_2_14_0 make neuron-venv
+# `scripts/neuron_venv.sh --check` prints the plan without changing anything.
+NEURON_VENV_DIR ?= .venv-neuron
+
+neuron-venv:
+	VENV=$(NEURON_VENV_DIR) scripts/neuron_venv.sh
+
+# On a trn2.48xlarge: every neuron test, serially (a 64-rank job takes the whole instance).
+# QWEN3_REQUIRE_TRN2=1 turns a missing device, package, weights or dataset into a failure.
+test-neuron: neuron-venv
+	$(NEURON_VENV_DIR)/bin/python -m pytest -m neuron -p no:xdist $(PYTEST_ARGS)
 
 # Regenerate the lock (pip-tools, exact pins with hashes) from requirements.in.
 lock: venv

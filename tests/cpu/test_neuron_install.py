@@ -1,0 +1,201 @@
+"""The trn2 install as the Neuron 2.33 docs describe it, checked without a chip or a download.
+
+requirements-neuron.txt is parsed for real; scripts/neuron_venv.sh runs its OS and
+Python checks and prints its plan (--check) against fake os-release files and fake
+interpreters, so nothing is created or fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from recipes import neuron_versions
+from recipes.neuron_versions import Expected, NeuronRequirementsError
+from recipes.tiers import REPO_ROOT
+
+pytestmark = pytest.mark.cpu
+
+SCRIPT = REPO_ROOT / "scripts" / "neuron_venv.sh"
+DLAMI_VENV = "/opt/aws_neuronx_venv_torch_neuronx_2_14_0"
+
+
+def test_expected_versions_come_from_the_real_requirements_file():
+    versions = {name: e.version for name, e in neuron_versions.expected().items()}
+    assert versions == {
+        "torch": "2.14.0",
+        "torch-neuronx": "2.14.3.0.*",
+        "transformers": "5.16.0",
+        "neuronx-cc": "2.28.7631.0",
+        "nki": "0.7.0",
+        "torchtitan": "0.2.2+neuron.1",
+    }
+    pins = neuron_versions.pins()
+    assert "nkilib" not in pins and "torchtitan-neuron" not in pins and "torchtitan" not in pins
+    assert neuron_versions.index_urls() == [
+        "https://pip.repos.neuron.amazonaws.com",
+        "https://download.pytorch.org/whl/cpu",
+    ]
+
+
+@pytest.mark.parametrize("line", ["nkilib==2.33.0", "torchtitan-neuron==0.2.2+neuron.1"])
+def test_a_pin_of_a_distribution_that_does_not_exist_is_refused(tmp_path, line):
+    path = tmp_path / "requirements-neuron.txt"
+    path.write_text(neuron_versions.REQUIREMENTS.read_text() + line + "\n")
+    with pytest.raises(NeuronRequirementsError, match=rf"{path}: pins '{line.split('==')[0]}'.*Remove the line"):
+        neuron_versions.expected(path)
+
+
+def test_a_missing_pin_is_named(tmp_path):
+    path = tmp_path / "requirements-neuron.txt"
+    path.write_text("torch==2.14.0\nnki==0.7.0\n")
+    with pytest.raises(NeuronRequirementsError, match=r"no 'name==version' pin for \['torch-neuronx', 'transformers', 'neuronx-cc'\]"):
+        neuron_versions.expected(path)
+
+
+@pytest.mark.parametrize(
+    "pin, installed, ok",
+    [
+        ("2.14.0", "2.14.0+cpu", True),  # the PyTorch CPU index's build
+        ("2.14.0", "2.14.1", False),
+        ("2.14.3.0.*", "2.14.3.0.1234", True),
+        ("2.14.3.0.*", "2.14.3.0", True),
+        ("2.14.3.0.*", "2.14.3.01", False),
+        ("2.14.3.0.*", "2.14.30.0", False),
+        ("0.2.2+neuron.1", "0.2.2+neuron.1", True),
+        ("0.2.2+neuron.1", "0.2.2", False),  # upstream torchtitan 0.2.2 is not the Neuron fork
+    ],
+)
+def test_version_matching_follows_pep440_equality(pin, installed, ok):
+    assert Expected("x", pin).matches(installed) is ok
+
+
+# ---------------------------------------------------------------- scripts/neuron_venv.sh
+
+
+def fake_python(directory: Path, version: str) -> Path:
+    """An 'interpreter' that only reports its version: enough for the script's checks."""
+    directory.mkdir(parents=True, exist_ok=True)
+    exe = directory / "python"
+    exe.write_text(f"#!/bin/sh\necho {version}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def os_release(tmp_path: Path, version_id: str, distro: str = "ubuntu") -> Path:
+    path = tmp_path / f"os-release-{distro}-{version_id}"
+    path.write_text(f'NAME="{distro}"\nID={distro}\nVERSION_ID="{version_id}"\n')
+    return path
+
+
+def run_script(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("NEURON_VENV", "TORCHTITAN_NEURON_URL", "TORCHTITAN_NEURON_REF")}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**base, "VENV": str(tmp_path / "venv"), **env},
+    )
+
+
+def test_check_prints_the_documented_install_and_changes_nothing(tmp_path):
+    python = fake_python(tmp_path / "py312", "3.12")
+    out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(python))
+    assert out.returncode == 0, out.stderr
+    venv = tmp_path / "venv"
+    plan = [line[2:] for line in out.stdout.splitlines() if line.startswith("+ ")]
+    assert plan == [
+        f"{python} -m venv {venv}",
+        f"{venv}/bin/python -m pip install --upgrade pip",
+        f"{venv}/bin/python -m pip install -r {REPO_ROOT}/requirements-neuron.txt",
+        f"git clone --depth 1 --branch {neuron_versions.TORCHTITAN_NEURON_REF} "
+        f"{neuron_versions.TORCHTITAN_NEURON_URL} {venv}/src/torchtitan-neuron",
+        f"{venv}/bin/python -m pip install -r {venv}/src/torchtitan-neuron/requirements.txt "
+        f"-c {REPO_ROOT}/requirements-neuron.txt",
+        f"{venv}/bin/python -m pip install -e {venv}/src/torchtitan-neuron -c {REPO_ROOT}/requirements-neuron.txt",
+    ]
+    assert not venv.exists()
+
+
+def test_repository_and_ref_are_overridable(tmp_path):
+    out = run_script(
+        tmp_path, "--check",
+        OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(fake_python(tmp_path / "py", "3.13")),
+        TORCHTITAN_NEURON_URL="https://example.invalid/fork.git", TORCHTITAN_NEURON_REF="my-branch",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "git clone --depth 1 --branch my-branch https://example.invalid/fork.git" in out.stdout
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.15"])
+def test_a_python_outside_3_12_to_3_14_is_refused(tmp_path, version):
+    python = fake_python(tmp_path / "old", version)
+    out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(python))
+    assert out.returncode == 1
+    assert f"'{python}' is Python {version}" in out.stderr
+    assert "supports Python 3.12, 3.13 and 3.14" in out.stderr and "PYTHON=python3.12" in out.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("version_id", ["22.04", "24.04"])
+def test_older_ubuntu_without_neuron_venv_is_sent_to_the_dlami_venv(tmp_path, version_id):
+    out = run_script(
+        tmp_path, "--check",
+        OS_RELEASE=str(os_release(tmp_path, version_id)), PYTHON=str(fake_python(tmp_path / "py", "3.12")),
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert f"this host is 'ubuntu {version_id}'" in out.stderr
+    assert "Ubuntu 26.04 only" in out.stderr and f"NEURON_VENV={DLAMI_VENV} make neuron-venv" in out.stderr
+
+
+def test_neuron_venv_reuses_a_prebuilt_venv_on_older_ubuntu(tmp_path):
+    dlami = tmp_path / "dlami"
+    fake_python(dlami / "bin", "3.12")
+    out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "24.04")), NEURON_VENV=str(dlami))
+    assert out.returncode == 0, out.stderr
+    venv = tmp_path / "venv"
+    assert f"reusing the prebuilt venv NEURON_VENV={dlami} (Python 3.12)" in out.stdout
+    plan = [line[2:] for line in out.stdout.splitlines() if line.startswith("+ ")]
+    assert plan[0] == f"ln -sfn {dlami} {venv}"
+    assert not any("-m venv" in step or "--upgrade pip" in step for step in plan)  # the DLAMI venv is not rebuilt
+    assert f"{venv}/bin/python -m pip install -r {REPO_ROOT}/requirements-neuron.txt" in plan
+    assert not venv.exists()
+
+
+def test_neuron_venv_with_an_old_python_or_no_python_is_refused(tmp_path):
+    old = tmp_path / "old"
+    fake_python(old / "bin", "3.10")
+    out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "24.04")), NEURON_VENV=str(old))
+    assert out.returncode == 1 and "is Python 3.10" in out.stderr
+    out = run_script(tmp_path, "--check", NEURON_VENV=str(tmp_path / "nowhere"))
+    assert out.returncode == 1 and f"NEURON_VENV={tmp_path / 'nowhere'} has no bin/python" in out.stderr
+
+
+def test_unknown_argument_is_refused(tmp_path):
+    out = run_script(tmp_path, "--dry")
+    assert out.returncode == 2 and "unknown argument '--dry'" in out.stderr
+
+
+def test_make_targets_use_the_script_and_the_neuron_venv():
+    out = subprocess.run(["make", "-n", "test-neuron"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "VENV=.venv-neuron scripts/neuron_venv.sh",
+        ".venv-neuron/bin/python -m pytest -m neuron -p no:xdist ",
+    ]
+
+
+def test_a_rerun_keeps_the_existing_venv(tmp_path):
+    fake_python(tmp_path / "venv" / "bin", "3.12")
+    out = run_script(
+        tmp_path, "--check",
+        OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(fake_python(tmp_path / "py", "3.12")),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"keeping the existing venv {tmp_path / 'venv'}" in out.stdout
+    assert not any(" -m venv " in line for line in out.stdout.splitlines())
