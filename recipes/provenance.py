@@ -121,6 +121,13 @@ def hf_backend_dims(config) -> dict:
     return dims
 
 
+def rope_used(config) -> dict[str, list[int]]:
+    """Which RoPE each layer runs ({description: layers}); {} for the HF backend's own."""
+    from recipes.kernels import rope_in_use
+
+    return rope_in_use(config)
+
+
 def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
     """Everything that decides a step-1 loss, as this run really has it."""
     dp = int(os.environ.get("WORLD_SIZE", opts.nproc * opts.nnodes))  # data parallel only (TP=1)
@@ -128,6 +135,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "tokenizer": tokenizer_info(Path(config.hf_assets_path)),
         "weights": weights_info(opts),
         "model": built_dims(config),
+        "rope": rope_used(config),
         "data": {
             "path": str(config.dataloader.dataset_path),
             "seq_len": config.training.seq_len,
