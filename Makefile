@@ -46,9 +46,10 @@ lock: venv
 	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	  --no-emit-index-url --no-emit-find-links -o requirements-lock.txt requirements.in
 
-# Rewrite the exact-lane cpu goldens from a real run (published values are never touched).
+# List every exact-lane cpu golden a real run would change (old → new); ACCEPT=1 writes them.
+# Published and proxy values (the tutorial's claims) are never touched.
 goldens: venv
-	$(PY) -m pytest -m cpu -n auto --update-goldens
+	$(PY) -m pytest -m cpu -n auto --update-goldens $(if $(ACCEPT),--accept-goldens)
 
 # Rebuild the tiny tokenizer, corpus and checkpoints in fixtures/ (deterministic).
 fixtures: venv

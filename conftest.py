@@ -43,11 +43,16 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Every test carries exactly one tier marker; a test with none or both is an error."""
+    from recipes.tiers import TRN2
+
     bad = []
     for item in items:
         tiers = [m for m in TIER_MARKERS if item.get_closest_marker(m)]
         if len(tiers) != 1:
             bad.append(f"{item.nodeid}: tier markers {tiers or 'none'}")
+        elif tiers == ["neuron"] and not item.get_closest_marker("timeout"):
+            # pytest.ini's 900 s fits the cpu tier; a trn2 test may wait for a cold-cache launch.
+            item.add_marker(pytest.mark.timeout(TRN2.launch_timeout_s + 600))
     if bad:
         raise pytest.UsageError("each test needs exactly one of @pytest.mark.cpu / @pytest.mark.neuron:\n" + "\n".join(bad))
 
@@ -73,11 +78,19 @@ def recipe_run(shared_dir):
     def run(name: str, **options) -> dict:
         run_dir = shared_dir / name
         done = shared_dir / f"{name}.json"
+        key = json.dumps(options, sort_keys=True, default=str)
         with FileLock(str(shared_dir / f"{name}.lock")):
+            asked = shared_dir / f"{name}.options.json"
+            if asked.exists() and asked.read_text() != key:
+                raise pytest.UsageError(
+                    f"shared run {name!r} was asked for with different options:\n  {asked.read_text()}\n  {key}\n"
+                    "give one of them another name"
+                )
+            asked.write_text(key)
             if not done.exists():
                 opts = preflight(RunOptions(run_dir=run_dir, **options))
                 try:
-                    result = launch(opts, echo=lambda line: None, timeout_s=900).to_dict()
+                    result = launch(opts, echo=lambda line: None, timeout_s=opts.tier_preset.launch_timeout_s).to_dict()
                 except LaunchError as e:
                     result = {"error": str(e)}
                 done.write_text(json.dumps(result))
@@ -93,16 +106,50 @@ def pytest_addoption(parser):
     parser.addoption(
         "--update-goldens",
         action="store_true",
-        help="rewrite the exact-lane cpu goldens from this run's measurements (published values never change)",
+        help="list every exact-lane cpu golden this run would change (old → new); published values never change",
     )
+    parser.addoption(
+        "--accept-goldens",
+        action="store_true",
+        help="with --update-goldens: write the listed changes into fixtures/goldens/",
+    )
+
+
+def _proposals_file(config) -> Path:
+    """One JSON-lines file per session that every xdist worker appends its golden proposals to."""
+    root = config._tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return root / "golden-proposals.jsonl"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After ``--update-goldens``: print each change, and write them only with ``--accept-goldens``."""
+    config = session.config
+    if not config.getoption("--update-goldens") or hasattr(config, "workerinput"):
+        return
+    from recipes import goldens
+
+    path = _proposals_file(config)
+    proposals = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    changes = goldens.proposed_changes(proposals)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    write = reporter.write_line if reporter else print
+    write(goldens.format_changes(changes, len(proposals)))
+    if changes and config.getoption("--accept-goldens"):
+        for path in goldens.apply_changes(changes):
+            write(f"wrote {path}")
+    elif changes:
+        write("nothing written: rerun with ACCEPT=1 (make goldens ACCEPT=1) to record these")
 
 
 @pytest.fixture
 def golden(request, record_property):
     """``golden(recipe, tier, key, measured, reason=...)``: record, then assert against the goldens file.
 
-    With ``--update-goldens`` an exact-lane value is rewritten from ``measured``
-    instead (NaN/inf refused); published values are always asserted.
+    With ``--update-goldens`` an exact-lane value is proposed instead (NaN/inf refused; the
+    session lists old → new and writes only with ``--accept-goldens``); published and proxy
+    values are always asserted.
     """
     from recipes import goldens
 
@@ -111,7 +158,11 @@ def golden(request, record_property):
         if request.config.getoption("--update-goldens"):
             _, values = goldens.load(recipe, tier) if goldens.goldens_path(recipe, tier).exists() else ({}, {})
             if key not in values or values[key].lane == "exact":
-                goldens.update_exact(recipe, tier, {key: measured}, {key: reason})
+                goldens.check_finite(recipe, tier, {key: measured})
+                line = json.dumps({"recipe": recipe, "tier": tier, "key": key, "value": measured, "reason": reason})
+                path = _proposals_file(request.config)
+                with FileLock(str(path) + ".lock"), path.open("a") as f:
+                    f.write(line + "\n")
                 return
         metadata, values = goldens.load(recipe, tier)
         if key not in values:

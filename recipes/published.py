@@ -1,8 +1,8 @@
 """The tutorial's published numbers and pins: the claims this suite reproduces.
 
-Source: AWS Machine Learning Blog tutorial "training Qwen3 with torchtitan on a
-single trn2.48xlarge" (summarised in shared/seed/). Values are as published,
-to the precision published.
+This is the one place the tutorial's numbers are written: goldens files name a
+claim (lanes ``published`` and ``proxy``) and take its value from here. Values are
+as published, to the precision published.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ class Claim:
     what: str
 
 
-SOURCE = "AWS ML Blog: train Qwen3 with torchtitan on one trn2.48xlarge (shared/seed/)"
+SOURCE = (
+    "AWS Machine Learning Blog (Amazon Web Services), tutorial by Josh Longenecker: training Qwen3 "
+    "with torchtitan on a single trn2.48xlarge (Transformers v5 backend, native Qwen3, NKI MoE)"
+)
 
 CLAIMS = {
     c.key: c

@@ -34,11 +34,24 @@ def test_every_shipped_goldens_file_loads():
         assert values, path
 
 
-def test_published_values_are_the_tutorials():
-    _, trn2 = goldens.load("native_qwen3", "trn2")
-    assert trn2["step1_loss_hf"].value == 6.54 and trn2["step1_loss_hf"].lane == "published"
-    assert trn2["step1_loss_random"].value == 12.43 and trn2["step1_loss_random"].lane == "published"
-    assert trn2["export_missing_keys"].value == ["lm_head.weight"]
+def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
+    """Published and proxy entries carry no number of their own: each names a claim of
+    recipes.published (the one place the tutorial's numbers are written) and states why."""
+    from recipes.published import CLAIMS
+
+    seen = set()
+    for path in sorted(goldens.GOLDENS_DIR.glob("*/*.json")):
+        raw = json.loads(path.read_text())["values"]
+        _, values = goldens.load(path.parent.name, path.stem)
+        for key, g in values.items():
+            if g.lane not in goldens.CLAIM_LANES:
+                continue
+            assert "value" not in raw[key], f"{path}: {key}"
+            assert g.value == CLAIMS[g.claim].value and g.reason, f"{path}: {key}"
+            if g.lane == "published":
+                assert path.stem == "trn2", f"{path}: {key}: published numbers are judged only where the tutorial ran"
+            seen.add(g.claim)
+    assert seen == set(CLAIMS), f"claims no goldens file judges: {sorted(set(CLAIMS) - seen)}"
 
 
 @pytest.mark.parametrize(
@@ -48,9 +61,14 @@ def test_published_values_are_the_tutorials():
         ({**ENTRY, "value": float("inf")}, "not finite"),
         ({k: v for k, v in ENTRY.items() if k != "tolerance"}, "has no 'tolerance'"),
         ({k: v for k, v in ENTRY.items() if k != "reason"}, "has no 'reason'"),
+        ({k: v for k, v in ENTRY.items() if k != "value"}, "has no 'value'"),
         ({**ENTRY, "colour": "red"}, "unknown field(s) ['colour']"),
         ({**ENTRY, "lane": "vibes"}, "lane 'vibes'"),
         ({**ENTRY, "tolerance": -1}, "tolerance -1"),
+        ({**ENTRY, "lane": "published"}, "written only in recipes/published.py"),
+        ({"claim": "step1_loss_hf", "tolerance": 0.1, "lane": "published", "reason": "r", "value": 6.5}, "own 'value'"),
+        ({"claim": "step1_loss_zz", "tolerance": 0.1, "lane": "proxy", "reason": "r"}, "claim 'step1_loss_zz'"),
+        ({**ENTRY, "claim": "step1_loss_hf"}, "cannot name a claim"),
     ],
 )
 def test_loader_rejects_untrustworthy_goldens(tmp_path, entry, message):
@@ -69,24 +87,58 @@ def test_loader_rejects_unknown_top_level_keys(tmp_path):
 
 def test_mismatch_is_regression_in_the_recorded_environment_and_stale_elsewhere(tmp_path):
     env = goldens.environment_metadata()
+    assert {"cpu_capability", "cpu_model", "isa", "blas"} <= set(env["cpu"])
     values = {"k": goldens.Golden("k", 1.5, 0.0, "exact", "deterministic")}
     assert goldens.compare("k", 1.5, values, env, env).kind == "pass"
+    assert goldens.compare("k", 1.5 + 1e-7, values, env, env).kind == "regression"
     assert goldens.compare("k", 1.6, values, env, env).kind == "regression"
-    other = {**env, "versions": {**env["versions"], "torch": "0.0.1"}}
-    assert goldens.compare("k", 1.6, values, other, env).kind == "stale golden"
+    other_cpu = {**env, "cpu": {**env["cpu"], "cpu_model": "Some Other CPU"}}
+    portable = goldens.compare("k", 1.5 + 1e-7, values, other_cpu, env)
+    assert (portable.kind, portable.passed, portable.differs) == ("pass, other environment", True, ("cpu.cpu_model",))
+    stale = goldens.compare("k", 1.6, values, other_cpu, env)
+    assert (stale.kind, stale.passed) == ("stale golden", False)
+    assert "cpu.cpu_model" in stale.message() and "make goldens ACCEPT=1" in stale.message()
+    other_torch = {**env, "versions": {**env["versions"], "torch": "0.0.1"}}
+    assert goldens.compare("k", 1.6, values, other_torch, env).kind == "stale golden"
 
 
-def test_update_refuses_non_finite_and_never_touches_published(tmp_path, monkeypatch):
+def test_update_refuses_non_finite_and_never_touches_claims(tmp_path, monkeypatch):
     monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
     (tmp_path / "r").mkdir()
-    write(tmp_path / "r" / "t.json", {"pub": {**ENTRY, "lane": "published", "value": 6.54, "tolerance": 0.02}})
+    pub = {"claim": "step1_loss_hf", "lane": "published", "tolerance": 0.02, "reason": "tutorial"}
+    write(tmp_path / "r" / "t.json", {"pub": pub})
     with pytest.raises(goldens.GoldenError, match="non-finite"):
         goldens.update_exact("r", "t", {"x": float("nan")}, {"x": "why"})
     with pytest.raises(goldens.GoldenError, match="never regenerated"):
         goldens.update_exact("r", "t", {"pub": 6.0}, {"pub": "why"})
     goldens.update_exact("r", "t", {"x": 2.5}, {"x": "measured"})
-    _, values = goldens.load("r", "t")
+    metadata, values = goldens.load("r", "t")
     assert values["x"].value == 2.5 and values["pub"].value == 6.54
+    assert metadata == goldens.environment_metadata()
+
+
+def test_make_goldens_lists_changes_and_writes_only_when_accepted(tmp_path, monkeypatch):
+    monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
+    (tmp_path / "r").mkdir()
+    path = write(tmp_path / "r" / "t.json", {"a": ENTRY, "b": {**ENTRY, "value": 2.0}})
+    before = path.read_text()
+    proposals = [
+        {"recipe": "r", "tier": "t", "key": "a", "value": 1.5, "reason": ""},
+        {"recipe": "r", "tier": "t", "key": "b", "value": 2.25, "reason": ""},
+        {"recipe": "r", "tier": "t", "key": "c", "value": 3.0, "reason": "new one"},
+    ]
+    changes = goldens.proposed_changes(proposals)
+    text = goldens.format_changes(changes, len(proposals))
+    assert text.splitlines() == [
+        "goldens: 3 exact value(s) measured, 2 would change",
+        "  changed  r/t b: 2.0 → 2.25  (Δ +0.25)",
+        "  new      r/t c = 3.0",
+    ]
+    assert path.read_text() == before
+    goldens.apply_changes(changes)
+    _, values = goldens.load("r", "t")
+    assert (values["a"].value, values["b"].value, values["c"].value) == (1.5, 2.25, 3.0)
+    assert values["b"].reason == "deterministic" and values["c"].reason == "new one"
 
 
 def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -153,6 +205,6 @@ def test_workflows_parse_and_call_the_readme_commands():
     assert job["runs-on"] == ["self-hosted", "trn2"]
     assert "schedule" in nightly[True] or "schedule" in nightly.get("on", {})  # YAML 1.1 reads `on` as True
     nightly_steps = " ".join(step.get("run", "") for step in job["steps"])
-    for needed in ("neuron-ls", "requirements-neuron.txt", "pytest -m neuron", "recipes.ci require-ran", "recipes.ci trend"):
+    for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "recipes.ci require-ran", "recipes.ci trend"):
         assert needed in nightly_steps, needed
     assert "make test" in (REPO_ROOT / ".ci/run").read_text()

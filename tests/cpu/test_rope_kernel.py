@@ -73,8 +73,8 @@ def test_published_rope_diff_in_float32(modules, golden):
     q, k = _qk(torch.float32)
     q_ref, k_ref = ref(q, k, None)
     q_new, k_new = new(q, k, None)
-    golden("nki_moe", "cpu", "rope_q_max_abs_diff", _max_abs(q_new, q_ref))
-    golden("nki_moe", "cpu", "rope_k_max_abs_diff", _max_abs(k_new, k_ref))
+    golden("nki_moe", "cpu", "rope_twin_q_max_abs_diff", _max_abs(q_new, q_ref))
+    golden("nki_moe", "cpu", "rope_twin_k_max_abs_diff", _max_abs(k_new, k_ref))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -217,3 +217,110 @@ def test_guard_can_be_relaxed_off_device(lnc2):
     new = NKIRoPE.Config(dim=H, max_seq_len=4096, theta=1_000_000.0, enforce_kernel_constraints=False).build()
     q, k = _qk(seq_len=200)
     assert all(torch.equal(a, b) for a, b in zip(new(q, k), ref(q, k)))
+
+
+# ---------------------------------------------------------------------------
+# The device path's launch, with a recording stand-in for the wrapped kernel
+# ---------------------------------------------------------------------------
+
+
+class RecordingRopeKernel:
+    """Stands in for ``wrap_nki(rope_hf)``: records the grid and what each call receives."""
+
+    def __init__(self):
+        self.grids, self.calls = [], []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self
+
+    def __call__(self, q, k, q_out, k_out, *, cos, sin, backward):
+        self.calls.append(dict(tensors=[q, k, q_out, k_out, cos, sin], backward=backward))
+        return q_out.copy_(q), k_out.copy_(k)  # identity: enough to check the layout round trip
+
+
+def test_device_path_hands_rope_hf_contiguous_tensors_on_a_tuple_grid(lnc2, monkeypatch):
+    kernel = RecordingRopeKernel()
+    monkeypatch.setattr(rope_module, "_rope_hf_kernel", lambda: kernel)
+    q, k = _qk()
+    q_strided, k_strided = q.transpose(0, 1).contiguous().transpose(0, 1), k[:, :, :, :]
+    assert not q_strided.is_contiguous()  # the precondition that makes this test able to fail
+    inv_freq = rope_hf(_rope_config()).build().inv_freq
+    q_out, k_out = rope_module._rope_nki(q_strided, k_strided, _positions("shared"), inv_freq, False)
+
+    assert kernel.grids == [(2,)]
+    (call,) = kernel.calls
+    assert all(t.is_contiguous() for t in call["tensors"])
+    q_in, k_in, _, _, cos, sin = call["tensors"]
+    assert q_in.shape == (B, NQ, L, H) and k_in.shape == (B, NKV, L, H)  # kernel layout [B, heads, S, D]
+    assert cos.shape == sin.shape == (L, H) and cos.dtype == q_in.dtype  # shared positions: [S, D], q's dtype
+    torch.testing.assert_close(q_out, q, rtol=0, atol=0)
+    torch.testing.assert_close(k_out, k, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------
+# Config 3's RoPE: torchtitan's sliced-cache path, no gather
+# ---------------------------------------------------------------------------
+
+GATHER_OPS = {"aten.gather.default", "aten.index.Tensor", "aten.index_select.default", "aten.take_along_dim.default"}
+
+
+def _aten_ops(fn) -> set[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as mode:
+        fn()
+    return mode.ops
+
+
+@pytest.fixture(scope="module")
+def config3_rope():
+    from recipes.nki_moe import qwen3_nki_moe_config
+
+    config = qwen3_nki_moe_config("30B-A3B", tier="cpu")
+    return config.model_spec.model.layers[0].attention.rope
+
+
+def test_config3_rope_runs_no_gather_although_the_dataloader_passes_positions(config3_rope, record_property):
+    """torchtitan's text dataloader always yields per-document positions; config 3 must not gather them."""
+    from recipes.kernels.rope import SlicedCosSinRoPE
+
+    assert type(config3_rope) is SlicedCosSinRoPE.Config
+    sliced = config3_rope.build()
+    stock = CosSinRoPE.Config(**{f: getattr(config3_rope, f) for f in ("dim", "max_seq_len", "theta")}).build()
+    q, k = _qk(seq_len=L)
+    q, k = q[..., : config3_rope.dim], k[..., : config3_rope.dim]
+    per_doc = torch.cat([torch.arange(100), torch.arange(L - 100)]).expand(B, L)  # two documents per row
+
+    ops = _aten_ops(lambda: sliced(q, k, per_doc))
+    stock_ops = _aten_ops(lambda: stock(q, k, per_doc))
+    record_property("config3_rope_aten_ops", sorted(ops))
+    assert not ops & GATHER_OPS, sorted(ops & GATHER_OPS)
+    assert "aten.slice.Tensor" in ops
+    assert stock_ops & GATHER_OPS  # control: the same call through stock CosSinRoPE gathers
+    # and it is exactly the stock slice path (positions None): rotation by 0..L-1
+    for ours, theirs in zip(sliced(q, k, per_doc), stock(q, k, None)):
+        assert torch.equal(ours, theirs)
+
+
+def test_rope_hf_on_config3_keeps_config3_positions(config3_rope, lnc2):
+    """rope_hf swapped into config 3 also rotates by 0..L-1, so only the kernel changes."""
+    swapped = rope_hf(config3_rope)
+    assert type(swapped) is NKIRoPE.Config and swapped.drop_positions
+    q, k = _qk()
+    q, k = q[..., : config3_rope.dim], k[..., : config3_rope.dim]
+    per_doc = torch.cat([torch.arange(100), torch.arange(L - 100)]).expand(B, L)
+    ours = swapped.build()(q, k, per_doc)
+    theirs = config3_rope.build()(q, k, per_doc)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    assert not rope_hf(_rope_config()).drop_positions  # stock CosSinRoPE keeps its positions
