@@ -1,0 +1,169 @@
+"""The nightly proves the published claims or fails: require-claims, the QWEN3_REQUIRE_TRN2 switch, the workflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipes import ci
+from recipes.tiers import REPO_ROOT
+
+pytestmark = pytest.mark.cpu
+
+NIGHTLY = REPO_ROOT / ".github" / "workflows" / "nightly-trn2.yml"
+
+
+def claim_names() -> list[str]:
+    return [c.name for c in ci.published_claims("trn2")]
+
+
+def test_the_trn2_claims_are_read_from_the_shipped_goldens():
+    names = claim_names()
+    assert len(names) == len(set(names))
+    for expected in (
+        "native_qwen3.trn2.step1_loss_hf",
+        "native_qwen3.trn2.step1_loss_random",
+        "native_qwen3.trn2.export_missing_keys",
+        "hf_backend.trn2.step1_loss_hf",
+        "hf_backend.trn2.step1_loss_random",
+    ):
+        assert expected in names
+    assert {c.value for c in ci.published_claims("trn2") if c.key == "step1_loss_hf"} == {6.54}
+    assert ci.published_claims("no-such-tier") == []
+
+
+def judged(name: str, outcome: str = "passed", verdict: str = "pass") -> dict:
+    """A tests.json entry of a test that judged ``name`` (as the ``golden`` fixture records it)."""
+    return {
+        "test": f"tests/neuron/test_x.py::measures[{name}]",
+        "outcome": outcome,
+        "duration_s": 1.0,
+        "properties": {name: 1.0, f"{name}.verdict": verdict},
+    }
+
+
+def write_report(tmp_path: Path, tests: list[dict]) -> Path:
+    path = tmp_path / "tests.json"
+    path.write_text(json.dumps({"versions": {}, "goldens": [], "tests": tests}))
+    return path
+
+
+def require_claims(report: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "recipes.ci", "require-claims", str(report), "--tier", "trn2"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+    )  # fmt: skip
+
+
+def test_every_claim_measured_passes_whatever_the_verdict(tmp_path):
+    names = claim_names()
+    verdicts = ["regression" if i == 0 else "pass" for i in range(len(names))]  # a failed check is still measured
+    report = write_report(tmp_path, [judged(n, "failed" if v != "pass" else "passed", v) for n, v in zip(names, verdicts)])
+    out = require_claims(report)
+    assert out.returncode == 0, out.stderr
+    assert f"all {len(names)} published trn2 claims were measured" in out.stdout
+    assert f"measured      {names[0]} " in out.stdout and ": regression" in out.stdout
+
+
+def test_one_missing_claim_fails_and_is_named(tmp_path):
+    names = claim_names()
+    dropped = "native_qwen3.trn2.step1_loss_hf"
+    report = write_report(tmp_path, [judged(n) for n in names if n != dropped])
+    out = require_claims(report)
+    assert out.returncode == 1
+    assert f"1 of {len(names)} published trn2 claims were not measured" in out.stderr
+    assert f"NOT MEASURED  {dropped} (published 6.54)" in out.stderr
+    assert out.stderr.count("NOT MEASURED") == 1
+
+
+def test_a_skipped_test_counts_as_not_measured(tmp_path):
+    names = claim_names()
+    skipped = "hf_backend.trn2.step1_loss_random"
+    records = [judged(n, "skipped" if n == skipped else "passed") for n in names]
+    out = require_claims(write_report(tmp_path, records))
+    assert out.returncode == 1
+    assert f"NOT MEASURED  {skipped} (published 12.43)" in out.stderr
+    assert out.stderr.count("NOT MEASURED") == 1
+
+
+def test_no_report_means_no_claim_was_measured(tmp_path):
+    out = require_claims(tmp_path / "missing.json")
+    assert out.returncode == 1
+    assert "the test run wrote no report" in out.stderr and f"none of {len(claim_names())} published trn2" in out.stderr
+
+
+# ------------------------------------------------------------- QWEN3_REQUIRE_TRN2 switch
+
+
+def run_neuron_file(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """pytest -m neuron on the real native_qwen3 trn2 file, on this machine (no Neuron device)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "QWEN3_REQUIRE_TRN2")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "-p", "no:cacheprovider",
+         "tests/neuron/test_native_qwen3_neuron.py", f"--report-dir={tmp_path}", "-rA"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env={**clean, **env},
+    )  # fmt: skip
+
+
+def test_without_the_switch_missing_requirements_skip_with_the_reason(tmp_path):
+    out = run_neuron_file(tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    tests = json.loads((tmp_path / "tests.json").read_text())["tests"]
+    assert len(tests) == 3 and all(t["outcome"] == "skipped" for t in tests)
+    for t in tests:
+        reason = t["properties"]["skip_reason"]
+        assert "no Neuron device" in reason and "QWEN3_4B_DIR is not set" in reason
+        assert "QWEN3_DATASET_DIR is not set" in reason
+
+
+def test_with_the_switch_missing_requirements_fail_and_no_claim_counts(tmp_path):
+    out = run_neuron_file(tmp_path, QWEN3_REQUIRE_TRN2="1")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.count("QWEN3_REQUIRE_TRN2=1 (nightly): the trn2 tier is incomplete") == 3
+    for gap in ("no Neuron device", "QWEN3_4B_DIR is not set", "QWEN3_DATASET_DIR is not set"):
+        assert gap in out.stdout
+    tests = json.loads((tmp_path / "tests.json").read_text())["tests"]
+    assert [t["outcome"] for t in tests] == ["failed"] * 3
+    guard = require_claims(tmp_path / "tests.json")
+    assert guard.returncode == 1
+    assert "NOT MEASURED  native_qwen3.trn2.step1_loss_hf" in guard.stderr
+
+
+def test_a_malformed_switch_is_refused(tmp_path):
+    out = run_neuron_file(tmp_path, QWEN3_REQUIRE_TRN2="sometimes")
+    assert out.returncode != 0
+    assert "QWEN3_REQUIRE_TRN2='sometimes': use 1" in out.stdout + out.stderr
+
+
+# ------------------------------------------------------------------- the nightly workflow
+
+
+def nightly_steps() -> list[dict]:
+    return yaml.safe_load(NIGHTLY.read_text())["jobs"]["neuron"]["steps"]
+
+
+def test_nightly_sets_the_switch_and_installs_with_one_command():
+    job = yaml.safe_load(NIGHTLY.read_text())["jobs"]["neuron"]
+    assert job["env"]["QWEN3_REQUIRE_TRN2"] == "1"
+    assert job["env"]["QWEN3_4B_DIR"] and job["env"]["QWEN3_DATASET_DIR"]
+    installs = [s for s in nightly_steps() if "pip install" in s.get("run", "") or "neuron-venv" in s.get("run", "")]
+    assert [s["run"].strip() for s in installs] == ["make neuron-venv"]
+
+
+def test_nightly_runs_every_neuron_test_then_both_guards_whatever_happened():
+    steps = nightly_steps()
+    runs = [s.get("run", "") for s in steps]
+    pytest_steps = [i for i, r in enumerate(runs) if "-m pytest" in r]
+    assert len(pytest_steps) == 1, "one pytest step: no version gate before the neuron tests"
+    tests = steps[pytest_steps[0]]
+    assert "-m neuron" in tests["run"] and "tests/neuron/" not in tests["run"]  # the whole marker, nothing selected out
+    assert tests.get("if") == "${{ !cancelled() }}"
+    for guard in ("recipes.ci require-ran", "recipes.ci require-claims report/tests.json --tier trn2"):
+        (index,) = [i for i, r in enumerate(runs) if guard in r]
+        assert index > pytest_steps[0] and steps[index].get("if") == "always()", guard
