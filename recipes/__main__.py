@@ -88,26 +88,22 @@ def golden_key(opts: RunOptions) -> str | None:
     return f"step1_loss_{opts.init}" if (opts.nproc, opts.seq_len, opts.local_batch_size) == defaults else None
 
 
-def check_against_goldens(report: dict, opts: RunOptions, result) -> None:
-    """Put a run's step-1 loss beside its golden (published or exact) in the report table."""
+def check_against_goldens(report: dict, opts: RunOptions, result):
+    """Put a run's step-1 loss beside its golden (published, proxy or exact) in the report table.
+
+    Returns the verdict, or None when the run has no golden to be judged against.
+    """
     from recipes import goldens, report as report_mod
 
     key = golden_key(opts)
     if key is None or not result.losses or not goldens.goldens_path(opts.recipe, opts.tier).exists():
-        return
+        return None
     metadata, values = goldens.load(opts.recipe, opts.tier)
     if key not in values:
-        return
+        return None
     verdict = goldens.compare(key, result.losses[0], values, metadata)
-    report_mod.add_check(
-        report,
-        f"{opts.recipe}.{opts.tier}.{key}",
-        result.losses[0],
-        published=verdict.golden.value,
-        tolerance=verdict.golden.tolerance,
-        passed=verdict.passed,
-        note=f"{verdict.golden.lane}: {verdict.kind}",
-    )
+    report_mod.add_check(report, f"{opts.recipe}.{opts.tier}.{key}", verdict)
+    return verdict
 
 
 def cmd_run(args, cli_overrides: list[str]) -> int:
@@ -146,13 +142,26 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                 report_mod.save(args.report_dir, report)
             continue
         report_mod.add_run(report, result.to_dict())
-        check_against_goldens(report, opts, result)
+        verdict = check_against_goldens(report, opts, result)
+        if verdict is not None and not verdict.passed:
+            print(f"FAILED check: {verdict.message()}", file=sys.stderr)
+            failed = True
         report_mod.save(args.report_dir, report)
     path = report_mod.save(args.report_dir, report)
     print()
     print((args.report_dir / report_mod.RESULTS_MD).read_text())
     print(f"report: {path} and {args.report_dir / report_mod.RESULTS_MD}")
     return 1 if failed else 0
+
+
+def cmd_dry_run(args, cli_overrides: list[str]) -> int:
+    """``run --dry-run``: every planned run checked and described, none started (recipes.dry_run)."""
+    from recipes import dry_run
+    from recipes.registry import RECIPES
+
+    names = list(RECIPES) if args.recipe == "all" else [args.recipe]
+    plan = [opts for name in names for opts in _runs_for(args, name)]
+    return dry_run.cmd_dry_run(plan, cli_overrides, args.report_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,12 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run recipes under torchrun and write the report")
     run.add_argument("recipe", help="a recipe name (see `list`) or 'all'")
     run.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build and check every run's full-size config and model on the meta device, write the torchrun "
+        "command, environment and resolved config to REPORT_DIR/dry-run/; start nothing (no device needed)",
+    )
     add_run_arguments(run)
     run.set_defaults(init=None)
     args, rest = parser.parse_known_args(argv)
     if args.command == "list":
         return cmd_list(args)
     args.report_dir = args.report_dir.resolve()
+    if args.dry_run:
+        return cmd_dry_run(args, rest)
     return cmd_run(args, rest)
 
 

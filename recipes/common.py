@@ -15,12 +15,15 @@ def apply_run_options(config, opts: RunOptions):
 
     ``opts`` must be ``RunOptions.resolved()``. Returns ``config`` for chaining.
     """
-    from torchtitan.components.checkpoint import CheckpointManager
-    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-    from torchtitan.components.metrics import MetricsProcessor
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-    from torchtitan.models.common.config_utils import decoder_vocab_size
-    from torchtitan.models.common.decoder import Decoder
+    from recipes.titan import (
+        CheckpointManager,
+        ChunkedLossWrapper,
+        CrossEntropyLoss,
+        Decoder,
+        decoder_vocab_size,
+        HuggingFaceTextDataLoader,
+        MetricsProcessor,
+    )
 
     tier = opts.tier_preset
     # A torchtitan decoder's vocab is known here; the HF backend sets its loss's vocab itself.
@@ -75,7 +78,7 @@ def apply_run_options(config, opts: RunOptions):
 
 def set_rope_theta(config, theta: float) -> None:
     """Every RoPE of the model gets ``theta`` (``--rope-theta``)."""
-    from torchtitan.models.common.rope import RoPE
+    from recipes.titan import RoPE
 
     for _, rope, _, _ in config.traverse(RoPE.Config):
         rope.theta = theta

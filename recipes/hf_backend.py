@@ -30,12 +30,10 @@ def hf_model(opts: RunOptions) -> str:
 
 def hf_backend(opts: RunOptions):
     """``transformers_modeling_backend_full()`` with ``hf_model`` = ``--model-dir``."""
-    from torchtitan.experiments.transformers_modeling_backend.config_registry import (
-        transformers_modeling_backend_full,
-    )
     from transformers import PretrainedConfig
 
     from recipes.hf_compat import compat_model_spec
+    from recipes.titan import transformers_modeling_backend_full
 
     config = transformers_modeling_backend_full()
     config.hf_model = hf_model(opts)

@@ -30,17 +30,16 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torchtitan.experiments.transformers_modeling_backend import (
-    HFTransformerModel,
-    TitanModelConfig,
-    TitanMoeModelConfig,
-)
-from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
-    HFTransformerStateDictAdapter,
-)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import AttentionInterface, PreTrainedModel
+
+from recipes.titan import (
+    HFTransformerModel,
+    HFTransformerStateDictAdapter,
+    TitanModelConfig,
+    TitanMoeModelConfig,
+)
 
 #: The HF attention implementation name the compat model registers and uses.
 ATTN_IMPLEMENTATION = "sdpa_causal_torchtitan"

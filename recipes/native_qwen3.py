@@ -31,7 +31,7 @@ def model_spec(tier: str, layers: int | None = None):
 
 def native_qwen3(opts: RunOptions):
     """``qwen3_32b()`` with ``config.model_spec = model_registry("4B", attn_backend="sdpa")``."""
-    from torchtitan.models.qwen3.config_registry import qwen3_32b
+    from recipes.titan import qwen3_32b
 
     config = qwen3_32b()
     config.model_spec = model_spec(opts.tier, opts.layers)

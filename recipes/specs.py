@@ -25,7 +25,7 @@ def sdpa_attention(spec):
     torchtitan 0.3.0 rejects "sdpa" for language models (it wants per-document
     masks), so there the same wiring is done here: causal SDPA in every layer.
     """
-    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from recipes.titan import ScaledDotProductAttention
 
     for layer in spec.model.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
@@ -34,7 +34,7 @@ def sdpa_attention(spec):
 
 def qwen3_spec(flavor: str, attn_backend: str = "sdpa"):
     """``model_registry(flavor, attn_backend=...)``, with SDPA where upstream refuses it."""
-    from torchtitan.models.qwen3 import model_registry
+    from recipes.titan import model_registry
 
     try:
         return model_registry(flavor, attn_backend=attn_backend)
@@ -45,13 +45,13 @@ def qwen3_spec(flavor: str, attn_backend: str = "sdpa"):
 
 
 def _norm(dim: int, eps: float):
-    from torchtitan.models.common.nn_modules import RMSNorm
+    from recipes.titan import RMSNorm
 
     return RMSNorm.Config(normalized_shape=dim, eps=eps, param_init={"weight": nn.init.ones_})
 
 
 def _attention(dims: DenseDims, rope, inner_attention, wo_init):
-    from torchtitan.models.common.config_utils import make_gqa_config
+    from recipes.titan import make_gqa_config
 
     return make_gqa_config(
         dim=dims.hidden_size,
@@ -68,11 +68,7 @@ def _attention(dims: DenseDims, rope, inner_attention, wo_init):
 
 
 def _moe(dims: MoEDims):
-    from torchtitan.models.common.config_utils import (
-        make_moe_config,
-        make_routed_experts_config,
-        make_router_config,
-    )
+    from recipes.titan import make_moe_config, make_routed_experts_config, make_router_config
 
     return make_moe_config(
         num_experts=dims.num_experts,
@@ -101,10 +97,15 @@ def sized_spec(base_flavor: str, dims: DenseDims, name: str):
     Used for the cpu tier: same model class, adapter and parallelize function
     as the real flavor, with every size taken from ``dims``.
     """
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.common.config_utils import make_ffn_config
-    from torchtitan.models.common.param_init import skip_param_init
-    from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+    from recipes.titan import (
+        CosSinRoPE,
+        Embedding,
+        Linear,
+        make_ffn_config,
+        Qwen3Model,
+        Qwen3TransformerBlock,
+        skip_param_init,
+    )
 
     spec = qwen3_spec(base_flavor)
     inner_attention = copy.deepcopy(spec.model.layers[0].attention.inner_attention)

@@ -93,16 +93,32 @@ def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | Non
 
 def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
     """The recipe's ``Trainer.Config`` for resolved ``opts``, then kernel and CLI overrides."""
-    from torchtitan.config.manager import ConfigManager
+    config = recipe_config(opts)
+    check_inputs(opts, config)
+    return finish_config(config, opts, cli_overrides)
 
-    from recipes import provenance
-    from recipes.preflight import check_checkpoint_tensors
+
+def recipe_config(opts: RunOptions):
+    """The recipe's own ``Trainer.Config`` for resolved ``opts``, before any override."""
     from recipes.registry import get_recipe
 
-    config = get_recipe(opts.recipe).config_fn()(opts)
+    return get_recipe(opts.recipe).config_fn()(opts)
+
+
+def check_inputs(opts: RunOptions, config) -> None:
+    """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
+    from recipes import provenance
+    from recipes.preflight import check_checkpoint_tensors
+
     provenance.check(opts, config)
     if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
         check_checkpoint_tensors(opts, config.model_spec)
+
+
+def finish_config(config, opts: RunOptions, cli_overrides: list[str] = ()):
+    """Apply ``--override`` specs and torchtitan CLI overrides; refuse shapes a kernel cannot take."""
+    from recipes.titan import ConfigManager
+
     if opts.overrides:
         from recipes.overrides import apply_override_specs
 
@@ -113,18 +129,44 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
             return config, args
 
     config = _RecipeConfig().parse_args(list(cli_overrides))
-    check_kernel_constraints(config)
+    check_kernel_constraints(config, opts.tier)
     return config
 
 
-def check_kernel_constraints(config) -> None:
-    """Refuse, before any rank trains, a shape an enabled NKI kernel cannot take."""
-    from recipes.kernels.rope import NKIRoPE, check_seq_len
+def tier_lnc(tier: str) -> int:
+    """The LNC the ranks of ``tier`` run with: ``NEURON_LOGICAL_NC_CONFIG`` if set, else the tier's launch env."""
     from recipes.platform.neuron import logical_neuron_cores
+    from recipes.tiers import TIERS
 
-    ropes = [cfg for _, cfg, _, _ in config.traverse(NKIRoPE.Config) if cfg.enforce_kernel_constraints]
-    if ropes:
-        check_seq_len(config.training.seq_len, logical_neuron_cores())
+    if "NEURON_LOGICAL_NC_CONFIG" in os.environ or tier not in TIERS:
+        return logical_neuron_cores()
+    return int(TIERS[tier].extra_env.get("NEURON_LOGICAL_NC_CONFIG", logical_neuron_cores()))
+
+
+def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
+    """Refuse, before any rank trains, a shape an enabled NKI kernel cannot take; name what was checked.
+
+    A kernel's nodes can only be in the config if its module was imported (its
+    override made them), so a config without kernels imports no kernel module.
+    rope_hf's seq_len rule is checked on every tier (``enforce_kernel_constraints``);
+    the grouped-experts shapes where nkilib runs them (trn2).
+    """
+    checked = []
+    rope = sys.modules.get("recipes.kernels.rope")
+    if rope is not None:
+        ropes = [cfg for _, cfg, _, _ in config.traverse(rope.NKIRoPE.Config) if cfg.enforce_kernel_constraints]
+        if ropes:
+            lnc = tier_lnc(tier)
+            rope.check_seq_len(config.training.seq_len, lnc)
+            checked.append(f"rope_hf: seq_len {config.training.seq_len} % (128 x LNC {lnc}) == 0 ({len(ropes)} nodes)")
+    experts = sys.modules.get("recipes.kernels.grouped_experts")
+    if experts is not None and tier == "trn2":
+        nodes = [cfg for _, cfg, _, _ in config.traverse(experts.TrnGroupedExperts.Config)]
+        lnc = tier_lnc(tier)
+        for shape in sorted({(cfg.dim, cfg.hidden_dim) for cfg in nodes}):
+            experts.check_moe_shapes(*shape, lnc)
+            checked.append(f"grouped_experts: dim {shape[0]}, hidden_dim {shape[1]} at LNC {lnc} ({len(nodes)} nodes)")
+    return checked
 
 
 class StepRecorder:
@@ -166,7 +208,7 @@ def write_provenance(opts: RunOptions, config, path: Path) -> None:
 
 def record_steps(trainer, path: Path) -> None:
     """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none)."""
-    from torchtitan.components.metrics import LoggerContainer
+    from recipes.titan import LoggerContainer
 
     loggers = LoggerContainer()
     loggers.add_logger(trainer.metrics_processor.logger)
@@ -179,7 +221,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     import torch
 
     from recipes import faults
-    from recipes.export import finish_export
+    from recipes.export import FINAL_STATE_FILE, finish_export, record_final_state
 
     config = build_config(opts, cli_overrides)
     rank = int(os.environ.get("RANK", "0"))
@@ -195,6 +237,8 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
             write_provenance(opts, config, run_dir / PROVENANCE_FILE)
         faults.install(trainer, rank)
         trainer.train()
+        if opts.export:
+            record_final_state(trainer, run_dir / FINAL_STATE_FILE, rank)
     finally:
         if trainer is not None:
             trainer.close()

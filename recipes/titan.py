@@ -1,0 +1,408 @@
+"""Every torchtitan name the suite depends on, imported here and nowhere else.
+
+The suite runs on two torchtitans: upstream 0.3.0 from PyPI on the cpu tier and
+torchtitan-neuron release-2.33 on trn2, a fork of upstream taken at an unknown
+point (it installs as the distribution ``torchtitan`` 0.2.2+neuron.1). Both are
+expected to have the names below, several of them recent or private upstream
+names. Each is declared once in :data:`NAMES` with the module it comes from and
+what the suite needs it for, so a fork that lacks one is refused with one line
+(:class:`TitanNameError`) before any rank starts, instead of failing in 64
+ranks with an ``ImportError`` (or, for an overridden private hook, silently
+doing something else).
+
+Use::
+
+    from recipes.titan import CosSinRoPE, override
+
+Nothing is imported when this module is: each name imports its own torchtitan
+module on first use (PEP 562 ``__getattr__``), so ``recipes.platform`` can still
+patch torchtitan before anything else imports it, and a recipe that uses no
+kernel never imports a kernel's torchtitan module. ``require`` checks, up front,
+every name one run will use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from recipes.errors import RecipeError
+
+#: ``used_by`` tag for names every recipe needs.
+EVERY_RUN = "every run"
+
+
+class TitanNameError(RecipeError):
+    """The installed torchtitan lacks a name the suite depends on."""
+
+
+@dataclass(frozen=True)
+class TitanName:
+    """One torchtitan name: where it lives, why the suite needs it, who uses it."""
+
+    name: str
+    """What the suite imports it as (``from recipes.titan import <name>``)."""
+    module: str
+    purpose: str
+    used_by: tuple[str, ...] = (EVERY_RUN,)
+    """Recipe or override names that need it (``EVERY_RUN``: all of them)."""
+    attr: str = ""
+    """Dotted path inside ``module`` when it differs from ``name``."""
+    keywords: tuple[str, ...] = ()
+    """Keyword arguments the suite passes to ``attr`` + ``keywords_of``; a fork without one is refused."""
+    keywords_of: str = ""
+    """Dotted path, relative to the object, whose signature takes ``keywords`` (e.g. ``Config``)."""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.module}.{self.attr or self.name}"
+
+
+_RUN_CONFIG = "the recipes' run settings (recipes/common.py apply_run_options)"
+_SPECS = "building the tiny cpu specs and the shrunk 30B-A3B (recipes/specs.py sized_spec)"
+_OVERRIDES = ("rope_hf", "grouped_experts")
+_HF = ("hf_backend",)
+_HF_PKG = "torchtitan.experiments.transformers_modeling_backend"
+
+NAMES: tuple[TitanName, ...] = (
+    # --- the trainer and its config --------------------------------------------------
+    TitanName(
+        "Trainer",
+        "torchtitan.trainer",
+        "Trainer.Config is the config every recipe returns; .traverse finds RoPE and kernel nodes, "
+        ".to_dict writes the resolved config of a dry run",
+    ),
+    TitanName(
+        "ConfigManager",
+        "torchtitan.config.manager",
+        "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config",
+    ),
+    TitanName(
+        "ConfigManager._load_config",
+        "torchtitan.config.manager",
+        "the hook recipes/train.py overrides to hand ConfigManager the recipe's config; if it is renamed "
+        "the override is never called and the recipe's config would be silently ignored",
+        attr="ConfigManager._load_config",
+    ),
+    TitanName(
+        "TORCH_DTYPE_MAP",
+        "torchtitan.config",
+        "the dtype the dry run builds the model in (training.dtype), as the trainer does",
+    ),
+    TitanName(
+        "set_default_dtype",
+        "torchtitan.tools.utils",
+        "building the model on the meta device in training.dtype, as the trainer does (dry run)",
+    ),
+    TitanName(
+        "CompileConfig",
+        "torchtitan.config",
+        "tutorial config 3 runs eager: CompileConfig(enable=False)",
+        used_by=("nki_moe",),
+        keywords=("enable",),
+    ),
+    # --- run settings shared by every recipe -----------------------------------------
+    TitanName(
+        "CheckpointManager",
+        "torchtitan.components.checkpoint",
+        "loading Hugging Face weights (--init hf) and writing the HF export",
+        keywords=(
+            "enable", "folder", "interval", "initial_load_path", "initial_load_in_hf",
+            "initial_load_model_only", "last_save_model_only", "last_save_in_hf",
+            "export_dtype", "keep_latest_k", "load_only",
+        ),  # fmt: skip
+        keywords_of="Config",
+    ),
+    TitanName(
+        "CrossEntropyLoss",
+        "torchtitan.components.loss",
+        "the loss over the swapped-in model's own vocab (global_vocab_size), " + _RUN_CONFIG,
+        keywords=("global_vocab_size",),
+        keywords_of="Config",
+    ),
+    TitanName(
+        "ChunkedLossWrapper",
+        "torchtitan.components.loss",
+        "wrapping that loss as the recipes' qwen3 configs do, " + _RUN_CONFIG,
+        keywords=("loss_fn",),
+        keywords_of="Config",
+    ),
+    TitanName(
+        "MetricsProcessor",
+        "torchtitan.components.metrics",
+        "logging every step (log_freq=1) so each step's loss reaches steps.jsonl",
+        keywords=("log_freq",),
+        keywords_of="Config",
+    ),
+    TitanName(
+        "LoggerContainer",
+        "torchtitan.components.metrics",
+        "recording torchtitan's own step metrics beside its loggers (recipes/train.py record_steps)",
+    ),
+    TitanName(
+        "HuggingFaceTextDataLoader",
+        "torchtitan.hf_datasets.text_datasets",
+        'reading the local {"text": ...} corpus (dataset_path) without a download',
+        keywords=("dataset", "dataset_path", "infinite"),
+        keywords_of="Config",
+    ),
+    TitanName(
+        "decoder_vocab_size",
+        "torchtitan.models.common.config_utils",
+        "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG,
+    ),
+    TitanName(
+        "Decoder",
+        "torchtitan.models.common.decoder",
+        "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG,
+    ),
+    TitanName(
+        "RoPE",
+        "torchtitan.models.common.rope",
+        "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))",
+    ),
+    # --- Qwen3 specs ---------------------------------------------------------------------
+    TitanName(
+        "model_registry",
+        "torchtitan.models.qwen3",
+        'the Qwen3 specs the recipes start from: model_registry("4B") and ("30B-A3B")',
+        keywords=("attn_backend",),
+    ),
+    TitanName(
+        "ScaledDotProductAttention",
+        "torchtitan.models.common.attention",
+        'SDPA in every layer, what the tutorial\'s attn_backend="sdpa" means (recipes/specs.py)',
+        used_by=("native_qwen3", "nki_moe"),
+    ),
+    TitanName(
+        "qwen3_32b",
+        "torchtitan.models.qwen3.config_registry",
+        'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")',
+        used_by=("native_qwen3",),
+    ),
+    TitanName(
+        "qwen3_30b_a3b",
+        "torchtitan.models.qwen3.config_registry",
+        "tutorial config 3 starts from qwen3_30b_a3b() and shrinks it to 4 layers / 64 experts / top-4",
+        used_by=("nki_moe",),
+    ),
+    TitanName("CosSinRoPE", "torchtitan.models.common", _SPECS + "; the RoPE rope_hf replaces",
+              used_by=("native_qwen3", "nki_moe", "rope_hf")),  # fmt: skip
+    TitanName("Embedding", "torchtitan.models.common", _SPECS, used_by=("native_qwen3", "nki_moe")),
+    TitanName("Linear", "torchtitan.models.common", _SPECS, used_by=("native_qwen3", "nki_moe")),
+    TitanName("RMSNorm", "torchtitan.models.common.nn_modules", _SPECS, used_by=("native_qwen3", "nki_moe")),
+    TitanName("skip_param_init", "torchtitan.models.common.param_init", _SPECS,
+              used_by=("native_qwen3", "nki_moe")),  # fmt: skip
+    TitanName("make_gqa_config", "torchtitan.models.common.config_utils", _SPECS,
+              used_by=("native_qwen3", "nki_moe")),  # fmt: skip
+    TitanName("make_ffn_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("native_qwen3",)),
+    TitanName("make_moe_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("nki_moe",)),
+    TitanName("make_router_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("nki_moe",)),
+    TitanName("make_routed_experts_config", "torchtitan.models.common.config_utils", _SPECS,
+              used_by=("nki_moe",)),  # fmt: skip
+    TitanName("Qwen3Model", "torchtitan.models.qwen3.model", _SPECS, used_by=("native_qwen3", "nki_moe")),
+    TitanName("Qwen3TransformerBlock", "torchtitan.models.qwen3.model", _SPECS,
+              used_by=("native_qwen3", "nki_moe")),  # fmt: skip
+    # --- kernel overrides -------------------------------------------------------------------
+    TitanName(
+        "override",
+        "torchtitan.config",
+        "registering the rope_hf / grouped_experts overrides on exactly one config class (exact=True) "
+        "and scoped by fqn globs",
+        used_by=_OVERRIDES,
+        keywords=("target", "fqns", "exact", "description"),
+    ),
+    TitanName(
+        "derive",
+        "torchtitan.config",
+        "turning a stock CosSinRoPE / GroupedExperts config into the kernel's config, fields kept",
+        used_by=_OVERRIDES,
+    ),
+    TitanName(
+        "apply_overrides",
+        "torchtitan.config",
+        "applying --override specs to the config tree before anything is built",
+        used_by=_OVERRIDES,
+    ),
+    TitanName(
+        "OverrideConfig",
+        "torchtitan.config",
+        "naming the registered override factories for apply_overrides",
+        used_by=_OVERRIDES,
+        keywords=("imports",),
+    ),
+    TitanName(
+        "_OVERRIDE_REGISTRY",
+        "torchtitan.config.override",
+        "removing only the suite's own override registrations after use (upstream only offers "
+        "clear_overrides(), which drops everyone's)",
+        used_by=_OVERRIDES,
+        attr="_REGISTRY",
+    ),
+    TitanName(
+        "ModelSpec",
+        "torchtitan.protocols.model_spec",
+        "finding the model config inside a spec when scoping --override globs",
+        used_by=_OVERRIDES,
+    ),
+    TitanName(
+        "_yarn_inv_freq",
+        "torchtitan.models.common.rope",
+        "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does",
+        used_by=("rope_hf",),
+    ),
+    TitanName(
+        "_maybe_check_max_pos",
+        "torchtitan.models.common.rope",
+        "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does",
+        used_by=("rope_hf",),
+    ),
+    TitanName(
+        "GroupedExperts",
+        "torchtitan.models.common.moe",
+        "the routed experts the grouped_experts kernel replaces (same parameters, init and sharding)",
+        used_by=("grouped_experts",),
+    ),
+    # --- the Transformers modeling backend (tutorial config 1) -------------------------------
+    TitanName(
+        "transformers_modeling_backend_full",
+        f"{_HF_PKG}.config_registry",
+        "tutorial config 1 starts from transformers_modeling_backend_full()",
+        used_by=_HF,
+    ),
+    TitanName(
+        "HFTransformerModel",
+        _HF_PKG,
+        "the backend's model, which recipes/hf_compat.py subclasses to work around its defects",
+        used_by=_HF,
+    ),
+    TitanName(
+        "HFTransformerModel.Config._configure_hf_attention",
+        _HF_PKG,
+        "the hook recipes/hf_compat.py overrides to route attention through causal SDPA; if it is "
+        "renamed the override is never called and the backend keeps FlexAttention",
+        used_by=_HF,
+        attr="HFTransformerModel.Config._configure_hf_attention",
+    ),
+    TitanName("TitanModelConfig", _HF_PKG, "the backend's dense model config (--layers N)", used_by=_HF),
+    TitanName("TitanMoeModelConfig", _HF_PKG, "the backend's MoE model config, without expert bias", used_by=_HF),
+    TitanName(
+        "HFTransformerStateDictAdapter",
+        f"{_HF_PKG}.state_dict_adapter",
+        "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it",
+        used_by=_HF,
+    ),
+    # --- benchmarks ---------------------------------------------------------------------------
+    TitanName(
+        "init_logger",
+        "torchtitan.tools.logging",
+        "printing torchtitan's step lines in the benchmark rank entry, as torchtitan.train does",
+        used_by=("benchmarks",),
+    ),
+)
+
+BY_NAME: dict[str, TitanName] = {n.name: n for n in NAMES}
+
+
+def installed_version() -> str:
+    """The installed torchtitan distribution's version (``importlib.metadata``)."""
+    try:
+        return importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _missing(entry: TitanName, what: str) -> TitanNameError:
+    return TitanNameError(
+        f"torchtitan {installed_version()} has no {what}, which the suite needs for {entry.purpose}. "
+        "Install the torchtitan the suite pins (cpu: requirements-lock.txt; trn2: torchtitan-neuron "
+        "release-2.33), or adapt recipes/titan.py and its callers to this version"
+    )
+
+
+def _import(entry: TitanName):
+    try:
+        return importlib.import_module(entry.module)
+    except ImportError as e:
+        raise _missing(entry, f"{entry.qualified} (importing {entry.module} failed: {e})") from None
+
+
+def _check_keywords(entry: TitanName, obj) -> None:
+    target = obj
+    for part in filter(None, entry.keywords_of.split(".")):
+        target = getattr(target, part, None)
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        raise _missing(entry, f"inspectable signature for {entry.qualified}") from None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    absent = [k for k in entry.keywords if k not in params]
+    if absent:
+        callee = ".".join(filter(None, (entry.qualified, entry.keywords_of)))
+        raise _missing(entry, f"keyword {absent[0]!r} in {callee}(...)")
+
+
+def resolve(entry: TitanName):
+    """The object ``entry`` names, or :class:`TitanNameError` saying what is missing and why it matters."""
+    obj = _import(entry)
+    for part in (entry.attr or entry.name).split("."):
+        if not hasattr(obj, part):
+            raise _missing(entry, entry.qualified)
+        obj = getattr(obj, part)
+    if entry.keywords:
+        _check_keywords(entry, obj)
+    return obj
+
+
+def missing(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanNameError]:
+    """Every name one of ``used_by`` needs that the installed torchtitan lacks."""
+    tags = set(used_by)
+    errors = []
+    for entry in NAMES:
+        if tags.intersection(entry.used_by):
+            try:
+                resolve(entry)
+            except TitanNameError as e:
+                errors.append(e)
+    return errors
+
+
+def require(used_by: Iterable[str]) -> None:
+    """Refuse, in one line, when a name ``used_by`` needs is missing (the first; others counted)."""
+    errors = missing(used_by)
+    if errors:
+        more = f" ({len(errors) - 1} more torchtitan name(s) missing)" if len(errors) > 1 else ""
+        raise TitanNameError(f"{errors[0]}{more}")
+
+
+def run_tags(recipe: str, overrides: Iterable[str] = ()) -> set[str]:
+    """The ``used_by`` tags of one run: every run's, the recipe's, and each kernel it overrides with.
+
+    A recipe's own kernels are its module's ``KERNEL_OVERRIDES``; user ``--override``
+    specs add theirs (``NAME`` or ``NAME=GLOB,...``).
+    """
+    from recipes.registry import RECIPES
+
+    tags = {EVERY_RUN, recipe}
+    if recipe in RECIPES:
+        module = importlib.import_module(RECIPES[recipe].module)
+        tags.update(str(spec).partition("=")[0] for spec in getattr(module, "KERNEL_OVERRIDES", ()))
+    tags.update(str(spec).partition("=")[0].strip() for spec in overrides)
+    return tags
+
+
+def __getattr__(name: str):
+    entry = BY_NAME.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; declare it in recipes.titan.NAMES")
+    value = resolve(entry)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(BY_NAME))
