@@ -61,6 +61,32 @@ def sha256_of(paths: list[Path], header_only: bool = False) -> str:
     return digest.hexdigest()
 
 
+def dataset_files(dataset_dir: Path) -> list[Path]:
+    """The files the data loader reads: ``*.jsonl`` and ``*.json`` (both JSON lines), as preflight checks them."""
+    return sorted(p for pattern in ("*.jsonl", "*.json") for p in dataset_dir.glob(pattern) if p.is_file())
+
+
+def dataset_info(dataset_dir: Path) -> dict:
+    """Path, files and one content digest of a run's corpus: a step-1 loss is only comparable on the same text.
+
+    The digest covers every file's name, size and bytes (streamed, so a large corpus
+    costs one read and no memory); two runs with equal digests read the same data.
+    """
+    files = dataset_files(dataset_dir)
+    digest = hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return {
+        "path": str(dataset_dir),
+        "files": [{"name": p.name, "bytes": p.stat().st_size} for p in files],
+        "sha256": digest.hexdigest() if files else None,
+    }
+
+
 def tokenizer_info(tokenizer_dir: Path) -> dict:
     from tokenizers import Tokenizer
 
@@ -137,7 +163,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "model": built_dims(config),
         "rope": rope_used(config),
         "data": {
-            "path": str(config.dataloader.dataset_path),
+            **dataset_info(Path(config.dataloader.dataset_path)),
             "seq_len": config.training.seq_len,
             "local_batch_size": config.training.local_batch_size,
             "global_batch_size": config.training.local_batch_size * dp,
