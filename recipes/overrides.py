@@ -64,18 +64,19 @@ class NamedOverride:
 
     name: str
     factory: Callable
-    target: type
+    targets: tuple[type, ...]
     exact: bool
     description: str
 
 
-def _named(name: str, factory: Callable, registration: dict) -> NamedOverride:
+def _named(name: str, factory: Callable, registration: dict, targets: tuple[type, ...] = ()) -> NamedOverride:
     # ``registration`` is the dict the kernel module passes to ``@override``,
     # so target/exact here cannot drift from torchtitan's registration.
+    # ``targets`` adds config types the factory also accepts (each matched exactly).
     return NamedOverride(
         name=name,
         factory=factory,
-        target=registration["target"],
+        targets=tuple(dict.fromkeys((registration["target"], *targets))),
         exact=registration.get("exact", False),
         description=registration.get("description", ""),
     )
@@ -84,7 +85,9 @@ def _named(name: str, factory: Callable, registration: dict) -> NamedOverride:
 NAMED_OVERRIDES: dict[str, NamedOverride] = {
     o.name: o
     for o in (
-        _named("rope_hf", _rope.rope_hf, _rope.ROPE_HF_OVERRIDE),
+        # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
+        # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
+        _named("rope_hf", _rope.rope_hf, _rope.ROPE_HF_OVERRIDE, _rope.ROPE_HF_TARGETS),
         _named(
             "grouped_experts",
             _grouped_experts.grouped_experts,
@@ -173,8 +176,9 @@ def _nodes(config, named: NamedOverride, prefix: str) -> list[str]:
     """Model-relative fqns of the nodes ``named`` can replace, as torchtitan traverses them."""
     return [
         fqn[len(prefix) :]
-        for fqn, cfg, _, _ in config.traverse(named.target)
-        if fqn.startswith(prefix) and (not named.exact or type(cfg) is named.target)
+        for target in named.targets
+        for fqn, cfg, _, _ in config.traverse(target)
+        if fqn.startswith(prefix) and (not named.exact or type(cfg) is target)
     ]
 
 
@@ -183,7 +187,7 @@ def _no_match(spec: OverrideSpec, glob: str | None, nodes: list[str], config) ->
     n_layers = len(getattr(_model(config), "layers", None) or [])
     layers = f"the model has layers 0–{n_layers - 1}" if n_layers else "the model has no layers"
     if not nodes:
-        kind = named.target.__qualname__
+        kind = " or ".join(t.__qualname__ for t in named.targets)
         return OverrideError(
             f"override '{spec.name}' matched no node; {layers} but no {kind} nodes "
             "(already replaced, or a model without them)"
@@ -230,32 +234,33 @@ def _unregister(key: str) -> None:
     importlib.import_module("torchtitan.config.override")._REGISTRY.pop(key, None)
 
 
-def _scoped_factory(named: NamedOverride, index: int) -> Callable:
+def _scoped_factory(named: NamedOverride, key: str) -> Callable:
     def factory(cfg):
         return named.factory(cfg)
 
-    # The key torchtitan registers and logs under: "recipes.overrides.rope_hf#0".
-    factory.__name__ = factory.__qualname__ = f"{named.name}#{index}"
+    # The key torchtitan registers and logs under: "recipes.overrides.rope_hf#0_1".
+    factory.__name__ = factory.__qualname__ = f"{named.name}#{key}"
     factory.__module__ = __name__
     return factory
 
 
 @contextlib.contextmanager
 def _registered(specs: list[OverrideSpec], prefix: str) -> Iterator[list[str]]:
-    """Register one scoped torchtitan override per spec; yield their import keys."""
+    """Register one scoped torchtitan override per spec and target type; yield their import keys."""
     keys: list[str] = []
     try:
         for index, spec in enumerate(specs):
             named = NAMED_OVERRIDES[spec.name]
-            factory = _scoped_factory(named, index)
             fqns = None if spec.globs is None else [prefix + _relative(g, prefix) for g in spec.globs]
-            override(
-                target=named.target,
-                fqns=fqns,
-                exact=named.exact,
-                description=f"{spec}: {named.description}",
-            )(factory)
-            keys.append(f"{factory.__module__}.{factory.__name__}")
+            for t_index, target in enumerate(named.targets):
+                factory = _scoped_factory(named, f"{index}_{t_index}")
+                override(
+                    target=target,
+                    fqns=fqns,
+                    exact=named.exact,
+                    description=f"{spec}: {named.description}",
+                )(factory)
+                keys.append(f"{factory.__module__}.{factory.__name__}")
         yield keys
     finally:
         for key in keys:

@@ -11,9 +11,11 @@ torchtitan's ``@override(target=GroupedExperts.Config)`` (see
   ``torch._grouped_mm``, which is slow on CPU; the fp32 loop is faster there and
   agrees within bf16 rounding (see tests/cpu/test_overrides.py).
 * trn2: nkilib's MoE context-encoding kernel ``moe_cte`` (blockwise matmul,
-  ``shard_on_I``, activations checkpointed) forward and
-  ``nkilib.experimental.moe.bwd.blockwise_mm_bwd`` backward, through the custom
-  op ``qwen3_trn_repro::moe_blockwise``. torchtitan hands the experts tokens
+  ``shard_on_I``, activations checkpointed) forward and ``blockwise_mm_bwd``
+  (module ``nkilib.experimental.moe.bwd.blockwise_mm_backward``) backward,
+  through the custom op ``qwen3_trn_repro::moe_blockwise``. On the neuron
+  device there is no fallback: a shape the kernels cannot take, or a missing
+  nkilib, is an error. torchtitan hands the experts tokens
   already sorted by expert plus per-expert counts; :func:`blockwise_inputs`
   turns that into the kernel's blocks (``token_position_to_id``,
   ``block_to_expert``) and weight layout (``[E, H, 2, I]`` / ``[E, I, H]``).
@@ -24,6 +26,7 @@ torchtitan's ``@override(target=GroupedExperts.Config)`` (see
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +42,9 @@ __all__ = [
     "BLOCK_SIZE",
     "BlockwiseInputs",
     "GROUPED_EXPERTS_OVERRIDE",
+    "MOE_CONSTRAINTS",
+    "MoEConstraint",
+    "MoEShape",
     "MoEShapeError",
     "TrnGroupedExperts",
     "block_layout",
@@ -46,34 +52,86 @@ __all__ = [
     "check_moe_shapes",
     "expert_loop",
     "grouped_experts",
+    "launch_blockwise_mm_bwd",
+    "launch_moe_cte",
     "moe_blockwise_op",
     "nki_grouped_experts",
 ]
 
-#: Tokens per block for moe_cte's shard_on_I variant (it requires a multiple of 256).
+#: Tokens per block: moe_cte's shard_on_I needs a multiple of 256, blockwise_mm_bwd one of
+#: 128/256/512/1024 (see :data:`MOE_CONSTRAINTS`); 256 satisfies both.
 BLOCK_SIZE = 256
 
 MOE_OP_NAME = "qwen3_trn_repro::moe_blockwise"
+
+#: Where the constraints below are asserted, in aws-neuron/nki-library (branches 2.28,
+#: 2.29_release and main agree).
+MOE_CTE_SOURCE = (
+    "aws-neuron/nki-library src/nkilib_src/nkilib/core/moe/moe_cte/bwmm_shard_on_I.py "
+    "(check_blockwise_mm_shard_I_kernel_compatibility)"
+)
+MOE_BWD_SOURCE = (
+    "aws-neuron/nki-library src/nkilib_src/nkilib/experimental/moe/bwd/moe_bwd_parameters.py "
+    "(MOEBwdParameters.validate, validate_sharding)"
+)
 
 
 class MoEShapeError(RecipeError):
     """Expert sizes nkilib's blockwise MoE kernels do not support."""
 
 
-def check_moe_shapes(dim: int, hidden_dim: int, lnc: int) -> None:
-    """Refuse, before compiling, shapes that moe_cte / blockwise_mm_bwd assert on."""
-    problems = []
-    if not (512 <= dim <= 8192 and dim % 512 == 0):
-        problems.append(f"dim (H)={dim} must be a multiple of 512 in [512, 8192]")
-    if hidden_dim % (16 * lnc) != 0:
-        problems.append(
-            f"hidden_dim (I)={hidden_dim} must split into LNC={lnc} shards divisible by 16"
-        )
-    if problems:
+@dataclass(frozen=True)
+class MoEShape:
+    """What the kernels see: H (model dim), I (expert hidden dim), block size, LNC shards."""
+
+    dim: int
+    hidden_dim: int
+    block_size: int
+    lnc: int
+
+
+@dataclass(frozen=True)
+class MoEConstraint:
+    """One shape assertion of an nkilib MoE kernel, checked before the kernel compiles."""
+
+    kernel: str
+    rule: str
+    holds: Callable[[MoEShape], bool]
+    source: str
+
+
+MOE_CONSTRAINTS: tuple[MoEConstraint, ...] = (
+    MoEConstraint("moe_cte", "block size % 256 == 0", lambda s: s.block_size % 256 == 0, MOE_CTE_SOURCE),
+    MoEConstraint("moe_cte", "512 <= H <= 8192", lambda s: 512 <= s.dim <= 8192, MOE_CTE_SOURCE),
+    # PSUM_SIZE = 512 (nkilib/core/moe/moe_cte/moe_cte_utils.py)
+    MoEConstraint("moe_cte", "H % 512 == 0", lambda s: s.dim % 512 == 0, MOE_CTE_SOURCE),
+    # I_TP is the full expert hidden dim here (TP=1); the kernel shards it over LNC itself.
+    MoEConstraint("moe_cte", "I % 16 == 0", lambda s: s.hidden_dim % 16 == 0, MOE_CTE_SOURCE),
+    MoEConstraint(
+        "blockwise_mm_bwd",
+        "block size in {128, 256, 512, 1024}",
+        lambda s: s.block_size in (128, 256, 512, 1024),
+        MOE_BWD_SOURCE,
+    ),
+    MoEConstraint(
+        "blockwise_mm_bwd", "(H/LNC) % 32 == 0", lambda s: s.dim % (32 * s.lnc) == 0, MOE_BWD_SOURCE
+    ),
+    MoEConstraint(
+        "blockwise_mm_bwd", "(I/LNC) % 32 == 0", lambda s: s.hidden_dim % (32 * s.lnc) == 0, MOE_BWD_SOURCE
+    ),
+)
+
+
+def check_moe_shapes(dim: int, hidden_dim: int, lnc: int, block_size: int = BLOCK_SIZE) -> None:
+    """Refuse, before compiling, shapes that moe_cte / blockwise_mm_bwd assert on; name each failure."""
+    shape = MoEShape(dim=dim, hidden_dim=hidden_dim, block_size=block_size, lnc=lnc)
+    failed = [c for c in MOE_CONSTRAINTS if not c.holds(shape)]
+    if failed:
         raise MoEShapeError(
-            "grouped_experts on trn2 uses nkilib's moe_cte, which needs "
-            + "; ".join(problems)
-            + ". Use the stock GroupedExperts for this model (drop the override)."
+            f"grouped_experts on trn2 cannot run H={dim}, I={hidden_dim}, block size {block_size}, "
+            f"LNC={lnc}: "
+            + "; ".join(f"{c.kernel} needs {c.rule} ({c.source})" for c in failed)
+            + ". Use the stock GroupedExperts for this model (drop the grouped_experts override)."
         )
 
 
@@ -172,14 +230,93 @@ def blockwise_inputs(
     )
 
 
+class NkiMissingError(RecipeError):
+    """The neuron device is there but nkilib / torch_neuronx are not importable."""
+
+
 @functools.cache
 def _kernels():
-    """(moe_cte, blockwise_mm_bwd) wrapped for torch; imported only on the neuron device."""
-    from nkilib.core.moe.moe_cte import moe_cte
-    from nkilib.experimental.moe.bwd import blockwise_mm_bwd
-    from torch_neuronx.nki_hop import wrap_nki
+    """(moe_cte, blockwise_mm_bwd) wrapped for torch; imported only on the neuron device.
 
+    Sources (aws-neuron/nki-library, src/nkilib_src/nkilib/...):
+    ``core/moe/moe_cte/__init__.py`` exports ``moe_cte``; ``experimental/moe/bwd/__init__.py``
+    exports nothing, ``blockwise_mm_bwd`` lives in ``experimental/moe/bwd/blockwise_mm_backward.py``
+    (nki-library's own test imports it from there:
+    test/integration/nkilib/experimental/moe/test_bwmm_bwd.py).
+    """
+    try:
+        from nkilib.core.moe.moe_cte import moe_cte
+        from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
+        from torch_neuronx.nki_hop import wrap_nki
+    except ImportError as e:
+        raise NkiMissingError(
+            f"grouped_experts on the neuron device needs nkilib and torch_neuronx ({e}); "
+            "install requirements-neuron.txt, or drop the grouped_experts override"
+        ) from e
     return wrap_nki(moe_cte), wrap_nki(blockwise_mm_bwd)
+
+
+def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """NKI addresses HBM with row-major access patterns: hand kernels contiguous tensors."""
+    return [t.contiguous() for t in tensors]
+
+
+def _moe_cte_spec():
+    """shard_on_I with activations checkpointed, so blockwise_mm_bwd has what it reads.
+
+    aws-neuron/nki-library src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte.py: ``MoECTESpec(
+    implementation, shard_on_block=None, shard_on_I=None)``, ``ShardOnIConfig(checkpoint_activation,
+    expert_affinity_multiply_on_I=False, ...)``. With checkpointing and affinities on H, the
+    shard_on_I kernel returns ``(output [T+1, H], gate_up_activations_T [N, 2, I, B],
+    down_activations [N, B, H])`` (core/moe/moe_cte/bwmm_shard_on_I.py).
+    """
+    from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig
+
+    return MoECTESpec(
+        implementation=MoECTEImplementation.shard_on_i,
+        shard_on_I=ShardOnIConfig(checkpoint_activation=True, expert_affinity_multiply_on_I=False),
+    )
+
+
+def _affinity_post_scale():
+    """``ExpertAffinityScaleMode.POST_SCALE``: nkilib/core/utils/common_types.py (moe_cte's default)."""
+    from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+
+    return ExpertAffinityScaleMode.POST_SCALE
+
+
+def launch_moe_cte(kernel, lnc: int, hidden, affinities, gate_up, down, token_ids, block_to_expert, block_size, *,
+                   spec, scaling_mode):
+    """Call ``moe_cte`` on an LNC-wide grid with contiguous inputs, in its argument order.
+
+    ``moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+    token_position_to_id, block_to_expert, block_size, spec, ...,
+    expert_affinities_scaling_mode=...)`` (aws-neuron/nki-library
+    src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte.py). The grid is a tuple: a public copy of
+    torch_neuronx/nki_hop.py (parmoham-aws/test-repo-parmoham) does ``tuple(map(int, grid))``
+    in ``NKIHOPCaller.__getitem__``, which an int grid would break.
+    """
+    tensors = _contiguous(hidden, affinities, gate_up, down, token_ids, block_to_expert)
+    return kernel[(lnc,)](
+        *tensors, block_size=block_size, spec=spec, expert_affinities_scaling_mode=scaling_mode
+    )
+
+
+def launch_blockwise_mm_bwd(kernel, lnc: int, hidden, affinities, gate_up, down, gate_up_act_T, down_act,
+                            token_ids, block_to_expert, grad_out, block_size):
+    """Call ``blockwise_mm_bwd`` on an LNC-wide grid with contiguous inputs, in its argument order.
+
+    ``blockwise_mm_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight,
+    down_proj_weight, gate_up_proj_act_checkpoint_T, down_proj_act_checkpoint,
+    token_position_to_id, block_to_expert, output_hidden_states_grad, block_size, ...)`` returns
+    ``(hidden_states_grad, expert_affinities_masked_grad, gate_up_proj_weight_grad,
+    down_proj_weight_grad)`` without bias (aws-neuron/nki-library
+    src/nkilib_src/nkilib/experimental/moe/bwd/blockwise_mm_backward.py).
+    """
+    tensors = _contiguous(
+        hidden, affinities, gate_up, down, gate_up_act_T, down_act, token_ids, block_to_expert, grad_out
+    )
+    return kernel[(lnc,)](*tensors, block_size=block_size)
 
 
 @torch.library.custom_op(MOE_OP_NAME, mutates_args=())
@@ -195,27 +332,22 @@ def moe_blockwise_op(
     """moe_cte → (output [R+1, H], gate/up activations [N, 2, I, B], down activations [N, B, H])."""
     if hidden.device.type != "neuron":
         raise RuntimeError(
-            f"{MOE_OP_NAME} runs nkilib kernels and needs tensors on the neuron device; "
-            "off the device TrnGroupedExperts uses expert_loop."
+            f"{MOE_OP_NAME} runs nkilib kernels and needs tensors on the neuron device, got "
+            f"{hidden.device}; off the device TrnGroupedExperts uses expert_loop."
         )
-    from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig
-    from nkilib.core.utils.common_types import ExpertAffinityScaleMode
-
     moe_cte, _ = _kernels()
-    spec = MoECTESpec(
-        implementation=MoECTEImplementation.shard_on_i,
-        shard_on_I=ShardOnIConfig(checkpoint_activation=True),
-    )
-    out, gate_up_act_T, down_act = moe_cte[logical_neuron_cores()](
+    out, gate_up_act_T, down_act = launch_moe_cte(
+        moe_cte,
+        logical_neuron_cores(),
         hidden,
         affinities,
         gate_up,
         down,
         token_position_to_id,
         block_to_expert,
-        block_size=block_size,
-        spec=spec,
-        expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
+        block_size,
+        spec=_moe_cte_spec(),
+        scaling_mode=_affinity_post_scale(),
     )
     return out, gate_up_act_T, down_act
 
@@ -225,8 +357,8 @@ def _moe_blockwise_fake(hidden, affinities, gate_up, down, token_position_to_id,
     n_blocks, hidden_dim = block_to_expert.shape[0], gate_up.shape[-1]
     return (
         torch.empty_like(hidden),
-        hidden.new_empty(n_blocks, 2, hidden_dim, block_size),
-        hidden.new_empty(n_blocks, block_size, hidden.shape[1]),
+        gate_up.new_empty(n_blocks, 2, hidden_dim, block_size),
+        down.new_empty(n_blocks, block_size, hidden.shape[1]),
     )
 
 
@@ -241,9 +373,9 @@ def _moe_backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
         ctx.saved_tensors
     )
     _, blockwise_mm_bwd = _kernels()
-    grad_hidden, _grad_affinities, grad_gate_up, grad_down = blockwise_mm_bwd[
-        logical_neuron_cores()
-    ](
+    grad_hidden, _grad_affinities, grad_gate_up, grad_down = launch_blockwise_mm_bwd(
+        blockwise_mm_bwd,
+        logical_neuron_cores(),
         hidden,
         affinities,
         gate_up,
@@ -252,8 +384,8 @@ def _moe_backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
         down_act,
         token_ids,
         block_to_expert,
-        grad_out.contiguous(),
-        block_size=ctx.block_size,
+        grad_out,
+        ctx.block_size,
     )
     return grad_hidden, None, grad_gate_up, grad_down, None, None, None
 
@@ -262,6 +394,7 @@ moe_blockwise_op.register_autograd(_moe_backward, setup_context=_moe_setup_conte
 
 
 def nki_grouped_experts(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD) -> torch.Tensor:
+    """The kernels' path: shape guard, block layout, one custom-op call; never a fallback."""
     check_moe_shapes(w1_EFD.shape[2], w1_EFD.shape[1], logical_neuron_cores())
     inputs = blockwise_inputs(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD)
     out, _, _ = moe_blockwise_op(
@@ -298,8 +431,13 @@ class TrnGroupedExperts(GroupedExperts):
         num_tokens_per_expert_E: torch.Tensor,
     ) -> torch.Tensor:
         weights = _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
-        if x_RD.device.type == "neuron":
+        if x_RD.device.type == "neuron":  # the kernels or an error: no silent cpu loop here
             return nki_grouped_experts(x_RD, num_tokens_per_expert_E, *weights)
+        if x_RD.device.type != "cpu":
+            raise RuntimeError(
+                f"TrnGroupedExperts runs nkilib on 'neuron' and a reference loop on 'cpu'; "
+                f"got {x_RD.device}. Drop the grouped_experts override on this device."
+            )
         return expert_loop(x_RD, num_tokens_per_expert_E, *weights)
 
 

@@ -38,11 +38,14 @@ __all__ = [
     "NKIRoPE",
     "OP_NAME",
     "ROPE_HF_OVERRIDE",
+    "ROPE_HF_TARGETS",
     "SEQ_TILE",
     "SeqLenError",
+    "SlicedCosSinRoPE",
     "check_seq_len",
     "rope_hf",
     "rope_hf_op",
+    "sliced_rope",
 ]
 
 #: Rows per SBUF partition tile; rope_hf gives each of the LNC cores whole tiles.
@@ -128,7 +131,13 @@ def _rope_torch(q, k, positions, inv_freq, backward):
 
 @functools.cache
 def _rope_hf_kernel():
-    """nkilib's rope_hf wrapped for torch; imported only where the neuron device exists."""
+    """nkilib's rope_hf wrapped for torch; imported only where the neuron device exists.
+
+    ``rope_hf(q, k, q_out, k_out, cos=None, sin=None, rope_cache=None, backward=False)``, q/k
+    ``[B, heads, S, D]``, cos/sin ``[(B,) S, D]`` loaded in q's dtype, ``S % (128 * LNC) == 0``
+    (aws-neuron/nki-library src/nkilib_src/nkilib/core/embeddings/rope_hf.py,
+    ``_validate_apply_rope_inputs``).
+    """
     from nkilib.core.embeddings.rope_hf import rope_hf as kernel
     from torch_neuronx.nki_hop import wrap_nki
 
@@ -145,7 +154,9 @@ def _rope_nki(q, k, positions, inv_freq, backward):
         cos, sin = cos[0], sin[0]
     q_bnsd = q.to(dtype).transpose(1, 2).contiguous()
     k_bnsd = k.to(dtype).transpose(1, 2).contiguous()
-    q_out, k_out = _rope_hf_kernel()[lnc](
+    # Grid as a tuple: NKIHOPCaller.__getitem__ does tuple(map(int, grid)) in a public copy of
+    # torch_neuronx/nki_hop.py (parmoham-aws/test-repo-parmoham); an int grid breaks there.
+    q_out, k_out = _rope_hf_kernel()[(lnc,)](
         q_bnsd,
         k_bnsd,
         torch.empty_like(q_bnsd),
@@ -222,6 +233,10 @@ class NKIRoPE(CosSinRoPE):
         """Check seq_len % (128 × LNC) on every tier, not only where the kernel runs,
         so a config trn2 would reject fails the same way on the cpu tier."""
 
+        drop_positions: bool = False
+        """Rotate by 0..L-1 whatever positions arrive, as :class:`SlicedCosSinRoPE` does, so
+        swapping rope_hf into config 3 keeps config 3's numerics."""
+
     def _precompute_cache(self) -> torch.Tensor:
         """The inverse frequencies, by the expression ``CosSinRoPE`` builds its table from."""
         cfg = self.config
@@ -260,11 +275,41 @@ class NKIRoPE(CosSinRoPE):
         seq_len = query.shape[1]
         if self.config.enforce_kernel_constraints or query.device.type == "neuron":
             check_seq_len(seq_len, logical_neuron_cores())
-        if positions is None:
+        if positions is None or self.config.drop_positions:
             positions = torch.arange(seq_len, device=query.device).unsqueeze(0)
         else:
             _maybe_check_max_pos(positions, max_valid_pos=self.config.max_seq_len - 1)
         return rope_hf_op(query, key, positions, self.inv_freq)
+
+
+class SlicedCosSinRoPE(CosSinRoPE):
+    """torchtitan's ``CosSinRoPE`` on its gather-free path: positions never reach the cache.
+
+    In torchtitan 0.3.0 (``models/common/rope.py``, ``_reshape_for_broadcast``) the cos/sin
+    cache is *sliced* (``cache[0:seq_len]``) when ``positions`` is None, indexed
+    (``cache[positions]``) for one row of positions and ``torch.gather``-ed per sample
+    otherwise; and its text dataloader always yields per-document positions
+    (``hf_datasets/text_datasets.py``). This module drops them, so every sample is rotated
+    by 0..L-1 from the sliced table: the tutorial's "RoPE without gather" for config 3,
+    which attends causally across the packed documents (SDPA) anyway.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CosSinRoPE.Config):
+        pass
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().forward(query, key, None)
+
+
+def sliced_rope(cfg: CosSinRoPE.Config) -> SlicedCosSinRoPE.Config:
+    """The same RoPE (theta, sizes, scaling) on the slice path."""
+    return derive(cfg, SlicedCosSinRoPE.Config)
 
 
 ROPE_HF_OVERRIDE = dict(
@@ -274,8 +319,17 @@ ROPE_HF_OVERRIDE = dict(
 )
 """How ``rope_hf`` is registered: exactly ``CosSinRoPE`` (not MRoPE-like subclasses)."""
 
+#: Every config type ``rope_hf`` may replace, each exactly: stock CosSinRoPE and config 3's
+#: sliced one (recipes.overrides registers the factory once per type).
+ROPE_HF_TARGETS = (CosSinRoPE.Config, SlicedCosSinRoPE.Config)
+
 
 @override(**ROPE_HF_OVERRIDE)
 def rope_hf(cfg: CosSinRoPE.Config) -> NKIRoPE.Config:
-    """torchtitan override factory: ``--override.imports recipes.kernels.rope.rope_hf``."""
-    return derive(cfg, NKIRoPE.Config)
+    """torchtitan override factory: ``--override.imports recipes.kernels.rope.rope_hf``.
+
+    From :class:`SlicedCosSinRoPE` it keeps that module's rule (positions dropped).
+    """
+    new = derive(cfg, NKIRoPE.Config)
+    new.drop_positions = isinstance(cfg, SlicedCosSinRoPE.Config)
+    return new
