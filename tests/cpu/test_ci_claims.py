@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import ci
+from recipes import ci, goldens, published
 from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -167,3 +167,23 @@ def test_nightly_runs_every_neuron_test_then_both_guards_whatever_happened():
     for guard in ("recipes.ci require-ran", "recipes.ci require-claims report/tests.json --tier trn2"):
         (index,) = [i for i, r in enumerate(runs) if guard in r]
         assert index > pytest_steps[0] and steps[index].get("if") == "always()", guard
+
+
+# ------------------------------------------------------------- what the trn2 goldens hold
+
+
+@pytest.mark.parametrize("path", sorted(goldens.GOLDENS_DIR.glob("*/trn2.json")), ids=lambda p: p.parent.name)
+def test_trn2_goldens_hold_only_published_claims_with_their_reasons(path):
+    """No run on trn2 has produced an environment yet, so none is recorded; each value says why its tolerance."""
+    data = json.loads(path.read_text())
+    assert set(data) == {"values"}, f"{path}: only 'values'; environment metadata comes from a real run"
+    assert "shared/seed" not in path.read_text()
+    metadata, values = goldens.load(path.parent.name, "trn2", path)
+    assert metadata == {} and values
+    for golden in values.values():
+        assert golden.lane == "published" and len(golden.reason) > 20, golden
+
+
+def test_the_tutorial_is_cited_by_publisher_author_and_subject():
+    assert "AWS Machine Learning Blog" in published.SOURCE and "Josh Longenecker" in published.SOURCE
+    assert "trn2.48xlarge" in published.SOURCE
