@@ -35,6 +35,9 @@ DRY_RUN_DIR = "dry-run"
 #: The real Qwen3-4B-Instruct-2507 config.json (public hyper-parameters, no weights).
 QWEN3_4B_SIZES = FIXTURES / "qwen3-4b-instruct-2507"
 
+#: The dataset path the config is built with when there is none; nothing reads it in a dry run.
+DATASET_STAND_IN = Path("/QWEN3_DATASET_DIR-is-not-set")
+
 #: Environment variables the launch passes through that decide a trn2 run (never secrets).
 PASSED_ENV_PREFIXES = ("NEURON_", "QWEN3_", "FI_", "TORCH_NEURONX_", "OMP_")
 
@@ -125,7 +128,7 @@ def plan_run(opts: RunOptions) -> Plan:
         placeholders.append(
             Placeholder("--dataset-dir", "QWEN3_DATASET_DIR", "QWEN3_DATASET_DIR is not set: a real run needs it")
         )
-        opts = dataclasses.replace(opts, dataset_dir=QWEN3_4B_SIZES)  # any path; nothing reads it here
+        opts = dataclasses.replace(opts, dataset_dir=DATASET_STAND_IN)
     build = opts.resolved()
     shown = build
     for p in placeholders:

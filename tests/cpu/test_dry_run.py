@@ -1,0 +1,140 @@
+"""``python -m recipes run ... --tier trn2 --dry-run``: full-size configs and models on any machine.
+
+One subprocess dry-runs all three recipes (as a user would, without QWEN3_4B_DIR,
+QWEN3_DATASET_DIR or a Neuron package) and the tests read the reports it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipes.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
+from recipes.tiers import REPO_ROOT
+
+pytestmark = pytest.mark.cpu
+
+TRN2_UNSET = ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")
+
+
+def dry_run(report_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in TRN2_UNSET}
+    return subprocess.run(
+        [sys.executable, "-m", "recipes", "run", *args, "--tier", "trn2", "--dry-run", "--report-dir", str(report_dir)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def all_recipes(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``run all --tier trn2 --dry-run --allow-mismatch rope_theta``: the README's trn2 reproduction."""
+    report_dir = tmp_path_factory.mktemp("dry-run")
+    return dry_run(report_dir, "all", "--allow-mismatch", "rope_theta"), report_dir
+
+
+def report(report_dir: Path, name: str) -> dict:
+    return json.loads((report_dir / DRY_RUN_DIR / f"{name}.json").read_text())
+
+
+def test_fixture_is_the_real_qwen3_4b_instruct_2507_config():
+    hf = json.loads((QWEN3_4B_SIZES / "config.json").read_text())
+    assert (hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"], hf["tie_word_embeddings"]) == (
+        2560, 36, 151936, True,
+    )  # fmt: skip
+    assert (hf["rope_theta"], hf["max_position_embeddings"]) == (5_000_000, 262_144)
+    assert not list(QWEN3_4B_SIZES.glob("*.safetensors")), "sizes only: the fixture ships no weights"
+
+
+def test_every_planned_run_passes_and_starts_nothing(all_recipes):
+    proc, report_dir = all_recipes
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = sorted(p.stem for p in (report_dir / DRY_RUN_DIR).glob("*.json"))
+    assert written == [
+        "hf_backend-trn2-hf", "hf_backend-trn2-random", "native_qwen3-trn2-hf",
+        "native_qwen3-trn2-random", "nki_moe-trn2-random",
+    ]  # fmt: skip
+    assert not (report_dir / "runs").exists(), "a dry run creates no run directory"
+    assert "placeholder $QWEN3_DATASET_DIR" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["native_qwen3-trn2-hf", "hf_backend-trn2-hf"])
+def test_4b_recipes_build_the_real_4b(all_recipes, name):
+    result = report(all_recipes[1], name)
+    model = result["model"]
+    assert model["device"] == "meta"
+    assert model["build_s"] < 30, "a meta build allocates nothing and takes well under a second"
+    dims = model["dims"]
+    assert (dims["hidden_size"], dims["num_hidden_layers"], dims["vocab_size"], dims["tie_word_embeddings"]) == (
+        2560, 36, 151936, True,
+    )  # fmt: skip
+    assert (dims["num_attention_heads"], dims["num_key_value_heads"], dims["head_dim"]) == (32, 8, 128)
+    assert dims["intermediate_size"] == 9728
+    upstream = model["upstream"]
+    assert upstream["spec"] == 'model_registry("4B")'
+    assert upstream["same_parameters"] and upstream["parameters_compared"] == 398
+
+
+def test_theta_difference_with_upstream_is_reported_not_hidden(all_recipes):
+    native = report(all_recipes[1], "native_qwen3-trn2-hf")
+    hf = report(all_recipes[1], "hf_backend-trn2-hf")
+    assert native["model"]["upstream"]["differences"] == {}
+    assert hf["model"]["upstream"]["differences"] == {"rope_theta": {"built": 5000000, "upstream": 1000000.0}}
+    assert any("allowed mismatch rope_theta" in c for c in native["checked"])
+
+
+def test_moe_recipe_builds_30b_a3b_shrunk_as_the_tutorial(all_recipes):
+    result = report(all_recipes[1], "nki_moe-trn2-random")
+    dims = result["model"]["dims"]
+    assert (dims["hidden_size"], dims["num_hidden_layers"], dims["num_experts"], dims["num_experts_per_tok"]) == (
+        2048, 4, 64, 4,
+    )  # fmt: skip
+    assert dims["moe_intermediate_size"] == 768
+    upstream = result["model"]["upstream"]
+    assert upstream["spec"].startswith('model_registry("30B-A3B") shrunk')
+    assert upstream["same_parameters"] and upstream["differences"] == {}
+    assert "grouped_experts: dim 2048, hidden_dim 768 at LNC 2 (4 nodes)" in result["checked"]
+
+
+@pytest.mark.parametrize("name", ["native_qwen3-trn2-hf", "hf_backend-trn2-hf", "nki_moe-trn2-random"])
+def test_command_is_the_tutorials_64_rank_data_parallel_launch(all_recipes, name):
+    result = report(all_recipes[1], name)
+    assert result["command"].startswith("torchrun --standalone --nproc_per_node=64 ")
+    assert result["argv"][1:3] == ["-m", "torch.distributed.run"]
+    assert '--model-dir "$QWEN3_4B_DIR"' in result["command"]
+    assert '--dataset-dir "$QWEN3_DATASET_DIR"' in result["command"]
+    parallelism = result["config"]["parallelism"]
+    assert (parallelism["data_parallel_shard_degree"], parallelism["tensor_parallel_degree"]) == (-1, 1)
+    assert result["env"]["set"]["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert result["config"]["dataloader"]["dataset_path"] == "$QWEN3_DATASET_DIR"
+    assert result["config"]["hf_assets_path"] == "$QWEN3_4B_DIR"
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """native_qwen3 (both inits) with rope_hf everywhere at seq_len 384, theta mismatch not allowed."""
+    report_dir = tmp_path_factory.mktemp("dry-run-refused")
+    return dry_run(report_dir, "native_qwen3", "--override", "rope_hf", "--seq-len", "384"), report_dir
+
+
+def test_rope_hf_override_is_checked_at_trn2_shapes(refusals):
+    """seq_len 384 is a multiple of 128 but not of 128 x LNC 2: the trn2 launch would fail in the kernel."""
+    proc, report_dir = refusals
+    assert proc.returncode == 2
+    result = report(report_dir, "native_qwen3-trn2-random")
+    assert not result["ok"]
+    assert "seq_len=384 is not a multiple of 128×LNC=256" in result["error"]
+    assert "[native_qwen3/trn2/init=random] would be refused: seq_len=384" in proc.stdout
+
+
+def test_native_hf_init_is_refused_without_the_theta_mismatch_allowed(refusals):
+    """The tutorial's model_registry("4B") has theta 1e6; the 2507 weights' config.json says 5e6."""
+    proc, report_dir = refusals
+    assert report(report_dir, "native_qwen3-trn2-hf")["error"].startswith(
+        "rope_theta: " + str(QWEN3_4B_SIZES / "config.json") + " says 5000000, recipe 'native_qwen3' builds 1000000.0"
+    )
+    assert not (report_dir / "runs").exists()
