@@ -29,6 +29,37 @@ TOKENIZER_FILES = (
 
 EXPORT_DIR_NAME = "hf_export"
 
+#: Per-tensor sha256 of the trained model as rank 0 saw it after the last step (HF names).
+FINAL_STATE_FILE = "final_state.json"
+
+
+def tensor_sha256(tensor) -> str:
+    """sha256 of a tensor's bytes (any dtype, bf16 included), as stored in safetensors."""
+    import hashlib
+
+    import torch
+
+    return hashlib.sha256(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def record_final_state(trainer, path: Path, rank: int) -> None:
+    """Hash every trained tensor, in the export's names and dtype, into ``path`` (rank 0 writes).
+
+    The export must hold these weights, not the source checkpoint's or step 0's. Every rank
+    takes part (``full_tensor`` gathers one parameter at a time, so memory stays one tensor).
+    """
+    from torch.distributed.tensor import DTensor
+
+    checkpointer = trainer.checkpointer
+    hashes = {}
+    for name, value in trainer.model_parts[0].state_dict().items():
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        if rank == 0:
+            for hf_name, tensor in checkpointer.sd_adapter.to_hf({name: full}).items():
+                hashes[hf_name] = tensor_sha256(tensor.to(checkpointer.export_dtype))
+    if rank == 0:
+        path.write_text(json.dumps(hashes, indent=2, sort_keys=True) + "\n")
+
 
 def hf_config(spec, torch_dtype: str) -> dict:
     """A transformers config.json for the model a torchtitan Qwen3 spec builds."""

@@ -27,13 +27,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from recipes.errors import RecipeError
 from recipes.tiers import FIXTURES, REPO_ROOT
 
-GOLDENS_DIR = FIXTURES / "goldens"
+#: ``QWEN3_GOLDENS_DIR`` points a run at another set (a bump rehearsal, a test of a failing check).
+GOLDENS_DIR = Path(os.environ.get("QWEN3_GOLDENS_DIR") or FIXTURES / "goldens")
 LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
 LANES = ("exact", "proxy", "published")
 CLAIM_LANES = ("proxy", "published")

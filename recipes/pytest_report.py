@@ -66,16 +66,18 @@ def _golden_rows(records: list[dict]) -> list[dict]:
             try:
                 _, values = goldens.load(recipe, tier)
                 g = values[golden_key]
-                published, tolerance, lane = g.value, g.tolerance, g.lane
+                lane, tolerance = g.lane, g.tolerance
+                published, golden = (g.value, None) if g.claim else (None, g.value)
             except (goldens.GoldenError, KeyError):
-                published, tolerance, lane = None, None, None
+                published, golden, tolerance, lane = None, None, None, None
             rows.append(
                 {
                     "recipe": recipe,
                     "tier": tier,
                     "key": golden_key,
                     "lane": lane,
-                    "golden": published,
+                    "published": published,
+                    "golden": golden,
                     "measured": props.get(key),
                     "tolerance": tolerance,
                     "verdict": verdict,
@@ -95,13 +97,13 @@ def markdown(records: list[dict], rows: list[dict]) -> str:
     lines = ["# qwen3-trn-repro test report", ""]
     if rows:
         lines += [
-            "| recipe | tier | value | lane | golden / published | measured | tolerance | verdict |",
-            "|---|---|---|---|---|---|---|---|",
+            "| recipe | tier | value | lane | published (tutorial) | golden (this lock) | measured | tolerance | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             lines.append(
-                f"| {r['recipe']} | {r['tier']} | {r['key']} | {r['lane'] or '–'} | {_fmt(r['golden'])} | "
-                f"{_fmt(r['measured'])} | {_fmt(r['tolerance'])} | {r['verdict']} |"
+                f"| {r['recipe']} | {r['tier']} | {r['key']} | {r['lane'] or '–'} | {_fmt(r['published'])} | "
+                f"{_fmt(r['golden'])} | {_fmt(r['measured'])} | {_fmt(r['tolerance'])} | {r['verdict']} |"
             )
         lines.append("")
     lines += ["| test | outcome | s | recorded values |", "|---|---|---|---|"]

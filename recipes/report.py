@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform as _platform
 from importlib import metadata
 from pathlib import Path
@@ -24,6 +25,56 @@ VERSIONED_PACKAGES = (
     "nki",
     "nkilib",
 )
+
+
+#: CPU flags that select which fp32 kernels torch, MKL and oneDNN run.
+KERNEL_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+#: Environment variables that override those kernel choices.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE", "DNNL_MAX_CPU_ISA")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def _blas() -> str:
+    """The BLAS / oneDNN builds torch was compiled with, from ``torch.__config__.show()``."""
+    import re
+
+    import torch
+
+    shown = torch.__config__.show()
+    found = [m.group(0) for m in re.finditer(r"(Math Kernel Library Version \S+|MKL-DNN v\S+|BLAS_INFO=\w+)", shown)]
+    return "; ".join(found) or "unknown"
+
+
+def cpu_fingerprint() -> dict:
+    """What decides the bits of an fp32 CPU result beyond package versions.
+
+    Two machines with the same capability name can still run different kernels
+    (MKL picks its code path per CPU model), so the model, the ISA flags, the BLAS
+    build and any kernel-selecting environment variable are all part of it.
+    """
+    import torch
+
+    info = _cpuinfo()
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": info.get("model name") or _platform.processor() or "unknown",
+        "isa": [f for f in KERNEL_ISA_FLAGS if f in flags],
+        "blas": _blas(),
+        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+    }
 
 
 def versions() -> dict[str, str | None]:
@@ -94,17 +145,27 @@ def add_run(report: dict, run: dict) -> None:
     report["runs"].append({**run, "versions": versions()})
 
 
-def add_check(report: dict, key: str, measured, *, published=None, tolerance=None, passed=None, note="") -> None:
-    """One measured number against its claim (``published``/``tolerance`` may be None)."""
+def add_check(report: dict, key: str, verdict) -> None:
+    """One measured number against its golden (a ``goldens.Verdict``), in its lane.
+
+    The ``published`` field only ever holds a tutorial number (lanes published and
+    proxy); an exact-lane golden is this lock's own value and goes in ``golden``.
+    """
+    g = verdict.golden
+    claim = CLAIMS[g.claim] if g.claim else None
     report["checks"] = [c for c in report["checks"] if c["key"] != key]
     report["checks"].append(
         {
             "key": key,
-            "measured": measured,
-            "published": published,
-            "tolerance": tolerance,
-            "passed": passed,
-            "note": note,
+            "lane": g.lane,
+            "claim": claim.what if claim else None,
+            "measured": verdict.measured,
+            "published": claim.value if claim else None,
+            "golden": None if claim else g.value,
+            "tolerance": g.tolerance,
+            "passed": verdict.passed,
+            "verdict": verdict.kind,
+            "reason": g.reason,
         }
     )
 
@@ -113,7 +174,7 @@ def _fmt(value) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
-        return f"{value:.4f}"
+        return f"{value:.7g}"
     return str(value)
 
 
@@ -127,21 +188,26 @@ def markdown(report: dict) -> str:
     lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
     if report.get("checks"):
         lines += [
-            "## Published vs measured",
+            "## Checks",
             "",
-            "| claim | published | measured | tolerance | verdict | note |",
-            "|---|---|---|---|---|---|",
+            "Lanes: **published**, the tutorial's number measured as the tutorial ran it (trn2); **proxy**, a cpu "
+            "measurement standing in for a tutorial number (its reason says how it differs); **exact**, this "
+            "lock's own value on the cpu tier (a regression check, not a tutorial number).",
+            "",
+            "| check | lane | published (tutorial) | golden (this lock) | measured | tolerance | verdict |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c in report["checks"]:
-            published = (c.get("note") or "").startswith("published")
-            claim = CLAIMS.get(c["key"].rsplit(".", 1)[-1]) if published else None
-            name = f"{c['key']} ({claim.what})" if claim else c["key"]
-            verdict = {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
+            name = f"{c['key']} ({c['claim']})" if c.get("claim") else c["key"]
+            verdict = c.get("verdict") or {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
+            verdict = verdict if c["passed"] else f"**FAIL: {verdict}**"
             lines.append(
-                f"| {name} | {_fmt(c['published'])} | {_fmt(c['measured'])} | "
-                f"{_fmt(c['tolerance'])} | {verdict} | {c.get('note', '')} |"
+                f"| {name} | {c.get('lane', '–')} | {_fmt(c.get('published'))} | {_fmt(c.get('golden'))} | "
+                f"{_fmt(c['measured'])} | {_fmt(c['tolerance'])} | {verdict} |"
             )
         lines.append("")
+        reasons = [(c["key"], c["reason"]) for c in report["checks"] if c.get("reason")]
+        lines += [f"- `{key}`: {reason}" for key, reason in reasons] + ([""] if reasons else [])
     if report.get("runs"):
         lines += [
             "## Runs",

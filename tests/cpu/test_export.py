@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from recipes.published import CLAIMS
+from recipes.tiers import FIXTURES
+
+FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 
 pytestmark = pytest.mark.cpu
 
@@ -85,6 +88,30 @@ def test_reloaded_logits_equal_torchtitan_logits(export_dir, export_state_dict, 
     diff = (hf_logits - titan_logits).abs().max().item()
     record_property("export_logits_max_abs_diff", diff)
     assert diff == 0.0
+
+
+def test_export_holds_the_trained_weights(native_hf_run, export_dir, record_property):
+    """Every exported tensor is bit for bit what rank 0 held after the last step, and training
+    moved at least one away from the source checkpoint (an export of the source would fail)."""
+    from safetensors import safe_open
+
+    from recipes.export import FINAL_STATE_FILE, tensor_sha256
+
+    trained = json.loads((Path(native_hf_run["run_dir"]) / FINAL_STATE_FILE).read_text())
+    exported, source = {}, {}
+    for path in sorted(export_dir.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            exported.update({k: tensor_sha256(f.get_tensor(k)) for k in f.keys()})
+    with safe_open(FIXTURE_DIR / "model.safetensors", "pt") as f:
+        source = {k: tensor_sha256(f.get_tensor(k)) for k in f.keys()}
+    mismatched = sorted(k for k in exported if trained.get(k) != exported[k])
+    moved = sorted(k for k in exported if source.get(k) != exported[k])
+    record_property("export_tensors", len(exported))
+    record_property("export_tensors_not_the_trained_state", mismatched)
+    record_property("export_tensors_moved_from_source", len(moved))
+    assert exported and not mismatched, f"export differs from the trained state in {mismatched}"
+    assert set(exported) <= set(trained), sorted(set(exported) - set(trained))
+    assert moved, "every exported tensor equals the source checkpoint's: the export is not of the trained model"
 
 
 def test_export_opens_directly_with_from_pretrained(export_dir, tokens):

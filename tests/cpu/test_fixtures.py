@@ -146,16 +146,61 @@ def test_corpus_and_tokenizer_rebuild_bitwise(tmp_path):
         assert _sha256(tmp_path / rel) == _sha256(FIXTURES / rel), rel
 
 
-def test_dense_checkpoint_rebuilds_bitwise(tmp_path):
-    """~45 s: retrains qwen3-tiny in a fresh process (one thread, as the build does)."""
-    recorded = _record("qwen3-tiny")["environment"]
-    here = bf.build_environment()
-    if here != recorded:
-        pytest.skip(f"fp32 training is bitwise only in the build's environment: built with {recorded}, here {here}")
+#: How far the rebuilt checkpoint's eval loss may sit from the recorded one on another machine.
+#: Measured: 4.0e-5 between the shipped build (AVX512) and an AMD EPYC AVX2 rebuild, while the
+#: same build from init seed 2 instead of 1 moves it by 7.9e-3 (1.01629 vs 1.00833): 1e-3 keeps
+#: 25x the machine drift and still catches a build that is not the one that shipped.
+EVAL_LOSS_TOLERANCE = 1e-3
+
+
+def _rebuild_dense(outs: list[Path]) -> None:
+    """Retrain qwen3-tiny into each of ``outs`` in fresh processes, side by side (one thread each)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [sys.executable, "-m", "fixtures.build_fixtures", "--out", str(tmp_path), "--models", "dense"],
-        cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=600,
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fixtures.build_fixtures", "--out", str(out), "--models", "dense"],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for out in outs
+    ]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"fixture rebuild failed:\n{output[-3000:]}"
+
+
+def _differing_files(a: Path, b: Path) -> list[str]:
+    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
+    return [n for n in names if not (a / n).exists() or not (b / n).exists() or _sha256(a / n) != _sha256(b / n)]
+
+
+def test_dense_checkpoint_rebuilds_deterministically(tmp_path, record_property):
+    """~45 s per rebuild. The build is bitwise reproducible here, and it is what shipped.
+
+    Bits transfer only within one environment (versions, CPU model, ISA, BLAS build,
+    kernel-selecting env): there the rebuild must equal the shipped checkpoint byte for
+    byte. Elsewhere two rebuilds must equal each other, and the shipped checkpoint's
+    recorded eval loss must be reproduced within EVAL_LOSS_TOLERANCE.
+    """
+    record = _record("qwen3-tiny")
+    here = bf.build_environment()
+    same_environment = record["environment"] == here
+    record_property("fixture_build_environment_recorded", record["environment"])
+    record_property("fixture_build_environment_here", here)
+    record_property("fixture_build_same_environment", same_environment)
+
+    outs = [tmp_path / "a"] if same_environment else [tmp_path / "a", tmp_path / "b"]
+    _rebuild_dense(outs)
+    rebuilt = outs[0] / "qwen3-tiny"
+    reference = FIXTURES / "qwen3-tiny" if same_environment else outs[1] / "qwen3-tiny"
+    differing = _differing_files(rebuilt, reference)
+    record_property("fixture_rebuild_differing_files", differing)
+    assert not differing, f"rebuild is not bitwise identical to {reference}: {differing}"
+
+    eval_loss = json.loads((rebuilt / "TRAINING.json").read_text())["eval_loss"]
+    record_property("fixture_rebuild_eval_loss", eval_loss)
+    record_property("fixture_rebuild_eval_loss_diff", eval_loss - record["eval_loss"])
+    assert eval_loss == pytest.approx(record["eval_loss"], abs=EVAL_LOSS_TOLERANCE), (
+        f"rebuilt qwen3-tiny scores {eval_loss:.6f} on its eval rows, the shipped one recorded "
+        f"{record['eval_loss']:.6f}: fixtures/build_fixtures.py no longer builds what shipped "
+        "(`make fixtures` rebuilds it; then `make goldens`)"
     )
-    for path in sorted((FIXTURES / "qwen3-tiny").iterdir()):
-        assert _sha256(tmp_path / "qwen3-tiny" / path.name) == _sha256(path), path.name
