@@ -31,17 +31,26 @@ STEPS = 5  # the native recipe's shared run (tests/cpu/conftest.py) trains 5 ste
 MOE_STEPS = 3
 
 #: Step-1 loss, backend vs native on the same batch from the same safetensors:
-#: different modules (transformers' vs torchtitan's) doing the same fp32 math,
-#: so only summation order differs. Measured 1.2e-7.
-STEP1_VS_NATIVE_ATOL = 1e-4
-#: Per-step losses of the two recipes over the whole run: the backend trains the
-#: tied model the native one does (an untied head would change every step from
-#: step 2 on, and the grad norm from step 1). Measured ≤ 2e-7.
-TRAJECTORY_VS_NATIVE_ATOL = 1e-3
-#: MoE: the backend swaps HF's experts for torchtitan's GroupedExperts, which
-#: compute in bf16 (upstream design, not a workaround), so parity with
-#: transformers' fp32 experts is approximate. Measured |Δ loss| = 3.6e-5.
-MOE_LOSS_ATOL = 0.01
+#: different modules (transformers' vs torchtitan's) doing the same fp32 math, so
+#: only summation order may differ. Measured 0.0 (2 ranks × 2 × 256 tokens, seed 0);
+#: 1e-6 is 8 fp32 ulps at 1.5, room for another CPU's summation order.
+STEP1_VS_NATIVE_ATOL = 1e-6
+#: Per-step losses and grad norms of the two recipes over the 5-step run: the backend
+#: trains the tied model the native one does (an untied head would change every loss
+#: from step 2 on and the grad norm from step 1, by > 1e-3). Measured: |Δ loss| ≤ 1.2e-7,
+#: |Δ grad norm| ≤ 2.4e-7 (1 ulp each); 1e-6 is about 4× the larger.
+TRAJECTORY_VS_NATIVE_ATOL = 1e-6
+#: MoE: the backend swaps HF's experts for torchtitan's GroupedExperts, which compute
+#: in bf16 (upstream design, not a workaround), so its logits are transformers' fp32
+#: logits up to that rounding. Measured per position (2 × 256 corpus tokens): max |Δ logit|
+#: median 0.0094, max 0.024 where routing is not near-tied; 0.05 is about 2× that max.
+MOE_LOGITS_ATOL = 0.05
+#: A position whose top-k router probability beats the next expert by less than this at
+#: some layer (in transformers' fp32 run) may route differently after the bf16 experts
+#: of the layer before: measured 2 of 512 positions, one of them flipped (|Δ logit| 0.41).
+MOE_NEAR_TIE = 1e-4
+#: At most this share of positions may be near-tied and left out of the logits comparison.
+MOE_MAX_NEAR_TIED = 0.01
 
 
 # --- helpers -------------------------------------------------------------------
@@ -312,16 +321,39 @@ def test_moe_trains_two_processes_from_hf_weights(moe_run, record_property):
     assert losses[0] < 3.0, losses
 
 
-def test_moe_backend_matches_transformers_on_hf_weights(record_property):
+def min_router_margin(router_logits, top_k: int) -> torch.Tensor:
+    """Per position, the smallest (k-th − (k+1)-th) router probability over all layers."""
+    margins = []
+    for layer_logits in router_logits:
+        probs = layer_logits.reshape(-1, layer_logits.shape[-1]).float().softmax(-1)
+        ranked = probs.sort(-1, descending=True).values
+        margins.append(ranked[:, top_k - 1] - ranked[:, top_k])
+    return torch.stack(margins).amin(0)
+
+
+def test_moe_backend_logits_match_transformers_on_hf_weights(record_property):
+    """Every position's logits within bf16 expert rounding of transformers', except near-tied routes."""
+    from transformers import AutoModelForCausalLM
+
     tokens = corpus_tokens(MOE_DIR)
-    expected = transformers_logits(MOE_DIR, tokens)
+    reference = AutoModelForCausalLM.from_pretrained(MOE_DIR, dtype=torch.float32).eval()
     with torch.no_grad():
+        expected = reference(tokens, output_router_logits=True)
         actual = backend_model(MOE_DIR)(tokens)
-    backend_loss, hf_loss = next_token_loss(actual, tokens), next_token_loss(expected, tokens)
-    record_property("hf_backend_moe_loss", backend_loss)
-    record_property("transformers_moe_loss", hf_loss)
-    record_property("hf_backend_moe_logits_max_abs_diff", (actual - expected).abs().max().item())
-    assert backend_loss == pytest.approx(hf_loss, abs=MOE_LOSS_ATOL)
+    per_position = (actual - expected.logits).abs().amax(-1).flatten()
+    near_tied = min_router_margin(expected.router_logits, reference.config.num_experts_per_tok) < MOE_NEAR_TIE
+    compared = per_position[~near_tied]
+    record_property("hf_backend_moe_logits_max_abs_diff", per_position.max().item())
+    record_property("hf_backend_moe_logits_max_abs_diff_not_near_tied", compared.max().item())
+    record_property("hf_backend_moe_logits_median_abs_diff", per_position.median().item())
+    record_property("hf_backend_moe_near_tied_positions", int(near_tied.sum()))
+    record_property("hf_backend_moe_loss", next_token_loss(actual, tokens))
+    record_property("transformers_moe_loss", next_token_loss(expected.logits, tokens))
+    assert near_tied.float().mean().item() <= MOE_MAX_NEAR_TIED, f"{int(near_tied.sum())} near-tied positions"
+    worst = compared.argmax().item()
+    assert compared.max().item() <= MOE_LOGITS_ATOL, (
+        f"max |Δ logit| {compared.max().item():.4g} at a position routed without a near tie (index {worst} of the kept ones)"
+    )
 
 
 def test_moe_export_reloads_into_transformers(moe_run):
