@@ -2,10 +2,14 @@
 
 ``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)``: the
 native 30B-A3B widths with 4 layers, 64 experts and top-4 routing, the grouped
-experts replaced by the NKI implementation, SDPA attention, RoPE computed from
-positions (no table gather, nkilib ``rope_hf`` on trn2), eager mode
-(``CompileConfig(enable=False)``), data-parallel sharding only: TP=1, no expert
-parallel. The cpu tier keeps 4 layers / 64 experts / top-4 with tiny widths.
+experts replaced by the NKI implementation, SDPA attention, "RoPE without gather"
+(torchtitan's own CosSinRoPE on its sliced-cache path: :class:`SlicedCosSinRoPE`),
+eager mode (``CompileConfig(enable=False)``), data-parallel sharding only: TP=1, no
+expert parallel. The cpu tier keeps 4 layers / 64 experts / top-4 with tiny widths.
+
+nkilib's ``rope_hf`` is not part of config 3: it is the tutorial's separate example
+of mounting a kernel through the override registry, opt-in on any recipe with
+``--override rope_hf[=GLOB]``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from recipes.common import apply_run_options
+from recipes.kernels.rope import sliced_rope
 from recipes.options import RunOptions
 from recipes.specs import sized_spec
 from recipes.tiers import TINY_MOE, MoEDims
@@ -35,13 +40,19 @@ QWEN3_30B_A3B = MoEDims(
 )
 
 #: The kernels the tutorial's MoE recipe runs, as ``--override`` specs (every matching node).
-KERNEL_OVERRIDES = ("grouped_experts", "rope_hf")
+KERNEL_OVERRIDES = ("grouped_experts",)
 
 
 def moe_dims(tier: str, n_layers: int, num_experts: int, top_k: int) -> MoEDims:
     """30B-A3B shrunk to fit one instance; tiny widths on the cpu tier."""
     base = QWEN3_30B_A3B if tier == "trn2" else TINY_MOE
     return replace(base, num_hidden_layers=n_layers, num_experts=num_experts, num_experts_per_tok=top_k)
+
+
+def use_sliced_rope(model_config) -> None:
+    """Every layer's RoPE on torchtitan's gather-free (sliced cache) path, same theta and sizes."""
+    for layer in model_config.layers:
+        layer.attention.rope = sliced_rope(layer.attention.rope)
 
 
 def qwen3_nki_moe_config(
@@ -53,8 +64,7 @@ def qwen3_nki_moe_config(
     top_k: int = 4,
 ):
     """The tutorial's MoE ``Trainer.Config`` before run options (data, batch, checkpoint)."""
-    from torchtitan.config import CompileConfig
-    from torchtitan.models.qwen3.config_registry import qwen3_30b_a3b
+    from recipes.titan import CompileConfig, qwen3_30b_a3b
 
     from recipes.overrides import apply_override_specs
 
@@ -63,6 +73,7 @@ def qwen3_nki_moe_config(
     config = qwen3_30b_a3b()
     dims = moe_dims(tier, n_layers, num_experts, top_k)
     config.model_spec = sized_spec(flavor, dims, name=f"{flavor}[{n_layers}L,{num_experts}E,top{top_k}]")
+    use_sliced_rope(config.model_spec.model)
     config.compile = CompileConfig(enable=False)
     config.parallelism.expert_parallel_degree = 1
     apply_override_specs(config, KERNEL_OVERRIDES)
