@@ -12,7 +12,7 @@ import sys
 
 
 def main() -> int:
-    from torchtitan.tools.logging import init_logger
+    from recipes.titan import init_logger
 
     from recipes.train import main as recipes_train_main
 

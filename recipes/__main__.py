@@ -106,6 +106,13 @@ def check_against_goldens(report: dict, opts: RunOptions, result):
     return verdict
 
 
+def require_torchtitan_names(opts: RunOptions) -> None:
+    """Refuse in one line, before any rank starts, a torchtitan without a name this run uses (recipes.titan)."""
+    from recipes import titan
+
+    titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
+
+
 def cmd_run(args, cli_overrides: list[str]) -> int:
     from recipes import report as report_mod
     from recipes.launch import LaunchError, launch
@@ -122,6 +129,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     try:
         resolved = []
         for opts in plan:
+            require_torchtitan_names(opts)
             opts = preflight(opts)
             build_config(opts)  # the recipe's own checks (sizes vs config.json) before any rank
             resolved.append(opts)

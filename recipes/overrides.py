@@ -26,17 +26,12 @@ second time.
 from __future__ import annotations
 
 import contextlib
-import importlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
-from torchtitan.config import apply_overrides, override, OverrideConfig
-from torchtitan.protocols.model_spec import ModelSpec
-
 from recipes.errors import RecipeError
-from recipes.kernels import grouped_experts as _grouped_experts
-from recipes.kernels import rope as _rope
+from recipes.titan import apply_overrides, ModelSpec, override, OverrideConfig
 
 __all__ = [
     "MODEL_PREFIX",
@@ -82,19 +77,48 @@ def _named(name: str, factory: Callable, registration: dict, targets: tuple[type
     )
 
 
-NAMED_OVERRIDES: dict[str, NamedOverride] = {
-    o.name: o
-    for o in (
-        # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
-        # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
-        _named("rope_hf", _rope.rope_hf, _rope.ROPE_HF_OVERRIDE, _rope.ROPE_HF_TARGETS),
-        _named(
-            "grouped_experts",
-            _grouped_experts.grouped_experts,
-            _grouped_experts.GROUPED_EXPERTS_OVERRIDE,
-        ),
-    )
-}
+def _rope_hf() -> NamedOverride:
+    from recipes.kernels import rope
+
+    # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
+    # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
+    return _named("rope_hf", rope.rope_hf, rope.ROPE_HF_OVERRIDE, rope.ROPE_HF_TARGETS)
+
+
+def _grouped_experts() -> NamedOverride:
+    from recipes.kernels import grouped_experts
+
+    return _named("grouped_experts", grouped_experts.grouped_experts, grouped_experts.GROUPED_EXPERTS_OVERRIDE)
+
+
+class _KernelOverrides(Mapping):
+    """Name -> :class:`NamedOverride`, importing a kernel's module when its override is first used.
+
+    A run that uses one kernel (or none) never imports the other kernel's module.
+    """
+
+    def __init__(self, loaders: dict[str, Callable[[], NamedOverride]]) -> None:
+        self._loaders = loaders
+        self._loaded: dict[str, NamedOverride] = {}
+
+    def __getitem__(self, name: str) -> NamedOverride:
+        if name not in self._loaded:
+            self._loaded[name] = self._loaders[name]()
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaders
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+
+NAMED_OVERRIDES: Mapping[str, NamedOverride] = _KernelOverrides(
+    {"rope_hf": _rope_hf, "grouped_experts": _grouped_experts}
+)
 
 
 def available_overrides() -> dict[str, str]:
@@ -231,7 +255,9 @@ def _check_claims(config, specs: list[OverrideSpec], prefix: str) -> None:
 def _unregister(key: str) -> None:
     # torchtitan only offers clear_overrides(), which would also drop every
     # other module's registrations; remove just the one this module added.
-    importlib.import_module("torchtitan.config.override")._REGISTRY.pop(key, None)
+    from recipes.titan import _OVERRIDE_REGISTRY
+
+    _OVERRIDE_REGISTRY.pop(key, None)
 
 
 def _scoped_factory(named: NamedOverride, key: str) -> Callable:

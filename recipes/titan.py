@@ -63,7 +63,10 @@ class TitanName:
 
 _RUN_CONFIG = "the recipes' run settings (recipes/common.py apply_run_options)"
 _SPECS = "building the tiny cpu specs and the shrunk 30B-A3B (recipes/specs.py sized_spec)"
-_OVERRIDES = ("rope_hf", "grouped_experts")
+#: Who needs the override machinery: both kernels, and config 3, which applies grouped_experts itself.
+_OVERRIDES = ("rope_hf", "grouped_experts", "nki_moe")
+#: Who imports recipes/kernels/rope.py: rope_hf, and config 3 (its sliced, gather-free RoPE lives there).
+_ROPE_MODULE = ("rope_hf", "nki_moe")
 _HF = ("hf_backend",)
 _HF_PKG = "torchtitan.experiments.transformers_modeling_backend"
 
@@ -190,7 +193,7 @@ NAMES: tuple[TitanName, ...] = (
         used_by=("nki_moe",),
     ),
     TitanName("CosSinRoPE", "torchtitan.models.common", _SPECS + "; the RoPE rope_hf replaces",
-              used_by=("native_qwen3", "nki_moe", "rope_hf")),  # fmt: skip
+              used_by=("native_qwen3", *_ROPE_MODULE)),  # fmt: skip
     TitanName("Embedding", "torchtitan.models.common", _SPECS, used_by=("native_qwen3", "nki_moe")),
     TitanName("Linear", "torchtitan.models.common", _SPECS, used_by=("native_qwen3", "nki_moe")),
     TitanName("RMSNorm", "torchtitan.models.common.nn_modules", _SPECS, used_by=("native_qwen3", "nki_moe")),
@@ -252,19 +255,19 @@ NAMES: tuple[TitanName, ...] = (
         "_yarn_inv_freq",
         "torchtitan.models.common.rope",
         "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does",
-        used_by=("rope_hf",),
+        used_by=_ROPE_MODULE,
     ),
     TitanName(
         "_maybe_check_max_pos",
         "torchtitan.models.common.rope",
         "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does",
-        used_by=("rope_hf",),
+        used_by=_ROPE_MODULE,
     ),
     TitanName(
         "GroupedExperts",
         "torchtitan.models.common.moe",
         "the routed experts the grouped_experts kernel replaces (same parameters, init and sharding)",
-        used_by=("grouped_experts",),
+        used_by=("grouped_experts", "nki_moe"),
     ),
     # --- the Transformers modeling backend (tutorial config 1) -------------------------------
     TitanName(
@@ -294,6 +297,15 @@ NAMES: tuple[TitanName, ...] = (
         f"{_HF_PKG}.state_dict_adapter",
         "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it",
         used_by=_HF,
+    ),
+    # --- platform ------------------------------------------------------------------------------
+    TitanName(
+        "device_utils",
+        "torchtitan.tools",
+        "the cpu tier points torchtitan's device_type / device_module at the CPU before anything else "
+        "imports torchtitan (recipes/platform/cpu.py)",
+        used_by=("cpu",),
+        attr="utils",
     ),
     # --- benchmarks ---------------------------------------------------------------------------
     TitanName(
@@ -379,20 +391,14 @@ def require(used_by: Iterable[str]) -> None:
         raise TitanNameError(f"{errors[0]}{more}")
 
 
-def run_tags(recipe: str, overrides: Iterable[str] = ()) -> set[str]:
-    """The ``used_by`` tags of one run: every run's, the recipe's, and each kernel it overrides with.
+def run_tags(recipe: str, overrides: Iterable[str] = (), tier: str = "") -> set[str]:
+    """The ``used_by`` tags of one run: every run's, the tier's, the recipe's, and each ``--override``'s.
 
-    A recipe's own kernels are its module's ``KERNEL_OVERRIDES``; user ``--override``
-    specs add theirs (``NAME`` or ``NAME=GLOB,...``).
+    Nothing is imported: a recipe's own kernels are declared in :data:`NAMES`
+    (``used_by`` names the recipe), so a fork that breaks a kernel module's import
+    is refused here, not by a traceback.
     """
-    from recipes.registry import RECIPES
-
-    tags = {EVERY_RUN, recipe}
-    if recipe in RECIPES:
-        module = importlib.import_module(RECIPES[recipe].module)
-        tags.update(str(spec).partition("=")[0] for spec in getattr(module, "KERNEL_OVERRIDES", ()))
-    tags.update(str(spec).partition("=")[0].strip() for spec in overrides)
-    return tags
+    return {EVERY_RUN, recipe, tier, *(str(spec).partition("=")[0].strip() for spec in overrides)}
 
 
 def __getattr__(name: str):

@@ -26,7 +26,7 @@ def rope_in_use(config) -> dict[str, list[int]]:
     Empty when the model has no torchtitan RoPE node (the HF backend builds transformers'
     own rotary embedding).
     """
-    from torchtitan.models.common.rope import RoPE
+    from recipes.titan import RoPE
 
     used: dict[str, list[int]] = {}
     for fqn, cfg, _, _ in config.traverse(RoPE.Config):

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
-from torchtitan.config import derive, override
-from torchtitan.models.common.moe import GroupedExperts
 
 from recipes.errors import RecipeError
 from recipes.platform.neuron import logical_neuron_cores
+from recipes.titan import derive, GroupedExperts, override
 
 __all__ = [
     "BLOCK_SIZE",

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
-from torchtitan.config import derive, override
-from torchtitan.models.common.rope import _maybe_check_max_pos, _yarn_inv_freq, CosSinRoPE
 
 from recipes.errors import RecipeError
 from recipes.platform.neuron import LNCError, VALID_LNC, logical_neuron_cores
+from recipes.titan import _maybe_check_max_pos, _yarn_inv_freq, CosSinRoPE, derive, override
 
 __all__ = [
     "NKIRoPE",

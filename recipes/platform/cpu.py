@@ -90,7 +90,7 @@ def _patch_device_type() -> None:
     """Point every torchtitan copy of device_type/device_module at the CPU."""
     import importlib
 
-    from torchtitan.tools import utils
+    from recipes.titan import device_utils as utils
 
     utils.device_type = "cpu"
     utils.device_module = CpuDeviceModule

@@ -1,0 +1,147 @@
+"""recipes.titan: every torchtitan name in one module, and one line when the installed torchtitan lacks one.
+
+The subprocess tests hide a name from the real torchtitan (a wrapper deletes or
+replaces it before ``python -m recipes run`` starts) and check the refusal: one
+line naming the name, the installed version and why the suite needs it, exit 2,
+and no rank started.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from recipes import titan
+from recipes.tiers import REPO_ROOT
+
+pytestmark = pytest.mark.cpu
+
+VERSION = importlib.metadata.version("torchtitan")
+ALL_TAGS = {tag for entry in titan.NAMES for tag in entry.used_by}
+
+
+def test_the_pinned_torchtitan_has_every_declared_name():
+    """A canary for the cpu pin: a lock bump that drops a name fails here, naming it."""
+    assert [str(e) for e in titan.missing(ALL_TAGS)] == []
+
+
+def test_only_recipes_titan_imports_torchtitan():
+    """No module of the product or the benchmarks imports torchtitan except recipes/titan.py."""
+    offenders = []
+    for path in sorted([*(REPO_ROOT / "recipes").rglob("*.py"), *(REPO_ROOT / "benchmarks").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args:
+                arg = node.args[0]
+                names = [arg.value] if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else []
+            if any(n == "torchtitan" or n.startswith("torchtitan.") for n in names):
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert [o for o in offenders if not o.startswith("recipes/titan.py:")] == []
+
+
+def test_a_missing_attribute_is_named_with_version_and_purpose():
+    entry = titan.TitanName("_no_such_name", "torchtitan.models.common.rope", "a test of the refusal")
+    with pytest.raises(titan.TitanNameError) as e:
+        titan.resolve(entry)
+    message = str(e.value)
+    assert message.startswith(
+        f"torchtitan {VERSION} has no torchtitan.models.common.rope._no_such_name, which the suite needs for "
+        "a test of the refusal."
+    )
+    assert "\n" not in message
+
+
+def test_a_missing_module_and_a_missing_keyword_are_named():
+    with pytest.raises(titan.TitanNameError, match=r"has no torchtitan\.no_such_module\.x \(importing"):
+        titan.resolve(titan.TitanName("x", "torchtitan.no_such_module", "p"))
+    entry = titan.TitanName("CheckpointManager", "torchtitan.components.checkpoint", "p",
+                            keywords=("enable", "no_such_field"), keywords_of="Config")  # fmt: skip
+    with pytest.raises(titan.TitanNameError, match=r"no keyword 'no_such_field' in .*CheckpointManager\.Config\(\.\.\.\)"):
+        titan.resolve(entry)
+
+
+def test_an_undeclared_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="declare it in recipes.titan.NAMES"):
+        titan.no_such_name  # noqa: B018
+
+
+def test_run_tags_follow_recipe_tier_and_overrides():
+    assert titan.run_tags("native_qwen3", (), "cpu") == {titan.EVERY_RUN, "native_qwen3", "cpu"}
+    checked = {e.name for e in titan.NAMES if titan.run_tags("nki_moe", (), "trn2") & set(e.used_by)}
+    assert {"GroupedExperts", "override", "qwen3_30b_a3b", "_yarn_inv_freq"} <= checked
+    assert not {"qwen3_32b", "transformers_modeling_backend_full", "device_utils"} & checked
+    assert "rope_hf" in titan.run_tags("native_qwen3", ["rope_hf=layers.1.attention.rope"], "cpu")
+
+
+def test_a_recipe_imports_only_the_kernel_modules_it_uses():
+    """native_qwen3 imports no kernel module; with --override rope_hf, only rope's (never grouped_experts')."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from recipes.options import RunOptions
+        from recipes.train import build_config
+        kernels = lambda: sorted(m for m in sys.modules if m.startswith("recipes.kernels."))
+        build_config(RunOptions(recipe="native_qwen3", tier="cpu", init="random").resolved())
+        print(kernels())
+        build_config(RunOptions(recipe="native_qwen3", tier="cpu", init="random", overrides=["rope_hf"]).resolved())
+        print(kernels())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-2:] == ["[]", "['recipes.kernels.rope']"]
+
+
+# --- the refusal of `python -m recipes run`, with a name hidden from the real torchtitan -------------
+
+HIDE = {
+    "a public function": (
+        "import torchtitan.models.qwen3.config_registry as m; del m.qwen3_32b",
+        ["native_qwen3"],
+        "torchtitan.models.qwen3.config_registry.qwen3_32b",
+        "tutorial config 2 starts from qwen3_32b()",
+    ),
+    "a private helper of a kernel": (
+        "import torchtitan.models.common.rope as m; del m._maybe_check_max_pos",
+        ["native_qwen3", "--override", "rope_hf"],
+        "torchtitan.models.common.rope._maybe_check_max_pos",
+        "rope_hf refuses positions beyond max_seq_len",
+    ),
+    "a keyword the suite passes": (
+        "import torchtitan.config as m; m.override = lambda *, target, fqns=None, description='': None",
+        ["nki_moe"],
+        "keyword 'exact' in torchtitan.config.override(...)",
+        "registering the rope_hf / grouped_experts overrides",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HIDE))
+def test_run_refuses_in_one_line_before_any_rank(case, tmp_path):
+    hide, args, missing, purpose = HIDE[case]
+    report_dir = tmp_path / "report"
+    wrapper = f"{hide}\nimport sys\nfrom recipes.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", wrapper, "run", *args, "--tier", "cpu", "--init", "random", "--report-dir", str(report_dir)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("python -m recipes run: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(f"python -m recipes run: error: torchtitan {VERSION} has no {missing}")
+    assert f"which the suite needs for {purpose}" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert "process(es), run dir" not in proc.stdout
+    assert not (report_dir / "runs").exists(), "no rank may start"
