@@ -9,15 +9,63 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recipes.options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
-from recipes.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
+from recipes.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
 
 LOG_TAIL_LINES = 40
+#: Where torchrun's own ``@record`` copies the first failed rank's error file.
+ERROR_FILE = "error.json"
+#: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
+#: into SignalException and closes its ranks (SIGTERM, then SIGKILL after 30 s):
+#: torch/distributed/elastic/multiprocessing/api.py _terminate_process_handler, _close.
+TORCHRUN_DEATH_SIGNAL = signal.SIGTERM
+#: Signals a CI cancel, ``timeout`` or a closed terminal send; raised as ``Interrupted``.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """The launcher was told to stop (a signal or Ctrl-C); ``result`` keeps the steps run so far.
+
+    A BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it.
+    """
+
+    def __init__(self, signum: int, result: "RunResult | None" = None) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.result = result
+
+    @property
+    def exit_code(self) -> int:
+        """The shell convention for death by a signal: 128 + its number."""
+        return 128 + self.signum
+
+
+@contextmanager
+def stop_signals_raise():
+    """Within the block, SIGTERM/SIGHUP raise ``Interrupted`` once (so ``finally`` runs).
+
+    Python's default for SIGTERM ends the process without running any ``finally``:
+    torchrun and its ranks would train on. A second signal during cleanup is ignored.
+    """
+    seen = []
+
+    def handler(signum, frame):
+        if not seen:
+            seen.append(signum)
+            raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class LaunchError(RuntimeError):
@@ -47,6 +95,8 @@ class RunResult:
     wall_s: float
     steps: list[dict] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
+    #: The signal that stopped the launcher mid-run ("SIGTERM"), else None.
+    interrupted: str | None = None
 
     @property
     def losses(self) -> list[float]:
@@ -188,8 +238,11 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
     """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
 
     torchrun runs in its own session, so on a timeout, a failure or an interrupt
-    every rank is ended with it and no process outlives the launch.
+    every rank is ended with it and no process outlives the launch. ``timeout_s``
+    defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
     """
+    if timeout_s is None:
+        timeout_s = opts.tier_preset.launch_timeout_s
     run_dir = opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_FILE).write_text(opts.to_json() + "\n")

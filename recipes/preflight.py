@@ -49,14 +49,43 @@ def check_tier(opts: RunOptions) -> None:
 
 
 def check_visible_cores(nproc: int, visible: str | None) -> None:
-    """A job of ``nproc`` ranks needs that many NeuronCores visible to it."""
+    """A user-set ``NEURON_RT_VISIBLE_CORES`` must not hand every rank the same cores.
+
+    torchrun passes its environment unchanged to each of the ``nproc`` ranks of a
+    node, so a set value is the same for all of them: each rank's runtime would try
+    to claim the same cores. Unset, each local rank is to get its own logical core
+    (README; whether torch_neuronx maps LOCAL_RANK itself is undocumented and stays
+    unverified until a trn2 run). ``NEURON_RT_VISIBLE_CORES`` syntax (one index or an
+    inclusive range): aws-neuron/aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst
+    (``neuroncore_ids``) and the runtime configuration docs.
+    """
     from recipes.platform.neuron import parse_visible_cores
 
-    if visible is not None and nproc > 1 and len(parse_visible_cores(visible)) < nproc:
+    if visible is None:
+        return
+    try:
+        cores = parse_visible_cores(visible)
+    except ValueError:
         raise PreflightError(
-            f"{nproc} ranks need {nproc} NeuronCores but NEURON_RT_VISIBLE_CORES={visible} leaves "
-            f"{len(parse_visible_cores(visible))}: a 64-rank job takes the whole instance; unset "
-            "NEURON_RT_VISIBLE_CORES (or run the neuron tests serially, -p no:xdist)"
+            f"NEURON_RT_VISIBLE_CORES={visible!r} is not a core index or an inclusive range "
+            "such as '3' or '0-15'; fix or unset it"
+        ) from None
+    if nproc > 1:
+        raise PreflightError(
+            f"NEURON_RT_VISIBLE_CORES={visible} is set, and torchrun hands that same value to each of the "
+            f"{nproc} ranks, so every rank would claim the same {len(cores)} core(s); unset "
+            "NEURON_RT_VISIBLE_CORES for a multi-rank run (each rank then gets its own core), "
+            "or run the neuron tests serially (-p no:xdist)"
+        )
+
+
+def check_trn2_dataset(opts: RunOptions) -> None:
+    """trn2 trains on the user's corpus only; the fixture corpus is a cpu-tier stand-in."""
+    if opts.tier == "trn2" and opts.dataset_dir is None:
+        raise PreflightError(
+            "--tier trn2 needs a dataset and has no fallback: set QWEN3_DATASET_DIR (or pass "
+            '--dataset-dir) to a directory of *.jsonl files with one {"text": ...} object per line, '
+            "e.g. torchtitan's tests/assets/c4_test"
         )
 
 
@@ -267,6 +296,7 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_nodes(opts)
     check_mismatch_names(opts)
     resolved = opts.resolved()
+    check_trn2_dataset(resolved)
     check_tier(resolved)
     check_recipe(resolved)
     check_model_dir(resolved)

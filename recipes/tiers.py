@@ -72,13 +72,17 @@ class Tier:
     seq_len: int
     local_batch_size: int
     steps: int
-    dataset_path: Path
+    #: None on trn2 until QWEN3_DATASET_DIR is set: the run is refused then (preflight), never
+    #: silently trained on the fixture corpus.
+    dataset_path: Path | None
     tokenizer_dir: Path
     model_dir: Path | None
     warmup_steps: int
     deterministic: bool
     #: FSDP mixed-precision parameter dtype: fp32 on cpu keeps 1- and 2-process runs and HF parity exact.
     param_dtype: str
+    #: Wall-clock limit of one launch (recipes.launch) and of a shared test run (conftest).
+    launch_timeout_s: float
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -99,6 +103,9 @@ CPU = Tier(
     warmup_steps=2,
     deterministic=True,
     param_dtype="float32",
+    # Tiny models: startup 20-40 s per torchrun launch, well under a second per step; on a
+    # shared 2-core machine several launches may run at once.
+    launch_timeout_s=900,
     extra_env={"OMP_NUM_THREADS": "1"},
 )
 
@@ -109,12 +116,16 @@ TRN2 = Tier(
     seq_len=2048,
     local_batch_size=1,
     steps=10,
-    dataset_path=_env_path("QWEN3_DATASET_DIR") or FIXTURES / "corpus",
+    dataset_path=_env_path("QWEN3_DATASET_DIR"),
     tokenizer_dir=_env_path("QWEN3_4B_DIR") or Path("QWEN3_4B_DIR-is-not-set"),
     model_dir=_env_path("QWEN3_4B_DIR"),
     warmup_steps=600,
     deterministic=False,
     param_dtype="bfloat16",
+    # Eager TorchNeuron compiles every new op/kernel shape on first call; with a cold NEFF
+    # cache a 64-rank run spends many minutes compiling before step 1, then loads a 4B
+    # checkpoint on every rank. Two hours bounds a hung collective without failing a cold run.
+    launch_timeout_s=7200,
     extra_env={"NEURON_LOGICAL_NC_CONFIG": "2"},
 )
 

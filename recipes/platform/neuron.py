@@ -51,6 +51,10 @@ def device_nodes() -> list[str]:
     return sorted(glob.glob("/dev/neuron[0-9]*"))
 
 
+class NeuronDetectionError(RecipeError):
+    """``neuron-ls`` is missing, or its report does not add up."""
+
+
 def neuron_ls() -> list[dict] | None:
     """``neuron-ls -j`` parsed, or None when the tool is absent or fails."""
     exe = shutil.which("neuron-ls")
@@ -63,23 +67,71 @@ def neuron_ls() -> list[dict] | None:
         return None
 
 
-def neuron_core_count() -> int:
-    """NeuronCores reported by ``neuron-ls`` (sum of ``nc_count``), 0 when unknown."""
-    devices = neuron_ls() or []
-    return sum(int(d.get("nc_count", 0)) for d in devices)
+def _device_logical_cores(device: dict) -> int:
+    """Logical NeuronCores of one ``neuron-ls -j`` device, as neuron-ls configured them.
+
+    aws-neuron/aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst: since the
+    JSON output exists (``-j``), each device reports ``nc_count`` (4 on trn2 at
+    ``logical_neuroncore_config`` 2: already *logical* cores) and, in current
+    versions, ``neuroncore_ids`` (the ids ``NEURON_RT_VISIBLE_CORES`` takes, 0-63
+    over 16 devices). Older pages showed the physical count (8) in the table with
+    a separate LOGICAL NC column. ``neuroncore_ids`` is unambiguous, so it wins;
+    an ``nc_count`` that disagrees with it is an error rather than a guess.
+    """
+    name = f"neuron-ls device {device.get('neuron_device', '?')}"
+    ids = device.get("neuroncore_ids")
+    count = device.get("nc_count")
+    if ids is not None:
+        if count is not None and int(count) != len(ids):
+            raise NeuronDetectionError(
+                f"{name}: nc_count={count} but neuroncore_ids lists {len(ids)} cores; "
+                "this neuron-ls reports cores in a way the suite does not know: update aws-neuronx-tools"
+            )
+        return len(ids)
+    if count is None:
+        raise NeuronDetectionError(f"{name} reports neither nc_count nor neuroncore_ids: update aws-neuronx-tools")
+    return int(count)
 
 
-def logical_core_count() -> int:
-    """Logical NeuronCores of this instance: physical cores from ``neuron-ls`` / LNC (64 on trn2.48xlarge)."""
-    return neuron_core_count() // logical_neuron_cores()
+def logical_core_count(devices: list[dict] | None = None, lnc: int | None = None) -> int:
+    """Logical NeuronCores this process can address at its LNC (64 on trn2.48xlarge at LNC=2).
+
+    neuron-ls counts at its own ``logical_neuroncore_config`` (1 when absent: trn1/inf2);
+    when this process runs at another LNC (``NEURON_LOGICAL_NC_CONFIG``), the same
+    physical cores group differently: count × reported LNC / our LNC.
+    """
+    devices = neuron_ls() if devices is None else devices
+    if not devices:
+        raise NeuronDetectionError(
+            "neuron-ls -j found no Neuron device (or is not installed): install aws-neuronx-tools "
+            "on the trn2 instance so the suite can count NeuronCores"
+        )
+    lnc = logical_neuron_cores() if lnc is None else lnc
+    total = 0
+    for device in devices:
+        reported_lnc = int(device.get("logical_neuroncore_config") or 1)
+        physical = _device_logical_cores(device) * reported_lnc
+        if physical % lnc:
+            raise NeuronDetectionError(
+                f"neuron-ls device {device.get('neuron_device', '?')} has {physical} physical cores, "
+                f"which LNC={lnc} cannot group; set NEURON_LOGICAL_NC_CONFIG to {reported_lnc}"
+            )
+        total += physical // lnc
+    return total
 
 
 def parse_visible_cores(value: str) -> list[int]:
     """``NEURON_RT_VISIBLE_CORES`` ("3", "0-15", "0,2,4-7") as a list of core ids."""
     cores: list[int] = []
-    for part in filter(None, (p.strip() for p in value.split(","))):
+    for part in (p.strip() for p in value.split(",")):
         first, _, last = part.partition("-")
-        cores.extend(range(int(first), int(last or first) + 1))
+        try:
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"NEURON_RT_VISIBLE_CORES={value!r}: {part!r} is not a core index or range") from None
+        if lo < 0 or hi < lo:
+            raise ValueError(f"NEURON_RT_VISIBLE_CORES={value!r}: {part!r} is not an ascending range")
+        cores.extend(range(lo, hi + 1))
     return cores
 
 

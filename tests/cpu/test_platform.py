@@ -6,6 +6,8 @@ patch (and the canary) then.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -131,14 +133,164 @@ def test_xdist_workers_get_disjoint_neuron_cores():
         neuron.worker_cores(0, 65, 64)
 
 
-def test_a_64_rank_job_refuses_a_core_slice():
+def test_a_user_set_visible_cores_is_refused_for_every_multi_rank_job():
+    """torchrun hands each rank the same NEURON_RT_VISIBLE_CORES: every rank would claim the same cores."""
     from recipes.preflight import PreflightError, check_visible_cores
 
     check_visible_cores(64, None)
     check_visible_cores(1, "5")
-    check_visible_cores(16, "0-15")
-    with pytest.raises(PreflightError, match="64 ranks need 64 NeuronCores but NEURON_RT_VISIBLE_CORES=0-15 leaves 16"):
-        check_visible_cores(64, "0-15")
+    check_visible_cores(1, "0-15")
+    for nproc, visible in ((64, "0-15"), (16, "0-15"), (2, "0-63")):
+        with pytest.raises(PreflightError) as err:
+            check_visible_cores(nproc, visible)
+        assert f"NEURON_RT_VISIBLE_CORES={visible} is set" in str(err.value)
+        assert f"each of the {nproc} ranks" in str(err.value)
+    with pytest.raises(PreflightError, match="'3-1' is not a core index or an inclusive range"):
+        check_visible_cores(1, "3-1")
+
+
+def test_trn2_without_a_dataset_is_refused_before_launch(monkeypatch, tmp_path):
+    from recipes.options import RunOptions
+    from recipes.preflight import PreflightError, check_trn2_dataset, preflight
+    from recipes.tiers import TRN2
+
+    check_trn2_dataset(RunOptions(recipe="native_qwen3", tier="trn2", dataset_dir=tmp_path))
+    opts = RunOptions(recipe="native_qwen3", tier="trn2", init="random")
+    if TRN2.dataset_path is None:  # QWEN3_DATASET_DIR unset when recipes.tiers was imported
+        with pytest.raises(PreflightError, match="--tier trn2 needs a dataset and has no fallback: set QWEN3_DATASET_DIR"):
+            preflight(opts)
+    with pytest.raises(PreflightError, match="set QWEN3_DATASET_DIR"):
+        check_trn2_dataset(RunOptions(recipe="native_qwen3", tier="trn2", dataset_dir=None))
+
+
+def test_trn2_dataset_comes_only_from_qwen3_dataset_dir(monkeypatch, tmp_path):
+    import importlib
+
+    import recipes.tiers as tiers
+
+    monkeypatch.delenv("QWEN3_DATASET_DIR", raising=False)
+    assert importlib.reload(tiers).TRN2.dataset_path is None  # no fixture-corpus fallback
+    monkeypatch.setenv("QWEN3_DATASET_DIR", str(tmp_path))
+    assert importlib.reload(tiers).TRN2.dataset_path == tmp_path
+    monkeypatch.undo()
+    importlib.reload(tiers)
+
+
+def test_launch_timeout_comes_from_the_tier(monkeypatch, tmp_path):
+    """A launch without timeout_s ends at its tier's launch_timeout_s (patched short here)."""
+    import dataclasses
+
+    from recipes import launch as launch_module
+    from recipes import options
+    from recipes.launch import LaunchError
+    from recipes.tiers import CPU, TRN2
+
+    assert TRN2.launch_timeout_s >= 4 * CPU.launch_timeout_s  # cold NEFF compiles of 64 ranks
+    monkeypatch.setitem(options.TIERS, "cpu", dataclasses.replace(CPU, launch_timeout_s=2))
+    monkeypatch.setattr(
+        launch_module, "torchrun_command", lambda opts, cli: [sys.executable, "-c", "import time; time.sleep(60)"]
+    )
+    opts = options.RunOptions(recipe="native_qwen3", tier="cpu", run_dir=tmp_path / "run").resolved()
+    with pytest.raises(LaunchError, match="timed out after 2 s"):
+        launch_module.launch(opts, echo=lambda line: None)
+
+
+# ---------------------------------------------------------------------------
+# Logical NeuronCores from `neuron-ls -j`
+# ---------------------------------------------------------------------------
+
+
+def neuron_ls_json(devices: int = 16, with_ids: bool = True, nc_count: int = 4, lnc: int | None = 2) -> list[dict]:
+    """A trn2.48xlarge's ``neuron-ls -j`` as aws-neuron/aws-neuron-sdk
+    tools/neuron-sys-tools/neuron-ls.rst shows it (connected_to, bdf, processes abridged)."""
+    out = []
+    for d in range(devices):
+        device = {
+            "neuron_device": d,
+            "bdf": f"{0xcc - d:02x}:00.0",
+            "cpu_affinity": "48-95,144-191",
+            "numa_node": "1",
+            "connected_to": [(d + 12) % 16, (d + 3) % 16, (d + 4) % 16, (d + 1) % 16],
+            "nc_count": nc_count,
+            "memory_size": 103079215104,
+            "neuron_processes": [],
+        }
+        if lnc is not None:
+            device["logical_neuroncore_config"] = lnc
+        if with_ids:
+            device["neuroncore_ids"] = list(range(d * nc_count, (d + 1) * nc_count))
+        out.append(device)
+    return out
+
+
+@pytest.fixture
+def fake_neuron_ls(tmp_path, monkeypatch):
+    """Put a `neuron-ls` on PATH that prints the given JSON for `-j`."""
+
+    def install(devices: list[dict]) -> None:
+        (tmp_path / "neuron-ls.json").write_text(json.dumps(devices, indent=4))
+        exe = tmp_path / "neuron-ls"
+        exe.write_text(
+            f"#!/bin/sh\n[ \"$1\" = \"-j\" ] || exit 2\ncat {tmp_path / 'neuron-ls.json'}\n"
+        )
+        exe.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+    return install
+
+
+@pytest.mark.parametrize("lnc, expected", [("2", 64), ("1", 128)])
+def test_logical_cores_of_a_trn2_48xlarge_from_neuron_ls(fake_neuron_ls, monkeypatch, lnc, expected):
+    fake_neuron_ls(neuron_ls_json())
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    assert neuron.logical_core_count() == expected
+
+
+def test_neuron_ls_without_core_ids_counts_nc_count_as_logical(monkeypatch):
+    """The first JSON neuron-ls (docs of April 2025) had nc_count and logical_neuroncore_config only."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    assert neuron.logical_core_count(neuron_ls_json(with_ids=False)) == 64
+
+
+def test_neuron_ls_physical_nc_count_disagreeing_with_core_ids_is_an_error():
+    devices = neuron_ls_json()
+    devices[3]["nc_count"] = 8  # physical count beside 4 logical ids
+    with pytest.raises(neuron.NeuronDetectionError, match="device 3: nc_count=8 but neuroncore_ids lists 4 cores"):
+        neuron.logical_core_count(devices, lnc=2)
+
+
+def test_trn1_style_output_without_lnc_field_is_physical(monkeypatch):
+    assert neuron.logical_core_count(neuron_ls_json(devices=16, nc_count=2, lnc=None), lnc=1) == 32
+
+
+def test_missing_neuron_ls_is_an_error_naming_the_tool(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(neuron.NeuronDetectionError, match="install aws-neuronx-tools"):
+        neuron.logical_core_count()
+
+
+def test_xdist_slices_cover_the_64_logical_cores(fake_neuron_ls, monkeypatch):
+    """What pytest_configure hands each of 8 workers on a trn2.48xlarge at LNC=2."""
+    fake_neuron_ls(neuron_ls_json())
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    total = neuron.logical_core_count()
+    slices = [neuron.worker_cores(w, 8, total) for w in range(8)]
+    assert slices[0] == "0-7" and slices[-1] == "56-63"
+    assert sorted(c for s in slices for c in neuron.parse_visible_cores(s)) == list(range(64))
+
+
+def test_pytest_configure_gives_each_xdist_worker_its_slice(fake_neuron_ls, monkeypatch, pytestconfig):
+    (root_conftest,) = [
+        p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(REPO_ROOT / "conftest.py")
+    ]
+    fake_neuron_ls(neuron_ls_json())
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    monkeypatch.setattr(neuron, "device_nodes", lambda: [f"/dev/neuron{i}" for i in range(16)])
+    root_conftest.pytest_configure(pytestconfig)
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "48-63"
 
 
 def test_canary_torchtitan_still_rejects_sdpa_for_language_models():
