@@ -1,12 +1,132 @@
-"""Tutorial config 3 on a trn2.48xlarge: the shrunk 30B-A3B with NKI kernels, eager, 64 ranks."""
+"""Tutorial config 3 on a trn2.48xlarge: the NKI MoE path on one NeuronCore, then 64 ranks eager.
+
+The one-core check compares ``TrnGroupedExperts`` (nkilib ``moe_cte`` forward,
+``blockwise_mm_bwd`` backward) with torchtitan's stock ``GroupedExperts`` at the
+tutorial's expert shapes (H 2048, I 768), forward and backward, and counts the kernel
+calls through this suite's launch wrappers, so a silent fallback cannot pass.
+"""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.neuron
+
+H, I = 2048, 768  # Qwen3-30B-A3B hidden_size and moe_intermediate_size
+EXPERTS, ROWS = 16, 1024  # rows = tokens × top-k, already sorted by expert as torchtitan hands them
+SEED = 0
+
+#: Both sides round x, the weights and the SwiGLU product to bf16 (unit roundoff 2^-9 each)
+#: and accumulate in fp32 in different orders (nkilib by 128-row tiles and LNC shards,
+#: torch._grouped_mm per expert), so they agree to a few bf16 roundings of the largest
+#: value: 2^-6 of max |reference|, as the cpu tier's fp32-loop-vs-stock check
+#: (tests/cpu/test_overrides.py). The backward chains two more bf16 matmuls on bf16
+#: checkpointed activations: one more factor of two.
+FORWARD_RTOL = 2**-6
+BACKWARD_RTOL = 2**-5
+
+
+@pytest.fixture(scope="module")
+def device():
+    import torch_neuronx  # noqa: F401  (registers the "neuron" device)
+
+    return torch.device("neuron")
+
+
+class Counting:
+    """Wraps a ``wrap_nki`` kernel: counts launches, passes everything through."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            return launch(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    from recipes.kernels import grouped_experts as ge
+
+    moe_cte, bwd = ge._kernels()
+    counted = Counting(moe_cte), Counting(bwd)
+    monkeypatch.setattr(ge, "_kernels", lambda: counted)
+    return counted
+
+
+def _experts_and_inputs():
+    from recipes.kernels.grouped_experts import grouped_experts
+    from recipes.titan import GroupedExperts
+
+    g = torch.Generator().manual_seed(SEED)
+    cfg = GroupedExperts.Config(dim=H, hidden_dim=I, num_experts=EXPERTS)
+    stock = cfg.build()
+    with torch.no_grad():
+        for p in stock.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    ours = grouped_experts(cfg).build()
+    ours.load_state_dict(stock.state_dict())
+    counts = torch.multinomial(torch.ones(EXPERTS), ROWS, replacement=True, generator=g).bincount(minlength=EXPERTS)
+    counts[3] = 0  # an idle expert, as routing produces
+    counts[0] += ROWS - int(counts.sum())
+    x = torch.randn(ROWS, H, generator=g)
+    grad_out = torch.randn(ROWS, H, generator=g)
+    return stock, ours, counts, x, grad_out
+
+
+def _run(module, x, counts, grad_out):
+    x = x.clone().requires_grad_()
+    out = module(x, counts)
+    out.backward(grad_out)
+    return out.detach().float().cpu(), x.grad.float().cpu(), [p.grad.float().cpu() for p in module.parameters()]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.requires("device", "torch_neuronx", "nkilib")
+def test_nki_grouped_experts_match_stock_on_one_neuroncore(device, kernel_calls, record_property):
+    from recipes.kernels.grouped_experts import TrnGroupedExperts
+
+    stock, ours, counts, x, grad_out = _experts_and_inputs()
+    assert isinstance(ours, TrnGroupedExperts)
+    # Stock runs where torch._grouped_mm is known to work (the host); ours on the NeuronCore.
+    ref_out, ref_dx, ref_dw = _run(stock, x, counts, grad_out)
+    ours = ours.to(device)
+    out, dx, dw = _run(ours, x.to(device), counts.to(device), grad_out.to(device))
+
+    moe_cte, bwd = kernel_calls
+    record_property("nki_moe_kernel_calls", {"moe_cte": moe_cte.calls, "blockwise_mm_bwd": bwd.calls})
+    assert (moe_cte.calls, bwd.calls) == (1, 1), "the nkilib kernels did not run exactly once each"
+
+    forward = _rel(out, ref_out)
+    backward = {"dx": _rel(dx, ref_dx)}
+    backward.update({f"d{n}": _rel(a, b) for (n, _), a, b in zip(stock.named_parameters(), dw, ref_dw)})
+    record_property("nki_moe_forward_max_rel_diff", forward)
+    record_property("nki_moe_backward_max_rel_diff", backward)
+    assert all(math.isfinite(v) for v in (forward, *backward.values()))
+    assert forward <= FORWARD_RTOL, forward
+    assert max(backward.values()) <= BACKWARD_RTOL, backward
+
+
+@pytest.mark.requires("device", "torch_neuronx", "nkilib")
+def test_no_cpu_fallback_for_shapes_the_kernels_refuse(device):
+    """On the device a shape moe_cte cannot take is an error, never the cpu loop."""
+    from recipes.kernels.grouped_experts import MoEShapeError, grouped_experts
+    from recipes.titan import GroupedExperts
+
+    experts = grouped_experts(GroupedExperts.Config(dim=256, hidden_dim=96, num_experts=4)).build().to(device)
+    with pytest.raises(MoEShapeError, match="512 <= H <= 8192"):
+        experts(torch.zeros(8, 256, device=device), torch.tensor([2, 2, 2, 2], device=device))
 
 
 @pytest.mark.requires("device", "torch_neuronx", "nkilib", "dataset")
@@ -15,5 +135,8 @@ def test_nki_moe_trains_in_eager_mode_on_64_ranks(recipe_run, record_property):
     losses = run["losses"]
     record_property("trn2_nki_moe_losses", losses)
     record_property("trn2_nki_moe_tokens_per_s", [s["tokens_per_s"] for s in run["steps"]])
+    assert run["provenance"]["rope"] == {
+        "torchtitan CosSinRoPE, sliced cache (positions dropped: no gather)": [0, 1, 2, 3]
+    }
     assert len(losses) == 5
     assert all(math.isfinite(x) for x in losses), losses

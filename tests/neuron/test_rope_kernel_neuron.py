@@ -49,13 +49,19 @@ def kernel_calls(monkeypatch):
     from recipes.kernels import rope as rope_module
 
     calls = []
-    wrapped = rope_module._rope_hf_kernel
+    kernel = rope_module._rope_hf_kernel()
 
-    def counting():
-        calls.append(1)
-        return wrapped()
+    class Counting:  # counts launches (kernel[grid](...)), recording each grid
+        def __getitem__(self, grid):
+            launch = kernel[grid]
 
-    monkeypatch.setattr(rope_module, "_rope_hf_kernel", counting)
+            def call(*args, **kwargs):
+                calls.append(grid)
+                return launch(*args, **kwargs)
+
+            return call
+
+    monkeypatch.setattr(rope_module, "_rope_hf_kernel", Counting)
     return calls
 
 
