@@ -36,6 +36,17 @@ NKILIB_PROVIDER = "neuronx-cc"
 #: Distributions that hold pinned versions; each must be pinned in requirements-neuron.txt.
 PINNED = ("torch", "torch-neuronx", "transformers", "neuronx-cc", "nki")
 
+#: Modules the trn2 tier imports: the distribution that provides each, and what the suite uses it for.
+#: Loading ``torch_neuronx`` registers Trainium as the PrivateUse1 backend named ``neuron``
+#: (aws-neuron/aws-neuron-sdk torch/reference/api/torch-neuron-module.rst); ``nkilib`` is the
+#: NKI Library bundled in neuronx-cc (nki/library/quickstart-nkl.rst), from which recipes/kernels/ imports
+#: ``nkilib.core.embeddings.rope_hf``, ``nkilib.core.moe.moe_cte`` and
+#: ``nkilib.experimental.moe.bwd.blockwise_mm_backward`` (aws-neuron/nki-library).
+MODULES = {
+    "torch_neuronx": ("torch-neuronx", "TorchNeuron, the 'neuron' device and process-group backend"),
+    "nkilib": (NKILIB_PROVIDER, f"NKI Library {NKILIB_VERSION} kernels rope_hf, moe_cte and blockwise_mm_bwd"),
+}
+
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*==\s*([^\s;#\\]+)")
 _INDEX = re.compile(r"^--(?:extra-)?index-url[ =]\s*(\S+)")
 
@@ -97,3 +108,16 @@ def expected(path: Path = REQUIREMENTS) -> dict[str, Expected]:
         TORCHTITAN_DISTRIBUTION, TORCHTITAN_VERSION, f"TorchTitan Neuron {TORCHTITAN_NEURON_REF} from git"
     )
     return versions
+
+
+def module_hint(module: str, path: Path = REQUIREMENTS) -> str:
+    """Which pinned distribution provides ``module`` and what for, e.g. for a "not installed" message.
+
+    ``torch-neuronx==2.14.3.0.*: TorchNeuron, ...``; nkilib has no distribution of its own, so
+    its hint names the neuronx-cc pin that bundles it.
+    """
+    distribution, why = MODULES[module]
+    pin = f"{distribution}=={pins(path).get(distribution, '?')}"
+    if module == "nkilib":
+        return f"{why}, bundled in {pin}: no distribution of its own"
+    return f"{pin}: {why}"

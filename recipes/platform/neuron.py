@@ -14,17 +14,16 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from recipes import neuron_versions
 from recipes.errors import RecipeError
 
 #: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
 DEFAULT_LNC = 2
 VALID_LNC = (1, 2)
 
-#: Python packages the trn2 tier imports, and what each provides.
-NEURON_PACKAGES = {
-    "torch_neuronx": "torch-neuronx 2.14.3 (the 'neuron' device and process-group backend)",
-    "nkilib": "nkilib (NKI kernels: rope_hf, MoE building blocks)",
-}
+#: Python packages the trn2 tier imports, and which pinned distribution provides each: from
+#: recipes/neuron_versions.py (requirements-neuron.txt), e.g. nkilib is bundled in neuronx-cc.
+NEURON_PACKAGES = {module: neuron_versions.module_hint(module) for module in neuron_versions.MODULES}
 
 
 class LNCError(RecipeError):
@@ -175,7 +174,7 @@ class NeuronStatus:
     def reason(self) -> str:
         if self.ready:
             return "Neuron device and packages present"
-        return "; ".join(self.missing) + ". Install requirements-neuron.txt on a trn2 instance."
+        return "; ".join(self.missing) + ". Set up a trn2 instance with `make neuron-venv`."
 
 
 #: Where the trn2 tier finds Qwen3-4B-Instruct-2507 (a local copy; nothing is downloaded).

@@ -199,3 +199,19 @@ def test_a_rerun_keeps_the_existing_venv(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"keeping the existing venv {tmp_path / 'venv'}" in out.stdout
     assert not any(" -m venv " in line for line in out.stdout.splitlines())
+
+
+# ---------------------------------------------------------------- "not installed" messages
+
+
+def test_missing_package_messages_name_the_real_distributions():
+    """recipes.platform.neuron takes its package hints from recipes/neuron_versions.py, not a copy."""
+    from recipes.platform import neuron
+
+    pins = neuron_versions.pins()
+    assert set(neuron.NEURON_PACKAGES) == set(neuron_versions.MODULES) == {"torch_neuronx", "nkilib"}
+    assert neuron.NEURON_PACKAGES["torch_neuronx"].startswith(f"torch-neuronx=={pins['torch-neuronx']}: ")
+    nkilib = neuron.NEURON_PACKAGES["nkilib"]
+    assert f"NKI Library {neuron_versions.NKILIB_VERSION}" in nkilib
+    assert f"bundled in neuronx-cc=={pins['neuronx-cc']}" in nkilib and "no distribution of its own" in nkilib
+    assert "nkilib==" not in nkilib
