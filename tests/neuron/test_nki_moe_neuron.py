@@ -1,4 +1,5 @@
-"""Tutorial config 3 on a trn2.48xlarge: the NKI MoE path on one NeuronCore, then 64 ranks eager.
+"""Tutorial config 3 on a trn2.48xlarge: the NKI MoE path on one NeuronCore, then 64 ranks eager,
+once with config 3's own gather-free RoPE and once with nkilib's rope_hf in every layer.
 
 The one-core check compares ``TrnGroupedExperts`` (nkilib ``moe_cte`` forward,
 ``blockwise_mm_bwd`` backward) with torchtitan's stock ``GroupedExperts`` at the
@@ -140,3 +141,32 @@ def test_nki_moe_trains_in_eager_mode_on_64_ranks(recipe_run, record_property):
     }
     assert len(losses) == 5
     assert all(math.isfinite(x) for x in losses), losses
+
+
+#: Config 3's RoPE, the other reading: the tutorial says "RoPE without gather" and also shows
+#: nkilib's rope_hf as a custom kernel. The nightly runs both: the default above (torchtitan's
+#: gather-free sliced RoPE) and this one, rope_hf in every layer through ``--override rope_hf``.
+#: rope_hf asserts seq_len % (128 × LNC) == 0 (aws-neuron/nki-library
+#: src/nkilib_src/nkilib/core/embeddings/rope_hf.py, _validate_apply_rope_inputs): 2048 = 8 × 256 at LNC=2.
+ROPE_HF_SEQ_LEN = 2048
+
+
+# "weights": the trn2 tier reads the tokenizer from $QWEN3_4B_DIR even for a random-init run.
+@pytest.mark.requires("device", "torch_neuronx", "nkilib", "weights", "dataset")
+def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(recipe_run, record_property):
+    from recipes.kernels import ROPE_DESCRIPTIONS
+
+    run = recipe_run(
+        "trn2-nki-moe-rope-hf", recipe="nki_moe", tier="trn2", nproc=64, steps=1, init="random", seed=0,
+        seq_len=ROPE_HF_SEQ_LEN, overrides=["rope_hf"],
+    )  # fmt: skip
+    losses = run["losses"]
+    record_property("trn2_nki_moe_rope_hf_losses", losses)
+    rope = run["provenance"]["rope"]
+    record_property("trn2_nki_moe_rope_hf_rope", rope)
+    assert len(rope) == 1, rope
+    (described, layers), = rope.items()
+    assert described.startswith(ROPE_DESCRIPTIONS["NKIRoPE.Config"]), described
+    assert layers == [0, 1, 2, 3]
+    assert [s["step"] for s in run["steps"]] == [1], run["steps"]
+    assert math.isfinite(losses[0]), losses
