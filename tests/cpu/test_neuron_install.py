@@ -8,7 +8,9 @@ interpreters, so nothing is created or fetched.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,74 @@ def test_missing_package_messages_name_the_real_distributions():
     assert f"NKI Library {neuron_versions.NKILIB_VERSION}" in nkilib
     assert f"bundled in neuronx-cc=={pins['neuronx-cc']}" in nkilib and "no distribution of its own" in nkilib
     assert "nkilib==" not in nkilib
+
+
+# ---------------------------------------------------------------- README.md names only what exists
+
+README = REPO_ROOT / "README.md"
+#: The trn2 tier's switches, each of which README must document.
+TRN2_ENV = {"QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "QWEN3_REQUIRE_TRN2", "NEURON_VENV"}
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w.-])")  # not torchtitan's --training.steps
+
+
+def readme_commands(marker: str) -> list[str]:
+    """The rest of every README line (backslash continuations joined) after ``marker``, to a backtick or #."""
+    text = README.read_text().replace("\\\n", " ")
+    return [re.split(r"[`#]", line.split(marker, 1)[1])[0] for line in text.splitlines() if marker in line]
+
+
+def help_text(*argv: str) -> str:
+    out = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_every_make_target_in_the_readme_exists():
+    named = set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", README.read_text()))
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*)\s*:(?!=)", (REPO_ROOT / "Makefile").read_text(), re.M))
+    assert {"neuron-venv", "test-neuron"} <= named
+    assert named <= targets, f"README names make targets the Makefile lacks: {sorted(named - targets)}"
+
+
+def test_every_environment_variable_in_the_readme_is_read_by_the_suite():
+    """Each QWEN3_* / NEURON_* name in README is a string in recipes/ or a conftest, or $NAME in scripts/."""
+    named = set(re.findall(r"\b((?:QWEN3|NEURON)_[A-Z0-9_]+)\b", README.read_text()))
+    assert TRN2_ENV <= named, f"README does not document {sorted(TRN2_ENV - named)}"
+    python = [*(REPO_ROOT / "recipes").rglob("*.py"), REPO_ROOT / "conftest.py", REPO_ROOT / "tests/neuron/conftest.py"]
+    python_text = "\n".join(path.read_text() for path in python)
+    shell_text = "\n".join(path.read_text() for path in (REPO_ROOT / "scripts").glob("*.sh"))
+    unread = sorted(
+        name for name in named
+        if not re.search(rf"[\"']{name}[\"']", python_text) and not re.search(rf"\$\{{?{name}\b", shell_text)
+    )  # fmt: skip
+    assert not unread, f"README names environment variables nothing reads: {unread}"
+
+
+def test_readme_dlami_venv_is_the_one_the_script_and_nightly_use():
+    import yaml
+
+    assert set(re.findall(r"NEURON_VENV=(\S+)", README.read_text())) == {DLAMI_VENV}
+    assert f"DLAMI_VENV={DLAMI_VENV}\n" in SCRIPT.read_text()
+    nightly = yaml.safe_load((REPO_ROOT / ".github/workflows/nightly-trn2.yml").read_text())
+    assert nightly["jobs"]["neuron"]["env"]["NEURON_VENV"] == DLAMI_VENV
+
+
+def test_readme_command_lines_use_only_real_subcommands_and_flags():
+    script = SCRIPT.read_text()
+    for rest in readme_commands("scripts/neuron_venv.sh"):
+        for flag in _FLAG.findall(rest):
+            assert f"{flag})" in script, f"README: scripts/neuron_venv.sh {flag}: the script has no such option"
+    ci_uses = readme_commands("recipes.ci ")
+    assert any(rest.startswith("require-claims") for rest in ci_uses)
+    for rest in ci_uses:
+        command = rest.split()[0]
+        text = help_text("-m", "recipes.ci", command)
+        missing = [flag for flag in _FLAG.findall(rest) if flag not in text]
+        assert not missing, f"README: recipes.ci {command} {missing}: not options of that command"
+    for marker, argv in (("python -m recipes run", ("-m", "recipes", "run")), ("-m recipes.train", ("-m", "recipes.train"))):
+        uses = readme_commands(marker)
+        assert uses, marker
+        text = help_text(*argv)
+        missing = sorted({flag for rest in uses for flag in _FLAG.findall(rest)} - set(_FLAG.findall(text)))
+        assert not missing, f"README: `{marker}` with {missing}: not options of it"
+    assert any("all --tier trn2 --dry-run" in rest for rest in readme_commands("python -m recipes run"))
