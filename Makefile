@@ -28,7 +28,7 @@ bench: venv
 	$(PY) -m benchmarks $(or $(BENCH_ARGS),all)
 
 # The trn2 tier (Neuron SDK 2.33) in $(NEURON_VENV_DIR): requirements-neuron.txt + TorchTitan Neuron
-# from git. On the Neuron DLAMI (Ubuntu 22.04/24.04) reuse its venv:
+# from git. The 2.33 standalone wheels are Ubuntu 26.04 only; on the TorchNeuron DLAMI (24.04/26.04) reuse its venv:
 #   NEURON_VENV=/opt/aws_neuronx_venv_torch_neuronx_2_14_0 make neuron-venv
 # `scripts/neuron_venv.sh --check` prints the plan without changing anything.
 NEURON_VENV_DIR ?= .venv-neuron

@@ -18,7 +18,8 @@
 # - torch/get-started/quickstart-torch-neuron.rst (v2.33.1): "The standalone wheels in this release
 #   support Ubuntu 26.04 only"; on Ubuntu 24.04 use the TorchNeuron single-framework DLAMI, on
 #   22.04/24.04 otherwise build torch-neuronx from source.
-# - setup/pytorch/update-dlami.rst (v2.33.0): the DLAMI's venv is
+# - setup/pytorch/update-dlami.rst (v2.33.0): the "Deep Learning AMI Neuron torch-neuronx 2.14.0"
+#   DLAMI (Ubuntu 24.04 and 26.04; no Ubuntu 22.04 DLAMI) has its venv in
 #   /opt/aws_neuronx_venv_torch_neuronx_2_14_0.
 # - setup/pytorch/update-manual.rst (v2.33.0): pip with the Neuron index and the PyTorch CPU index
 #   (both are in requirements-neuron.txt).
@@ -98,7 +99,7 @@ if [ -n "$NEURON_VENV" ]; then
 else
   if [ "$os" != "ubuntu 26.04" ]; then
     die "this host is '$os': the Neuron 2.33 standalone torch-neuronx wheels install on Ubuntu 26.04 only." \
-        "On the Neuron DLAMI (Ubuntu 22.04/24.04) reuse its prebuilt venv:" \
+        "On the TorchNeuron DLAMI (Ubuntu 24.04/26.04) reuse its prebuilt venv:" \
         "NEURON_VENV=$DLAMI_VENV make neuron-venv (or a venv where you built torch-neuronx 2.14 from source)"
   fi
   version="$(python_version_of "$PYTHON")"
