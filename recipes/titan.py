@@ -2,7 +2,12 @@
 
 The suite runs on two torchtitans: upstream 0.3.0 from PyPI on the cpu tier and
 torchtitan-neuron release-2.33 on trn2, a fork of upstream taken at an unknown
-point (it installs as the distribution ``torchtitan`` 0.2.2+neuron.1). Both are
+point (cloned from github.com/aws-neuron/torchtitan-neuron and installed with
+``pip install -e .``, it is the distribution ``torchtitan`` 0.2.2+neuron.1: Neuron
+docs, training/torchtitan/get-started/setup-torchtitan-neuron and
+release-notes/components/torchtitan-neuron, awsdocs-neuron.readthedocs-hosted.com).
+Its source is not public in a form checked here, so which of these names it has is
+unverified until a trn2 run: ``require`` is how that run finds out. Both are
 expected to have the names below, several of them recent or private upstream
 names. Each is declared once in :data:`NAMES` with the module it comes from and
 what the suite needs it for, so a fork that lacks one is refused with one line
@@ -23,6 +28,7 @@ every name one run will use.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import inspect
@@ -362,6 +368,10 @@ def resolve(entry: TitanName):
     """The object ``entry`` names, or :class:`TitanNameError` saying what is missing and why it matters."""
     obj = _import(entry)
     for part in (entry.attr or entry.name).split("."):
+        if not hasattr(obj, part) and inspect.ismodule(obj):
+            # A submodule is an attribute only once something imported it.
+            with contextlib.suppress(ImportError):
+                importlib.import_module(f"{obj.__name__}.{part}")
         if not hasattr(obj, part):
             raise _missing(entry, entry.qualified)
         obj = getattr(obj, part)

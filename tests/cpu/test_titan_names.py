@@ -28,7 +28,21 @@ ALL_TAGS = {tag for entry in titan.NAMES for tag in entry.used_by}
 
 
 def test_the_pinned_torchtitan_has_every_declared_name():
-    """A canary for the cpu pin: a lock bump that drops a name fails here, naming it."""
+    """A canary for the cpu pin: a lock bump that drops a name fails here, naming it.
+
+    In a fresh interpreter, in a rank's order (the cpu platform first, before anything
+    imports torchtitan): in this process other tests have already imported submodules
+    (``torchtitan.tools.utils``) that a fresh rank has not.
+    """
+    code = (
+        "from recipes import platform, titan\n"
+        "platform.install('cpu')\n"
+        "tags = {tag for entry in titan.NAMES for tag in entry.used_by}\n"
+        "print('\\n'.join(str(e) for e in titan.missing(tags)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", out.stdout
     assert [str(e) for e in titan.missing(ALL_TAGS)] == []
 
 
