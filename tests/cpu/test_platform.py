@@ -163,17 +163,21 @@ def test_trn2_without_a_dataset_is_refused_before_launch(monkeypatch, tmp_path):
         check_trn2_dataset(RunOptions(recipe="native_qwen3", tier="trn2", dataset_dir=None))
 
 
-def test_trn2_dataset_comes_only_from_qwen3_dataset_dir(monkeypatch, tmp_path):
-    import importlib
+def test_trn2_dataset_comes_only_from_qwen3_dataset_dir(tmp_path):
+    """Read at import, so checked in fresh interpreters (reloading recipes.tiers here would
+    give later tests in this process a second MoEDims class and a model without experts)."""
 
-    import recipes.tiers as tiers
+    def trn2_dataset(env_value: str | None) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "QWEN3_DATASET_DIR"}
+        if env_value is not None:
+            env["QWEN3_DATASET_DIR"] = env_value
+        code = "from recipes.tiers import TRN2; print(TRN2.dataset_path)"
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
 
-    monkeypatch.delenv("QWEN3_DATASET_DIR", raising=False)
-    assert importlib.reload(tiers).TRN2.dataset_path is None  # no fixture-corpus fallback
-    monkeypatch.setenv("QWEN3_DATASET_DIR", str(tmp_path))
-    assert importlib.reload(tiers).TRN2.dataset_path == tmp_path
-    monkeypatch.undo()
-    importlib.reload(tiers)
+    assert trn2_dataset(None) == "None"  # no fixture-corpus fallback
+    assert trn2_dataset(str(tmp_path)) == str(tmp_path)
 
 
 def test_launch_timeout_comes_from_the_tier(monkeypatch, tmp_path):
