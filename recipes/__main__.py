@@ -7,6 +7,8 @@ and writes the report (results.json + results.md) to ``--report-dir``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import signal
 import sys
 import time
 from pathlib import Path
@@ -88,12 +90,9 @@ def golden_key(opts: RunOptions) -> str | None:
     return f"step1_loss_{opts.init}" if (opts.nproc, opts.seq_len, opts.local_batch_size) == defaults else None
 
 
-def check_against_goldens(report: dict, opts: RunOptions, result):
-    """Put a run's step-1 loss beside its golden (published, proxy or exact) in the report table.
-
-    Returns the verdict, or None when the run has no golden to be judged against.
-    """
-    from recipes import goldens, report as report_mod
+def judge(opts: RunOptions, result):
+    """A run's step-1 loss against its golden (published, proxy or exact), or None when it has none."""
+    from recipes import goldens
 
     key = golden_key(opts)
     if key is None or not result.losses or not goldens.goldens_path(opts.recipe, opts.tier).exists():
@@ -101,9 +100,7 @@ def check_against_goldens(report: dict, opts: RunOptions, result):
     metadata, values = goldens.load(opts.recipe, opts.tier)
     if key not in values:
         return None
-    verdict = goldens.compare(key, result.losses[0], values, metadata)
-    report_mod.add_check(report, f"{opts.recipe}.{opts.tier}.{key}", verdict)
-    return verdict
+    return goldens.compare(key, result.losses[0], values, metadata)
 
 
 def require_torchtitan_names(opts: RunOptions) -> None:
@@ -113,15 +110,30 @@ def require_torchtitan_names(opts: RunOptions) -> None:
     titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
 
 
+def as_configured(opts: RunOptions, config) -> RunOptions:
+    """``opts`` with the sizes the built config really holds (after ``--training.*`` CLI overrides).
+
+    A golden is judged on steps, seq_len, batch and seed as they reach torchtitan,
+    not as the launcher's own flags said them.
+    """
+    training = config.training
+    return dataclasses.replace(
+        opts,
+        steps=training.steps,
+        seq_len=training.seq_len,
+        local_batch_size=training.local_batch_size,
+        seed=config.debug.seed,
+    )
+
+
 def cmd_run(args, cli_overrides: list[str]) -> int:
     from recipes import report as report_mod
-    from recipes.launch import LaunchError, launch
     from recipes.errors import RecipeError
+    from recipes.launch import Interrupted, LaunchError, launch, stop_signals_raise
     from recipes.preflight import preflight
-    from recipes.registry import RECIPES
     from recipes.train import build_config
 
-    names = list(RECIPES) if args.recipe == "all" else [args.recipe]
+    names = _recipe_names(args.recipe)
     plan = [opts for name in names for opts in _runs_for(args, name)]
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width and args.recipe in ("all", "native_qwen3"):
@@ -131,35 +143,55 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
         for opts in plan:
             require_torchtitan_names(opts)
             opts = preflight(opts)
-            build_config(opts)  # the recipe's own checks (sizes vs config.json) before any rank
-            resolved.append(opts)
+            # The recipe's own checks (sizes vs config.json) and torchtitan's CLI parser
+            # on the overrides, once, before any rank: a bad option is refused here.
+            config = build_config(opts, cli_overrides)
+            resolved.append(as_configured(opts, config))
     except RecipeError as e:
         print(f"python -m recipes run: error: {e}", file=sys.stderr)
         return 2
 
-    report = report_mod.load(args.report_dir)
     failed = False
-    for opts in resolved:
-        try:
-            result = launch(opts, cli_overrides)
-        except LaunchError as e:
-            print(f"FAILED: {e}", file=sys.stderr)
-            failed = True
-            if e.result is not None:
-                report_mod.add_run(report, {**e.result.to_dict(), "error": e.summary})
-                report_mod.save(args.report_dir, report)
-            continue
-        report_mod.add_run(report, result.to_dict())
-        verdict = check_against_goldens(report, opts, result)
-        if verdict is not None and not verdict.passed:
-            print(f"FAILED check: {verdict.message()}", file=sys.stderr)
-            failed = True
-        report_mod.save(args.report_dir, report)
-    path = report_mod.save(args.report_dir, report)
+    with stop_signals_raise():
+        for opts in resolved:
+            try:
+                result = launch(opts, cli_overrides)
+            except Interrupted as e:
+                # The launch already ended torchrun and every rank; keep what they measured.
+                if e.result is not None:
+                    report_mod.update(args.report_dir, runs=[e.result.to_dict()])
+                steps = len(e.result.steps) if e.result is not None else 0
+                print(f"INTERRUPTED by {signal.Signals(e.signum).name} after {steps} step(s) of "
+                      f"{opts.recipe}; what ran is in {args.report_dir / report_mod.RESULTS_JSON}", file=sys.stderr)
+                return e.exit_code
+            except KeyboardInterrupt:
+                print(f"INTERRUPTED (Ctrl-C) during {opts.recipe}", file=sys.stderr)
+                return 128 + signal.SIGINT
+            except LaunchError as e:
+                print(f"FAILED: {e}", file=sys.stderr)
+                failed = True
+                if e.result is not None:
+                    report_mod.update(args.report_dir, runs=[{**e.result.to_dict(), "error": e.summary}])
+                continue
+            checks = []
+            verdict = judge(opts, result)
+            if verdict is not None:
+                checks.append((f"{opts.recipe}.{opts.tier}.{golden_key(opts)}", verdict))
+                if not verdict.passed:
+                    print(f"FAILED check: {verdict.message()}", file=sys.stderr)
+                    failed = True
+            report_mod.update(args.report_dir, runs=[result.to_dict()], checks=checks)
+    report_mod.update(args.report_dir)
     print()
     print((args.report_dir / report_mod.RESULTS_MD).read_text())
-    print(f"report: {path} and {args.report_dir / report_mod.RESULTS_MD}")
+    print(f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}")
     return 1 if failed else 0
+
+
+def _recipe_names(recipe: str) -> list[str]:
+    from recipes.registry import RECIPES
+
+    return list(RECIPES) if recipe == "all" else [recipe]
 
 
 def cmd_dry_run(args, cli_overrides: list[str]) -> int:

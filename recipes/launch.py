@@ -212,49 +212,113 @@ def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
     return None
 
 
-def _end_process_group(proc: subprocess.Popen) -> None:
-    """Terminate torchrun and every rank it started (they share its session), then reap."""
+def first_failure(run_dir: Path) -> str | None:
+    """'rank R failed first: ExcType: message', from the error file torchrun copied for it.
+
+    torchrun's ``@record`` main copies the earliest failed rank's error file to its
+    own ``TORCHELASTIC_ERROR_FILE`` (torch/distributed/elastic/multiprocessing/errors/
+    __init__.py ``record``); recipes.train adds the rank number. None when no rank
+    recorded an exception (killed by a signal, or ``os._exit``).
+    """
+    path = run_dir / ERROR_FILE
+    if not path.is_file():
+        return None
+    message = json.loads(path.read_text()).get("message")
+    if not isinstance(message, dict):  # torch's plain-string format: no rank, no traceback
+        return f"a rank failed first: {message}"
+    rank = message.get("extraInfo", {}).get("rank", "?")
+    text = str(message.get("message", "")).strip().splitlines()
+    return f"rank {rank} failed first: {text[-1] if text else 'no message'}"
+
+
+def ranks_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (torchrun's ranks run in sessions of their own)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for init to reap counts as gone)."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_torchrun(cmd: list[str], env: dict, console) -> subprocess.Popen:
+    """torchrun in a session of its own, SIGTERMed by the kernel if this process dies.
+
+    PR_SET_PDEATHSIG (recipes.train.die_with_parent) is set in the child before exec,
+    so even a SIGKILLed launcher (the OOM killer) leaves no torchrun behind; its ranks
+    follow torchrun (SIGTERM from torchrun's close, or their own death signal).
+    """
+    launcher = os.getpid()
+    _prctl()  # load libc here, not between fork and exec
+
+    def preexec() -> None:
+        die_with_parent(TORCHRUN_DEATH_SIGNAL, parent=launcher)
+
+    return subprocess.Popen(
+        cmd, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        start_new_session=True, preexec_fn=preexec,
+    )  # fmt: skip
+
+
+def end_run(proc: subprocess.Popen) -> None:
+    """Stop torchrun and every rank it started, within ``GRACE_S`` plus a moment; then reap.
+
+    SIGTERM lets torchrun close its ranks itself; after ``GRACE_S`` torchrun's group
+    is SIGKILLed, and the ranks (not in torchrun's process group: torch elastic starts
+    each with ``start_new_session``, subprocess_handler.py) die by their own death signal.
+    """
+    ranks = ranks_of(proc.pid)
     deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:  # reaped: its pid may already be another process's
             break
-        proc.poll()
-        time.sleep(0.2)
-    else:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
     proc.wait()
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline + GRACE_S:
+        time.sleep(0.1)
 
 
 def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_s: float | None = None) -> RunResult:
     """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
 
-    torchrun runs in its own session, so on a timeout, a failure or an interrupt
-    every rank is ended with it and no process outlives the launch. ``timeout_s``
-    defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
+    However the launch ends (success, failure, timeout, an exception, Ctrl-C, or a
+    signal turned into ``Interrupted`` by ``stop_signals_raise``), torchrun and every
+    rank are ended before it returns; an interrupt re-raises with what was measured.
+    ``timeout_s`` defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
     """
     if timeout_s is None:
         timeout_s = opts.tier_preset.launch_timeout_s
     run_dir = opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_FILE).write_text(opts.to_json() + "\n")
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
     cmd = torchrun_command(opts, cli_overrides)
+    env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE)}
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
     started = time.perf_counter()
     shown = 0
     timed_out = False
+    stopped: BaseException | None = None
     with (run_dir / "console.log").open("w") as console:
-        proc = subprocess.Popen(
-            cmd, env=child_env(opts), stdout=console, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True
-        )
+        proc = _start_torchrun(cmd, env, console)
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
@@ -265,11 +329,14 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
                 if timeout_s is not None and time.perf_counter() - started > timeout_s:
                     timed_out = True
                     break
+        except (Interrupted, KeyboardInterrupt) as stop:
+            stopped = stop
         finally:
-            _end_process_group(proc)
+            end_run(proc)
     steps = read_steps(run_dir)
     for step in steps[shown:]:
         echo(_progress(step, opts.steps))
+    signum = getattr(stopped, "signum", signal.SIGINT) if stopped is not None else None
     result = RunResult(
         recipe=opts.recipe,
         tier=opts.tier,
@@ -284,16 +351,26 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
         wall_s=time.perf_counter() - started,
         steps=steps,
         provenance=read_provenance(run_dir),
+        interrupted=signal.Signals(signum).name if signum is not None else None,
     )
+    if stopped is not None:
+        raise Interrupted(signum, result) from stopped
     if timed_out or proc.returncode != 0:
-        why = (
-            f"timed out after {timeout_s:.0f} s (a hung collective or a stuck rank); every rank was ended"
-            if timed_out
-            else non_finite_summary(run_dir, steps) or f"torchrun exited {proc.returncode}"
-        )
+        why = failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
         raise LaunchError(
             f"{opts.recipe} on {opts.tier} failed after {result.wall_s:.0f} s: {why}.\n{rank_log_tails(run_dir)}",
             result=result,
             summary=why,
         )
     return result
+
+
+def failure_summary(run_dir: Path, steps: list[dict], returncode: int, timeout_s: float | None) -> str:
+    """Why a run failed, cause first: the timeout, a non-finite loss, or the first failed rank."""
+    if timeout_s is not None:
+        return f"timed out after {timeout_s:.0f} s (a hung collective or a stuck rank); every rank was ended"
+    why = non_finite_summary(run_dir, steps)
+    if why:
+        return why
+    first = first_failure(run_dir)
+    return f"torchrun exited {returncode}; {first}" if first else f"torchrun exited {returncode}"

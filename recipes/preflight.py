@@ -241,18 +241,79 @@ def check_dataset_dir(opts: RunOptions) -> None:
         check_jsonl_text(path)
 
 
-def check_jsonl_text(path: Path) -> None:
-    """The first record of a jsonl corpus file must be an object with a non-empty "text" string."""
-    with path.open(errors="replace") as f:
-        first = next((line for line in f if line.strip()), None)
-    if first is None:
-        raise PreflightError(f"{path} holds no text (the file is empty); put one {{\"text\": ...}} object per line")
+#: The fix every data refusal names.
+JSONL_FIX = 'each line must be one JSON object with a non-empty "text" string, e.g. {"text": "..."}'
+
+
+def check_jsonl_text(path: Path) -> int:
+    """Every record of a JSON-lines corpus file is an object with a non-empty "text" string.
+
+    Streams the file once, one line in memory at a time, so a bad line anywhere is
+    refused with its number before any rank starts (torchtitan's loader would fail in
+    every rank, mid-run, with pyarrow's "Unexpected character ..."). Cost: one
+    ``json.loads`` per line, about 0.3 s per 100 MB of c4-like text on one core.
+    Blank lines are skipped, as the loader does. Returns the number of records.
+    """
+    records = 0
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            records += 1
+            problem = jsonl_problem(raw)
+            if problem:
+                raise PreflightError(f"{path}:{number}: {problem}; {JSONL_FIX}")
+    if not records:
+        raise PreflightError(f"{path} holds no text (the file is empty); {JSONL_FIX}")
+    return records
+
+
+def jsonl_problem(raw: bytes) -> str | None:
+    """What is wrong with one JSON-lines record, or None."""
     try:
-        record = json.loads(first)
+        record = json.loads(raw)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 (byte {e.start} of the line)"
     except json.JSONDecodeError as e:
-        raise PreflightError(f"{path}: the first line is not JSON ({e}); one {{\"text\": ...}} object per line") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str) or not record["text"].strip():
-        raise PreflightError(f'{path}: the first record has no non-empty "text" string; one {{"text": ...}} object per line')
+        return f"not JSON ({e.msg} at column {e.colno})"
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    text = record.get("text")
+    if not isinstance(text, str) or not text.strip():
+        return 'no non-empty "text" string' + ("" if "text" in record else f" (keys: {', '.join(sorted(record)) or 'none'})")
+    return None
+
+
+def cli_override_error(printed: str, cli_overrides: list[str]) -> PreflightError:
+    """One line from the error box torchtitan's tyro parser printed for ``cli_overrides``.
+
+    tyro (torchtitan/config/manager.py ConfigManager.parse_args -> tyro.cli) prints
+    a titled box ("Unrecognized options", "Value error", ...) and exits 2; the box's
+    first message line names the option, and "Perhaps you meant" its likely fix.
+    """
+    lines = [line.strip(" |\u2502\u2503") for line in printed.splitlines()]
+    lines = [line.strip() for line in lines]
+    rules = [i for i, line in enumerate(lines) if line and set(line) <= set("-\u2500\u2501\u254c\u2574\u2576 ")]
+    title, message = "", ""
+    if rules:
+        title = next((lines[i] for i in range(rules[0] - 1, -1, -1) if lines[i]), "")
+        end = rules[1] if len(rules) > 1 else len(lines)
+        message = " ".join(line for line in lines[rules[0] + 1 : end] if line)  # the box wraps at 80 columns
+    message = message or next((line for line in reversed(lines) if line), "no message")
+    if title and not message.startswith(title):
+        message = f"{title}: {message}"
+    hints = []
+    if "Perhaps you meant:" in lines:
+        for i in range(lines.index("Perhaps you meant:") + 1, len(lines)):
+            if i in rules:
+                break
+            if lines[i].startswith("--"):
+                hints.append(lines[i].split()[0].rstrip(","))
+    hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
+    return PreflightError(
+        f"torchtitan option refused: {message}{hint}; fix or drop it (torchtitan options are "
+        f"--SECTION.FIELD VALUE of the recipe's Trainer.Config; given: {' '.join(cli_overrides)})"
+    )
 
 
 def check_export_dir(opts: RunOptions) -> None:

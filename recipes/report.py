@@ -141,6 +141,29 @@ def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
     return written
 
 
+LOCK_FILE = ".results.lock"
+
+
+def update(report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = ()) -> dict:
+    """Add ``runs`` and ``checks`` (key, ``goldens.Verdict``) to the report in ``report_dir``; return it.
+
+    Read, extend and rewrite happen under one file lock (filelock), so several
+    ``python -m recipes run`` into one report directory keep every run: each adds
+    to what the others wrote instead of overwriting it with its own older copy.
+    """
+    from filelock import FileLock
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(report_dir / LOCK_FILE):
+        report = load(report_dir)
+        for run in runs:
+            add_run(report, run)
+        for key, verdict in checks:
+            add_check(report, key, verdict)
+        save(report_dir, report)
+    return report
+
+
 def add_run(report: dict, run: dict) -> None:
     report["runs"].append({**run, "versions": versions()})
 
@@ -184,6 +207,12 @@ def _weights_cell(weights: dict | None) -> str:
     return f"{weights['path']} ({weights['headers_sha256'][:12]})"
 
 
+def _status(run: dict) -> str:
+    if run.get("interrupted"):
+        return f"INTERRUPTED ({run['interrupted']}) after {len(run.get('steps') or [])} step(s)"
+    return f"FAILED: {run['error']}" if run.get("error") else "ok"
+
+
 def markdown(report: dict) -> str:
     lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
     if report.get("checks"):
@@ -224,7 +253,7 @@ def markdown(report: dict) -> str:
                 f"{r['seq_len']}×{r['local_batch_size']} | {_fmt(r['losses'][0] if r['losses'] else None)} | "
                 f"{_fmt(r['losses'][-1] if r['losses'] else None)} | {len(steps)} | "
                 f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} | "
-                f"{'FAILED: ' + r['error'] if r.get('error') else 'ok'} |"
+                f"{_status(r)} |"
             )
         lines.append("")
     if report.get("loss_curves"):

@@ -11,8 +11,12 @@ go to torchtitan's own CLI parser on top of the recipe's config, exactly as with
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import io
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -117,20 +121,43 @@ def check_inputs(opts: RunOptions, config) -> None:
 
 def finish_config(config, opts: RunOptions, cli_overrides: list[str] = ()):
     """Apply ``--override`` specs and torchtitan CLI overrides; refuse shapes a kernel cannot take."""
-    from recipes.titan import ConfigManager
-
     if opts.overrides:
         from recipes.overrides import apply_override_specs
 
         apply_override_specs(config, opts.overrides)
+    config = apply_cli_overrides(config, cli_overrides)
+    check_kernel_constraints(config, opts.tier)
+    return config
+
+
+def apply_cli_overrides(config, cli_overrides: list[str]):
+    """``config`` with torchtitan's own CLI parser applied (``--training.steps 3``).
+
+    torchtitan's tyro parser prints an error box and exits 2 on a bad option;
+    that becomes one ``PreflightError`` line naming the option, so the parent
+    refuses it once, before any rank starts, instead of once per rank.
+    """
+    from recipes.preflight import cli_override_error
+    from recipes.titan import ConfigManager
 
     class _RecipeConfig(ConfigManager):
+        # The one place that touches torchtitan's private state: torchtitan 0.3.0's
+        # ConfigManager.parse_args (torchtitan/config/manager.py) has no public way
+        # to start from a config object; it asks ``_load_config`` for one.
         def _load_config(self, args):
             return config, args
 
-    config = _RecipeConfig().parse_args(list(cli_overrides))
-    check_kernel_constraints(config, opts.tier)
-    return config
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            parsed = _RecipeConfig().parse_args(list(cli_overrides))
+    except SystemExit as e:
+        if e.code in (0, None):  # --help: show it, as torchtitan.train would
+            sys.stdout.write(printed.getvalue())
+            raise
+        raise cli_override_error(printed.getvalue(), list(cli_overrides)) from None
+    sys.stderr.write(printed.getvalue())
+    return parsed
 
 
 def tier_lnc(tier: str) -> int:
@@ -150,6 +177,10 @@ def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
     override made them), so a config without kernels imports no kernel module.
     rope_hf's seq_len rule is checked on every tier (``enforce_kernel_constraints``);
     the grouped-experts shapes where nkilib runs them (trn2).
+
+    Sources: rope_hf asserts ``seq_len % (128 * LNC) == 0`` in ``_validate_apply_rope_inputs``
+    (aws-neuron/nki-library src/nkilib_src/nkilib/core/embeddings/rope_hf.py); the MoE
+    kernels' rules and their sources are ``recipes.kernels.grouped_experts.MOE_CONSTRAINTS``.
     """
     checked = []
     rope = sys.modules.get("recipes.kernels.rope")
@@ -249,7 +280,78 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         finish_export(opts, config)
 
 
+#: ``PR_SET_PDEATHSIG`` from <linux/prctl.h>; see prctl(2).
+PR_SET_PDEATHSIG = 1
+#: What a rank gets when torchrun vanishes without closing it (torchrun itself
+#: SIGTERMs its ranks on an orderly stop): nothing on a rank is worth saving then,
+#: and a killed process releases its devices (NeuronCores) at once.
+RANK_DEATH_SIGNAL = signal.SIGKILL
+
+
+def _prctl():
+    """libc's ``prctl``, loaded once (before any fork, so a preexec_fn only calls it)."""
+    global _PRCTL
+    if _PRCTL is None:
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    return _PRCTL
+
+
+_PRCTL = None
+
+
+def die_with_parent(sig: int, parent: int | None = None) -> None:
+    """Have Linux send ``sig`` to this process the moment its parent exits.
+
+    prctl(2) PR_SET_PDEATHSIG: the kernel, not a poll, ends an orphan; the setting
+    survives exec. A parent that died before the call would never trigger it, so
+    the parent pid is checked after it (``parent``: the pid it must be, when known).
+    No-op off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    expected = os.getppid() if parent is None else parent
+    if _prctl()(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != expected or os.getppid() == 1:
+        os.kill(os.getpid(), sig)
+
+
+def _error_handler():
+    """torch elastic's error handler, with this rank's number in what it records.
+
+    torchrun (torch/distributed/elastic/multiprocessing/api.py) gives each rank its
+    own ``TORCHELASTIC_ERROR_FILE``; ``@record`` writes the rank's exception there
+    and torchrun's own ``@record`` copies the first failure's file to torchrun's
+    ``TORCHELASTIC_ERROR_FILE`` (errors/__init__.py ``record``, error_handler.py
+    ``dump_error_file``). The file holds no rank number, so this adds it.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    class RankErrorHandler(ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            super().record_exception(e)
+            path = self._get_error_file_path()
+            if not path or not os.path.isfile(path):
+                return
+            with open(path) as f:
+                data = json.load(f)
+            data["message"]["extraInfo"]["rank"] = os.environ.get("RANK", "0")
+            with open(path, "w") as f:
+                json.dump(data, f)
+
+    return RankErrorHandler()
+
+
 def main(argv: list[str] | None = None) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: end with torchrun, however it ends
+        die_with_parent(RANK_DEATH_SIGNAL)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    handler = _error_handler()
+    return record(_main, error_handler=handler)(argv, handler)
+
+
+def _main(argv: list[str] | None, errors) -> int:
     parser = argparse.ArgumentParser(prog="recipes.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", required=True)
     parser.add_argument("--run-dir", type=Path, help="dump folder of this run (checkpoints, steps.jsonl)")
@@ -272,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         platform.install(opts.tier)
         train(opts, cli_overrides)
     except RecipeError as e:
+        # One line, no traceback; the error file carries it to the launcher's summary.
         print(f"recipes.train: error: {e}", file=sys.stderr)
+        errors.record_exception(e)
         return 2
     return 0
 

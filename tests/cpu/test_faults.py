@@ -78,6 +78,9 @@ def test_a_raising_rank_shows_its_own_exception(tmp_path, record_property):
         # torchtitan 0.3.0 Trainer.__init__: ``assert global_batch_size > 0``; torch elastic prefixes "[rankN]:".
         assert f"[rank{rank}]: AssertionError" in text, text
         assert "assert global_batch_size > 0" in text, text
+    # The summary names the first rank to fail (torch elastic's error file) and its exception.
+    record_property("failing_rank_summary", error.summary)
+    assert re.search(r"rank [01] failed first: AssertionError", error.summary), error.summary
 
 
 def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(tmp_path, monkeypatch, record_property):
