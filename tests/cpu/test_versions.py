@@ -22,3 +22,24 @@ def test_drift_names_each_package(tmp_path):
     assert any(p.startswith("torch: pinned 1.0.0") and "installed 2.14.0" in p for p in problems), problems
     assert "no-such-package-xyz: pinned 1.2 in requirements-lock.txt, not installed" in problems
     assert not any(p.startswith("transformers") for p in problems)
+
+
+def test_a_shadowing_copy_on_pythonpath_is_named(tmp_path):
+    """Metadata still reports the locked transformers while Python imports another one: the check says so."""
+    import subprocess
+    import sys
+
+    from recipes.tiers import REPO_ROOT
+
+    fake = tmp_path / "shadow" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "9.9.9"\n')
+    code = "from recipes import lockcheck\nprint('\\n'.join(lockcheck.drift(lockcheck.CPU_LOCK)))"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "shadow")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("transformers:")]
+    assert len(lines) == 1, out.stdout
+    assert str(fake / "__init__.py") in lines[0] and "9.9.9" in lines[0], lines[0]
+    assert "PYTHONPATH" in lines[0]
+    assert not any(line.startswith("torch:") for line in out.stdout.splitlines()), out.stdout
