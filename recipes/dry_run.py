@@ -28,12 +28,10 @@ from pathlib import Path
 
 from recipes.errors import RecipeError
 from recipes.options import RunOptions
-from recipes.tiers import FIXTURES, TIERS
+from recipes.specs import QWEN3_4B_INSTRUCT_2507 as QWEN3_4B_SIZES
+from recipes.tiers import TIERS
 
 DRY_RUN_DIR = "dry-run"
-
-#: The real Qwen3-4B-Instruct-2507 config.json (public hyper-parameters, no weights).
-QWEN3_4B_SIZES = FIXTURES / "qwen3-4b-instruct-2507"
 
 #: The dataset path the config is built with when there is none; nothing reads it in a dry run.
 DATASET_STAND_IN = Path("/QWEN3_DATASET_DIR-is-not-set")

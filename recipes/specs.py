@@ -13,7 +13,11 @@ from functools import partial
 
 import torch.nn as nn
 
-from recipes.tiers import DenseDims, MoEDims
+from recipes.tiers import FIXTURES, DenseDims, MoEDims
+
+#: Qwen3-4B-Instruct-2507's real config.json (public hyper-parameters, no weights, no tokenizer):
+#: the real sizes wherever they are needed without weights (the trn2 dry run, tests).
+QWEN3_4B_INSTRUCT_2507 = FIXTURES / "qwen3-4b-instruct-2507"
 
 _LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
 
