@@ -47,6 +47,23 @@ def pytest_runtest_logreport(report):
     )
 
 
+#: Every warning pytest captured (deprecations first of all: a suite about version drift
+#: needs the first sign of it), one entry per distinct (category, message, location).
+_WARNINGS: dict[tuple[str, str, str], dict] = {}
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+    """Runs on the controller too under xdist (workers forward their warnings)."""
+    category = warning_message.category.__name__
+    where = f"{warning_message.filename}:{warning_message.lineno}"
+    key = (category, str(warning_message.message), where)
+    entry = _WARNINGS.setdefault(
+        key, {"category": category, "message": str(warning_message.message), "where": where, "tests": []}
+    )
+    if nodeid and nodeid not in entry["tests"]:
+        entry["tests"].append(nodeid)
+
+
 def _is_controller(config) -> bool:
     return not hasattr(config, "workerinput")
 
@@ -93,8 +110,15 @@ def _fmt(value) -> str:
     return "–" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
-def markdown(records: list[dict], rows: list[dict]) -> str:
+def markdown(records: list[dict], rows: list[dict], warnings: list[dict] = ()) -> str:
     lines = ["# qwen3-trn-repro test report", ""]
+    if warnings:
+        lines += ["## Warnings (deprecations are the first sign of version drift)", ""]
+        lines += ["| category | message | where | tests |", "|---|---|---|---|"]
+        for w in warnings:
+            message = w["message"].replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {w['category']} | {message} | {w['where']} | {len(w['tests'])} |")
+        lines.append("")
     if rows:
         lines += [
             "| recipe | tier | value | lane | published (tutorial) | golden (this lock) | measured | tolerance | verdict |",
@@ -124,9 +148,15 @@ def pytest_sessionfinish(session, exitstatus):
     report_dir = Path(config.getoption("--report-dir"))
     report_dir.mkdir(parents=True, exist_ok=True)
     rows = _golden_rows(_RECORDS)
-    data = {"versions": versions(), "goldens": rows, "tests": sorted(_RECORDS, key=lambda r: r["test"])}
+    warnings = sorted(_WARNINGS.values(), key=lambda w: (w["category"], w["where"]))
+    data = {
+        "versions": versions(),
+        "goldens": rows,
+        "warnings": warnings,
+        "tests": sorted(_RECORDS, key=lambda r: r["test"]),
+    }
     (report_dir / "tests.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    text = markdown(_RECORDS, rows)
+    text = markdown(_RECORDS, rows, warnings)
     (report_dir / "tests.md").write_text(text)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:

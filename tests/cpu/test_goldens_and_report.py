@@ -179,6 +179,36 @@ def test_report_plugin_writes_json_markdown_and_junit_properties_pass_or_fail(tm
     assert 'name="measured_loss" value="1.25"' in xml and 'name="measured_diff" value="0.5"' in xml
 
 
+def test_report_plugin_records_deprecation_warnings_under_xdist(tmp_path):
+    """The repo's pytest.ini silences no warning category suite-wide; each one reaches tests.json and tests.md."""
+    import configparser
+
+    ini = configparser.ConfigParser()
+    ini.read(REPO_ROOT / "pytest.ini")
+    filters = [f.strip() for f in ini["pytest"].get("filterwarnings", "").splitlines() if f.strip()]
+    # action:message:category:module:lineno; an ignore must name its module
+    suite_wide = [f for f in filters if f.startswith("ignore") and not (f.split(":") + [""] * 4)[3].strip()]
+    assert suite_wide == [], f"silenced suite-wide: {suite_wide}"
+    (tmp_path / "test_warns.py").write_text(
+        textwrap.dedent(
+            """
+            import warnings
+
+            def test_uses_an_old_api():
+                warnings.warn("old_api() is deprecated; use new_api()", DeprecationWarning)
+            """
+        )
+    )
+    report = tmp_path / "report"
+    out = run_pytest("test_warns.py", "-n", "2", f"--report-dir={report}", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout
+    warnings = json.loads((report / "tests.json").read_text())["warnings"]
+    assert [(w["category"], w["message"], w["tests"]) for w in warnings] == [
+        ("DeprecationWarning", "old_api() is deprecated; use new_api()", ["test_warns.py::test_uses_an_old_api"])
+    ]
+    assert "old_api() is deprecated" in (report / "tests.md").read_text()
+
+
 def test_zero_tests_guard_fails_when_every_neuron_test_skipped(tmp_path):
     report = tmp_path / "report"
     out = run_pytest("-m", "neuron", "tests/neuron", f"--report-dir={report}", "-q", cwd=REPO_ROOT)
