@@ -357,8 +357,8 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_nodes(opts)
     check_mismatch_names(opts)
     resolved = opts.resolved()
+    check_tier(resolved)  # no device at all is the first thing a user on the wrong machine must hear
     check_trn2_dataset(resolved)
-    check_tier(resolved)
     check_recipe(resolved)
     check_model_dir(resolved)
     check_tokenizer(resolved)

@@ -107,9 +107,12 @@ def test_provenance_fields_of_a_real_run(recipe_run):
         "num_key_value_heads": 2, "head_dim": 32, "rope_theta": 1e6, "max_seq_len": 256,
         "tie_word_embeddings": True,
     }  # fmt: skip
+    corpus = FIXTURES / "corpus" / "train.jsonl"
     assert record["data"] == {
         "path": str(FIXTURES / "corpus"), "seq_len": 256, "local_batch_size": 2, "global_batch_size": 2,
+        "files": [{"name": "train.jsonl", "bytes": corpus.stat().st_size}], "sha256": record["data"]["sha256"],
     }  # fmt: skip
+    assert len(record["data"]["sha256"]) == 64  # its content rule: tests/cpu/test_dataset_provenance.py
     assert record["seed"] == 7 and record["dtype"] == {"params": "float32", "export": "float32"}
     assert record["allowed_mismatches"] == []
 
