@@ -43,6 +43,7 @@ __all__ = [
     "available_overrides",
     "parse_override_spec",
     "parse_override_specs",
+    "replaced_nodes",
 ]
 
 #: Where the model config sits in a ``Trainer.Config`` tree.
@@ -62,9 +63,13 @@ class NamedOverride:
     targets: tuple[type, ...]
     exact: bool
     description: str
+    #: The config type the factory puts in a replaced node's place (how a built config shows it ran).
+    produces: type | None = None
 
 
-def _named(name: str, factory: Callable, registration: dict, targets: tuple[type, ...] = ()) -> NamedOverride:
+def _named(
+    name: str, factory: Callable, registration: dict, targets: tuple[type, ...] = (), produces: type | None = None
+) -> NamedOverride:
     # ``registration`` is the dict the kernel module passes to ``@override``,
     # so target/exact here cannot drift from torchtitan's registration.
     # ``targets`` adds config types the factory also accepts (each matched exactly).
@@ -74,6 +79,7 @@ def _named(name: str, factory: Callable, registration: dict, targets: tuple[type
         targets=tuple(dict.fromkeys((registration["target"], *targets))),
         exact=registration.get("exact", False),
         description=registration.get("description", ""),
+        produces=produces,
     )
 
 
@@ -82,13 +88,18 @@ def _rope_hf() -> NamedOverride:
 
     # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
     # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
-    return _named("rope_hf", rope.rope_hf, rope.ROPE_HF_OVERRIDE, rope.ROPE_HF_TARGETS)
+    return _named("rope_hf", rope.rope_hf, rope.ROPE_HF_OVERRIDE, rope.ROPE_HF_TARGETS, produces=rope.NKIRoPE.Config)
 
 
 def _grouped_experts() -> NamedOverride:
     from recipes.kernels import grouped_experts
 
-    return _named("grouped_experts", grouped_experts.grouped_experts, grouped_experts.GROUPED_EXPERTS_OVERRIDE)
+    return _named(
+        "grouped_experts",
+        grouped_experts.grouped_experts,
+        grouped_experts.GROUPED_EXPERTS_OVERRIDE,
+        produces=grouped_experts.TrnGroupedExperts.Config,
+    )
 
 
 class _KernelOverrides(Mapping):
@@ -114,6 +125,10 @@ class _KernelOverrides(Mapping):
 
     def __len__(self) -> int:
         return len(self._loaders)
+
+    def loaded(self) -> list[NamedOverride]:
+        """The overrides used so far in this process (only their kernels can be in a config)."""
+        return list(self._loaded.values())
 
 
 NAMED_OVERRIDES: Mapping[str, NamedOverride] = _KernelOverrides(
@@ -309,3 +324,21 @@ def apply_override_specs(config, specs: Iterable[str | OverrideSpec]) -> list[st
             return apply_overrides(OverrideConfig(imports=imports), config)
         except ValueError as e:  # e.g. torchtitan's nested-node conflict check
             raise OverrideError(str(e)) from e
+
+
+def replaced_nodes(config) -> dict[str, list[str]]:
+    """``{override name: [model-relative fqn of every node it replaced]}`` in a finished config.
+
+    Read from the config itself (nodes of the type each override produces), not from
+    what was asked: provenance records what a run really built, so "applied" and
+    "silently not applied" differ in the report even when the losses are identical.
+    """
+    prefix = _model_prefix(config)
+    found: dict[str, list[str]] = {}
+    for named in NAMED_OVERRIDES.loaded():
+        if named.produces is None:
+            continue
+        nodes = [_relative(fqn, prefix) for fqn, _, _, _ in config.traverse(named.produces)]
+        if nodes:
+            found[named.name] = nodes
+    return found

@@ -154,6 +154,13 @@ def rope_used(config) -> dict[str, list[int]]:
     return rope_in_use(config)
 
 
+def overrides_applied(config) -> dict[str, list[str]]:
+    """Which nodes each kernel override replaced ({name: [model-relative fqns]}), read from the config."""
+    from recipes.overrides import replaced_nodes
+
+    return replaced_nodes(config)
+
+
 def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
     """Everything that decides a step-1 loss, as this run really has it."""
     dp = int(os.environ.get("WORLD_SIZE", opts.nproc * opts.nnodes))  # data parallel only (TP=1)
@@ -162,6 +169,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "weights": weights_info(opts),
         "model": built_dims(config),
         "rope": rope_used(config),
+        "overrides": overrides_applied(config),
         "data": {
             **dataset_info(Path(config.dataloader.dataset_path)),
             "seq_len": config.training.seq_len,

@@ -50,6 +50,10 @@ def test_shrunk_moe_trains_on_two_processes(recipe_run, golden, record_property)
     assert run["provenance"]["rope"] == {
         "torchtitan CosSinRoPE, sliced cache (positions dropped: no gather)": [0, 1, 2, 3]
     }
+    # Config 3's grouped-experts kernel override replaced the experts of every layer.
+    assert run["provenance"]["overrides"] == {
+        "grouped_experts": [f"layers.{i}.moe.routed_experts.inner_experts" for i in range(4)]
+    }
     golden(
         "nki_moe", "cpu", "step1_loss_random", losses[0],
         reason="torchtitan's random init, seed 0, 2 ranks × 2 × 256 tokens: deterministic on the pinned cpu lock",
@@ -65,6 +69,11 @@ def test_rope_override_on_some_layers_leaves_training_bitwise_identical(recipe_r
     swapped = recipe_run("native-rope-hf-layer1", overrides=["rope_hf=layers.1.attention.rope"], **common)
     record_property("rope_override_losses", swapped["losses"])
     record_property("stock_losses", stock["losses"])
+    record_property("rope_override_replaced", swapped["provenance"]["overrides"])
+    # Identical losses alone cannot tell "applied" from "silently not applied": the run's
+    # provenance names exactly the node the override replaced, and the stock run none.
+    assert swapped["provenance"]["overrides"] == {"rope_hf": ["layers.1.attention.rope"]}
+    assert stock["provenance"]["overrides"] == {}
     assert swapped["losses"] == stock["losses"]
 
 
