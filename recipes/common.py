@@ -10,6 +10,30 @@ from __future__ import annotations
 from recipes.options import RunOptions
 
 
+def tier_config(recipe: str, tier: str, init: str = "hf", allow_mismatch: tuple[str, ...] = ()):
+    """The complete ``Trainer.Config`` a recipe launches with on ``tier`` by default.
+
+    What the zero-argument config functions (``native_qwen3_trn2()``, ...) return, so
+    torchtitan's own entry runs a recipe exactly as ``python -m recipes run`` does::
+
+        torchrun --nproc_per_node=64 -m torchtitan.train \\
+            --module recipes.native_qwen3 --config native_qwen3_trn2 [--training.steps 3]
+
+    torchtitan's ConfigManager imports ``--module`` and calls ``--config`` with no
+    arguments (torchtitan/config/manager.py ``_load_config``). Weights and data come
+    from the tier (on trn2 ``$QWEN3_4B_DIR`` and ``$QWEN3_DATASET_DIR``), refused in
+    one line when missing. The platform is installed here: torchtitan.train has
+    imported torchtitan already, and ``install`` also repoints imported modules.
+    """
+    from recipes import platform
+    from recipes.preflight import preflight
+    from recipes.train import build_config
+
+    opts = preflight(RunOptions(recipe=recipe, tier=tier, init=init, allow_mismatch=list(allow_mismatch)))
+    platform.install(tier)
+    return build_config(opts)
+
+
 def apply_run_options(config, opts: RunOptions):
     """Fill the run-dependent parts of a recipe's ``Trainer.Config`` from ``opts``.
 

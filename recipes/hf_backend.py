@@ -13,7 +13,7 @@ only swaps in its spec.
 
 from __future__ import annotations
 
-from recipes.common import apply_run_options
+from recipes.common import apply_run_options, tier_config
 from recipes.options import RunOptions
 
 #: The model tutorial config 1 trains.
@@ -69,3 +69,16 @@ def preflight_check(opts: RunOptions) -> None:
             f"recipe 'hf_backend' trains Qwen3 causal LMs ({', '.join(ARCHITECTURES)}): point "
             "--model-dir at a Qwen3 checkpoint"
         )
+
+
+# --- zero-argument config functions (torchtitan's ``--module recipes.hf_backend --config NAME``) ---
+
+
+def hf_backend_trn2():
+    """Config 1 as the tutorial runs it: ``hf_model`` = ``$QWEN3_4B_DIR``, 64 ranks, DP sharding."""
+    return tier_config("hf_backend", "trn2")
+
+
+def hf_backend_cpu():
+    """Config 1 on the cpu tier with the tiny fixture checkpoint as ``hf_model``."""
+    return tier_config("hf_backend", "cpu")

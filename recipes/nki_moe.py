@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipes.common import apply_run_options
+from recipes.common import apply_run_options, tier_config
 from recipes.kernels.rope import sliced_rope
 from recipes.options import RunOptions
 from recipes.specs import sized_spec
@@ -83,3 +83,16 @@ def qwen3_nki_moe_config(
 def nki_moe(opts: RunOptions):
     config = qwen3_nki_moe_config("30B-A3B", tier=opts.tier)
     return apply_run_options(config, opts)
+
+
+# --- zero-argument config functions (torchtitan's ``--module recipes.nki_moe --config NAME``) ---
+
+
+def nki_moe_trn2():
+    """Config 3 as the tutorial runs it: 4 layers, 64 experts, top-4, NKI grouped experts, eager, random init."""
+    return tier_config("nki_moe", "trn2", init="random")
+
+
+def nki_moe_cpu():
+    """Config 3's structure at tiny dims on the cpu tier (grouped experts' torch path)."""
+    return tier_config("nki_moe", "cpu", init="random")
