@@ -104,6 +104,17 @@ def show(section: Section) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: One JSON line per benchmark run, committed with the code, so the suite's cost is seen over time.
+HISTORY = Path(__file__).resolve().parent / "history.jsonl"
+
+
+def append_history(path: Path, doc: dict) -> None:
+    """Append the run's goals (measured vs target), versions and machine as one line."""
+    line = {k: doc[k] for k in ("date", "command", "tier", "versions", "machine", "goals", "all_goals_met")}
+    with path.open("a") as f:
+        f.write(json.dumps(line, default=str, sort_keys=True) + "\n")
+
+
 def default_out(which: str, tier: str, stamp: str) -> Path:
     return DEFAULT_OUT_DIR / f"{which}-{tier}-{stamp}.json"
 
@@ -126,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     print("goals:")
     for goal in doc["goals"]:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
-        print(f"  {goal['benchmark']}: {goal['name']} ({goal['target']}): {verdict}")
-    print(f"written: {out}")
+        measured = "–" if goal["measured"] is None else f"{goal['measured']:.4g}"
+        print(f"  {goal['benchmark']}: {goal['name']}: measured {measured} vs target {goal['target']}: {verdict}")
+    append_history(HISTORY, doc)
+    print(f"written: {out}; history: {HISTORY}")
     return 1 if any(s.error for s in sections) else 0
 
 
