@@ -17,6 +17,12 @@ The recipe uses them through ``compat_model_spec``: the spec builds
 ``CompatHFTransformerModel`` (upstream's model with 1, 2, 4 and 5 fixed) and
 carries the fixed state-dict adapter (3). Nothing in torchtitan or
 transformers is monkeypatched (5 undoes upstream's own patch).
+
+Each workaround first checks the upstream shape it relies on (a signature, an
+attribute) with ``recipes.upstream_shape.require``: after a version bump that
+moved it, it fails with one line naming the package, its version and the
+workaround (``transformers 5.x no longer fits workaround ...``), never with a
+``TypeError`` from inside it; ``make bump`` lists those lines.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import AttentionInterface, PreTrainedModel
 
@@ -40,12 +45,52 @@ from recipes.titan import (
     TitanModelConfig,
     TitanMoeModelConfig,
 )
+from recipes.upstream_shape import accepts, describe, require, require_attributes
+
+try:  # checked where it is used (causal_sdpa_attention), so a move reads as one line, not an ImportError
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+except ImportError:
+    sdpa_attention_forward = None
 
 #: The HF attention implementation name the compat model registers and uses.
 ATTN_IMPLEMENTATION = "sdpa_causal_torchtitan"
 
 
 # --- 1. RoPE ----------------------------------------------------------------
+
+
+#: Where the shape checks of each workaround point (package, workaround).
+ROPE_WORKAROUND = "recipes.hf_compat.init_rotary_embeddings"
+MOE_INIT_WORKAROUND = "recipes.hf_compat.init_swapped_moe"
+ADAPTER_WORKAROUND = "recipes.hf_compat.CompatStateDictAdapter"
+ATTENTION_WORKAROUND = "recipes.hf_compat.causal_sdpa_attention"
+INIT_PATCH_WORKAROUND = "recipes.hf_compat.scope_init_patch"
+
+
+def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' rotary embeddings in ``model`` (``Qwen3RotaryEmbedding``, ``Qwen3MoeRotaryEmbedding``...)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+def rope_init_function(module: torch.nn.Module):
+    """The function ``module.__init__`` computes ``inv_freq`` with, checked to take ``(config)``.
+
+    transformers 5.16 declares ``compute_default_rope_parameters(config, device=None)``,
+    5.23 ``(config, **kwargs)``: both are called with the config alone, as 5.23's
+    ``__init__`` does (the result is copied into the buffer, on its device).
+    """
+    owner = type(module).__name__
+    require_attributes(module, ("config", "rope_type", "inv_freq"), "transformers", ROPE_WORKAROUND, owner)
+    if module.rope_type == "default":
+        where = f"{owner}.compute_default_rope_parameters"
+        require(hasattr(module, "compute_default_rope_parameters"), "transformers", ROPE_WORKAROUND, where)
+        fn = module.compute_default_rope_parameters
+    else:
+        where = f"modeling_rope_utils.ROPE_INIT_FUNCTIONS[{module.rope_type!r}]"
+        require(module.rope_type in ROPE_INIT_FUNCTIONS, "transformers", ROPE_WORKAROUND, where)
+        fn = ROPE_INIT_FUNCTIONS[module.rope_type]
+    require(accepts(fn, module.config), "transformers", ROPE_WORKAROUND, f"{where}(config), found {describe(fn)}")
+    return fn
 
 
 def init_rotary_embeddings(model: torch.nn.Module) -> None:
@@ -57,13 +102,16 @@ def init_rotary_embeddings(model: torch.nn.Module) -> None:
     (``Qwen3RotaryEmbedding``...) no longer have, so ``inv_freq`` keeps whatever
     memory ``to_empty()`` returned: step-1 loss differs run to run, NaN follows.
     """
-    for module in model.modules():
-        compute_default = getattr(module, "compute_default_rope_parameters", None)
-        if compute_default is None or not hasattr(module, "inv_freq"):
-            continue
-        rope_type = module.rope_type
-        rope_init_fn = compute_default if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
-        inv_freq, module.attention_scaling = rope_init_fn(module.config, module.inv_freq.device)
+    rotaries = rotary_modules(model)
+    require(bool(rotaries), "transformers", ROPE_WORKAROUND, f"a *RotaryEmbedding module in {type(model).__name__}")
+    for module in rotaries:
+        result = rope_init_function(module)(module.config)
+        returns = "(inv_freq tensor, attention_scaling) from the rope init function"
+        require(
+            isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor),
+            "transformers", ROPE_WORKAROUND, returns,
+        )
+        inv_freq, module.attention_scaling = result
         module.inv_freq.copy_(inv_freq)
         if hasattr(module, "original_inv_freq"):
             module.original_inv_freq.copy_(inv_freq)
@@ -81,10 +129,15 @@ def init_swapped_moe(model: HFTransformerModel, buffer_device: torch.device | No
     only runs HF's ``_init_weights``, which does not know torchtitan's MoE:
     experts and router stay uninitialised (values like 1e37).
     """
+    require(hasattr(model, "layers") and hasattr(model.layers, "values"), "torchtitan", MOE_INIT_WORKAROUND,
+            f"{type(model).__name__}.layers, a ModuleDict of decoder layers")
     for layer in model.layers.values():
         moe = getattr(layer, "moe", None)
         if moe is not None:
-            moe.init_states(buffer_device=buffer_device)
+            init = getattr(moe, "init_states", None)
+            require(init is not None and accepts(init, buffer_device=buffer_device), "torchtitan", MOE_INIT_WORKAROUND,
+                    f"{type(moe).__name__}.init_states(buffer_device=...)")
+            init(buffer_device=buffer_device)
 
 
 # --- 3. MoE checkpoints --------------------------------------------------------
@@ -114,6 +167,10 @@ class CompatStateDictAdapter(HFTransformerStateDictAdapter):
     """
 
     def __init__(self, model_config, hf_assets_path: str | None) -> None:
+        base = HFTransformerStateDictAdapter
+        require_attributes(base, ("to_hf", "from_hf"), "torchtitan", ADAPTER_WORKAROUND, base.__name__)
+        require(accepts(base.__init__, self, model_config, hf_assets_path), "torchtitan", ADAPTER_WORKAROUND,
+                f"{base.__name__}(model_config, hf_assets_path), found {describe(base.__init__)}")
         super().__init__(model_config, hf_assets_path)
         self._grouped_layouts: dict[str, tuple] = {}
 
@@ -174,6 +231,15 @@ def causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, None, **kwargs)
 
 
+def check_attention_shape() -> None:
+    """What ``causal_sdpa_attention`` and its registration rely on, checked before a model is built."""
+    where = "transformers.integrations.sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)"
+    require(sdpa_attention_forward is not None, "transformers", ATTENTION_WORKAROUND, where)
+    require(accepts(sdpa_attention_forward, None, None, None, None, None), "transformers", ATTENTION_WORKAROUND,
+            f"{where}, found {describe(sdpa_attention_forward)}")
+    require(hasattr(AttentionInterface, "register"), "transformers", ATTENTION_WORKAROUND, "AttentionInterface.register")
+
+
 # --- 5. process-wide init patch ---------------------------------------------------
 
 #: The ``PreTrainedModel`` methods upstream replaces with its torchtitan-style init.
@@ -194,6 +260,12 @@ def scope_init_patch(model: PreTrainedModel, originals: dict) -> None:
         setattr(PreTrainedModel, name, original)
 
 
+def pristine_init_methods() -> dict:
+    """``PreTrainedModel``'s own init methods, before upstream's build replaces them."""
+    require_attributes(PreTrainedModel, PATCHED_INIT_METHODS, "transformers", INIT_PATCH_WORKAROUND, "PreTrainedModel")
+    return {name: getattr(PreTrainedModel, name) for name in PATCHED_INIT_METHODS}
+
+
 class CompatHFTransformerModel(HFTransformerModel):
     """``HFTransformerModel`` with workarounds 1, 2, 4 and 5; everything else is upstream's."""
 
@@ -207,13 +279,16 @@ class CompatHFTransformerModel(HFTransformerModel):
             HFTransformerModel.Config.__init__(self, model_config, **kwargs)
 
         def _configure_hf_attention(self) -> None:
+            check_attention_shape()
+            require(isinstance(getattr(self, "_titan_injected_model_args", None), dict), "torchtitan",
+                    ATTENTION_WORKAROUND, "HFTransformerModel.Config._titan_injected_model_args (a dict)")
             AttentionInterface.register(ATTN_IMPLEMENTATION, causal_sdpa_attention)
             self._titan_injected_model_args["attn_implementation"] = ATTN_IMPLEMENTATION
             self.attn_implementation = ATTN_IMPLEMENTATION
             self._attn_implementation = ATTN_IMPLEMENTATION
 
     def __init__(self, config: "CompatHFTransformerModel.Config") -> None:
-        originals = {name: getattr(PreTrainedModel, name) for name in PATCHED_INIT_METHODS}
+        originals = pristine_init_methods()
         super().__init__(config)
         scope_init_patch(self.model, originals)
 

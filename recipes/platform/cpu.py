@@ -2,18 +2,25 @@
 
 torchtitan is written for accelerators. Each patch below is the smallest change
 that lets the unmodified trainer run on CPU, and each has a canary test in
-``tests/cpu/test_platform_canaries.py`` that fails once upstream no longer
+``tests/cpu/test_platform.py`` (``test_canary_*``) that fails once upstream no longer
 needs it, so the patch can be deleted.
 
 ``install()`` must run before anything imports torchtitan: several torchtitan
 modules copy ``device_type`` / ``device_module`` by value at import time.
+
+Each patch first checks the upstream shape it relies on (``recipes.upstream_shape``):
+after a bump that moved it, it fails with one line naming the package, its version
+and the patch, instead of patching nothing or failing from inside.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
+
+from recipes.upstream_shape import require, require_attributes
 
 #: torchtitan modules that copy ``device_type``/``device_module`` at import.
 _DEVICE_COPIES = (
@@ -26,6 +33,13 @@ _DEVICE_COPIES = (
 )
 
 _installed = False
+
+DEVICE_WORKAROUND = "recipes.platform.cpu._patch_device_type"
+FSDP_WORKAROUND = "recipes.platform.cpu._patch_fsdp_sum_reduction"
+#: What the device patch overwrites in torchtitan.tools.utils (the source every copy is taken from).
+DEVICE_ATTRIBUTES = ("device_type", "device_module", "get_device_info")
+#: The FSDP2 methods the sum-reduction patch wraps and calls.
+FSDP_METHODS = ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms")
 
 
 class CpuDeviceModule:
@@ -86,18 +100,35 @@ class _CpuProperties:
         self.name = "cpu"
 
 
+def check_device_utils(utils) -> None:
+    """torchtitan.tools.utils still has the names the patch overwrites (else a "cuda" copy stays behind)."""
+    require_attributes(utils, DEVICE_ATTRIBUTES, "torchtitan", DEVICE_WORKAROUND, "torchtitan.tools.utils")
+
+
+def import_device_copy(name: str):
+    """Import one module that copies device_type, after utils is patched (so its copy is "cpu").
+
+    A module torchtitan moved or removed is one line naming the patch, not a bare ``ModuleNotFoundError``.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not name.startswith(e.name):
+            raise  # something the module itself imports is missing: not this patch's shape
+        require(False, "torchtitan", DEVICE_WORKAROUND, f"the module {name} (it copies device_type at import)")
+
+
 def _patch_device_type() -> None:
     """Point every torchtitan copy of device_type/device_module at the CPU."""
-    import importlib
-
     from recipes.titan import device_utils as utils
 
+    check_device_utils(utils)
     utils.device_type = "cpu"
     utils.device_module = CpuDeviceModule
     utils.get_device_info = lambda: ("cpu", CpuDeviceModule)
     utils.get_local_device = lambda: torch.device("cpu")
     for name in _DEVICE_COPIES:
-        module = importlib.import_module(name)
+        module = import_device_copy(name)
         if hasattr(module, "device_type"):
             module.device_type = "cpu"
         if hasattr(module, "device_module"):
@@ -115,6 +146,7 @@ def _patch_fsdp_sum_reduction() -> None:
     """
     from torch.distributed.fsdp import FSDPModule
 
+    require_attributes(FSDPModule, FSDP_METHODS, "torch", FSDP_WORKAROUND, "FSDPModule")
     original = FSDPModule.set_gradient_divide_factor
     if getattr(original, "_qwen3_trn_repro", False):
         return
