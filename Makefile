@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test neuron-venv test-neuron bench lock fixtures goldens clean
+.PHONY: venv repro test neuron-venv test-neuron bench lock fixtures goldens bump clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,12 @@ lock: venv
 # Published and proxy values (the tutorial's claims) are never touched.
 goldens: venv
 	$(PY) -m pytest -m cpu -n auto --update-goldens $(if $(ACCEPT),--accept-goldens)
+
+# Rehearse a version bump: PKGS="transformers==5.23.0 [torch==2.15.0 ...]" in a separate .venv-bump-<hash>,
+# cpu tier there and on the lock; report/bump/<name>.md + .json; exit 1 if a published-number check breaks.
+# BUMP_ARGS="--dry-run" prints the plan only (recipes/bump.py).
+bump: venv
+	$(PY) -m recipes.bump $(PKGS) $(BUMP_ARGS)
 
 # Rebuild the tiny tokenizer, corpus and checkpoints in fixtures/ (deterministic).
 fixtures: venv

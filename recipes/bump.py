@@ -1,0 +1,813 @@
+"""Rehearse a version bump: what a new torch / transformers / torchtitan would break or fix.
+
+``python -m recipes.bump transformers==5.23.0 [torch==2.15.0 ...]`` (``make bump PKGS=...``)
+
+1. **resolve**: ``requirements.in`` with those pins replaced, compiled by pip-tools against
+   ``requirements-lock.txt`` (every other pin stays unless it has to move), into a candidate
+   lock; what moved is listed. A pin this machine's pip refuses (a ``constraint`` file in
+   pip's config, e.g. the torch cap in ``/etc/xdg/pip``) is reported, not worked around.
+2. **venv**: ``.venv-bump-<hash>`` from the candidate lock (hashes required, as ``make venv``),
+   reused while its candidate lock is unchanged.
+3. **run**: the cpu tier (``pytest -m cpu -n auto``) in that venv, and a baseline on the lock
+   (``.venv``; reused while lock, code and tests are unchanged and it is recent), each with
+   its own ``--report-dir`` under ``report/bump/`` (so ``report/tests.json`` is left alone)
+   and a JUnit file for the failure messages.
+4. **compare**: ``report/bump/<name>.md`` and ``.json``: one table (each test's verdict on the
+   lock and on the candidate), then each canary that flipped, each golden that moved, each
+   workaround that broke (``recipes.upstream_shape`` messages).
+
+Exit status: 0; 1 when the candidate breaks a published-number check (a ``published`` or
+``proxy`` golden that fails or is no longer measured); 2 when the rehearsal could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from recipes.errors import RecipeError
+from recipes.lockcheck import normalize, pins
+from recipes.tiers import REPO_ROOT
+from recipes.upstream_shape import MARKER
+
+LOCK = REPO_ROOT / "requirements-lock.txt"
+REQUIREMENTS_IN = REPO_ROOT / "requirements.in"
+BUMP_REPORTS = REPO_ROOT / "report" / "bump"
+BASELINE_VENV = REPO_ROOT / ".venv"
+VENV_PREFIX = ".venv-bump-"
+
+#: The cpu tier, as ``make test`` runs it (the report dir and JUnit file are added per run).
+PYTEST_ARGS = ("-m", "cpu", "-n", "auto", "-q", "-p", "no:cacheprovider")
+#: pip-compile as ``make lock`` runs it.
+PIP_COMPILE_ARGS = (
+    "--quiet", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url", "--no-emit-find-links",
+)
+#: What decides a baseline's verdicts besides the lock: reused only while these are unchanged.
+CODE_PATHS = ("recipes", "tests", "fixtures", "conftest.py", "pytest.ini")
+BASELINE_MAX_AGE_H = 24.0
+#: Retries of pip-compile, each also releasing the pins the previous one had to discard.
+RESOLVE_ATTEMPTS = 3
+
+#: Canaries: a test that passes while an upstream defect a workaround exists for is still there.
+CANARY_FILES = ("tests/cpu/test_hf_compat_canaries.py", "tests/cpu/test_platform.py")
+#: This test fails in any bump by design (the venv is not the lock); expected when it names only moved packages.
+LOCK_DRIFT_TEST = "tests/cpu/test_versions.py::test_installed_packages_match_the_lock"
+CLAIM_LANES = ("published", "proxy")
+PASSING_VERDICTS = ("pass", "pass, other environment")
+
+EXIT_OK, EXIT_PUBLISHED_BROKEN, EXIT_CANNOT_REHEARSE = 0, 1, 2
+#: How the table orders its rows: what a reader must act on first, unchanged tests last.
+CHANGE_ORDER = ("canary flipped", "broke", "fixed", "not run", "new", "expected (the bump)", "same")
+
+
+class BumpError(RecipeError):
+    """The rehearsal could not run (a pin refused, no resolution, a failed install): one message."""
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One ``name==version`` the bump asks for (name normalised as pip does)."""
+
+    name: str
+    version: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Pin":
+        name, sep, version = text.strip().partition("==")
+        if not sep or not name or not version or any(c in version for c in "<>=!~*, "):
+            raise BumpError(f"{text!r} is not an exact pin: write PKGS=\"name==version ...\" (e.g. transformers==5.23.0)")
+        return cls(normalize(name), version)
+
+    def __str__(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a rehearsal will create, decided before anything is downloaded."""
+
+    pins: tuple[Pin, ...]
+    name: str
+    venv: Path
+    work: Path
+    baseline: Path
+    lock: Path = LOCK
+    requirements_in: Path = REQUIREMENTS_IN
+
+    @property
+    def candidate_in(self) -> Path:
+        return self.work / "requirements-candidate.in"
+
+    @property
+    def candidate_lock(self) -> Path:
+        return self.work / "requirements-candidate.txt"
+
+    @property
+    def candidate_report(self) -> Path:
+        return self.work / "candidate"
+
+    @property
+    def report_md(self) -> Path:
+        return self.work.parent / f"{self.name}.md"
+
+    @property
+    def report_json(self) -> Path:
+        return self.work.parent / f"{self.name}.json"
+
+    def unchanged(self) -> bool:
+        """Every pin is already the lock's: the candidate is the lock (no resolution, no download)."""
+        locked = pins(self.lock)
+        return all(locked.get(p.name) == p.version for p in self.pins)
+
+    def lines(self) -> list[str]:
+        return [
+            f"bump {self.name}: {' '.join(map(str, self.pins))}",
+            f"  candidate lock  {rel(self.candidate_lock)}" + ("  (= the lock: nothing to resolve)" if self.unchanged() else ""),
+            f"  candidate venv  {rel(self.venv)}",
+            f"  candidate run   {rel(self.candidate_report)}/tests.json",
+            f"  baseline run    {rel(self.baseline)}/tests.json (on {rel(BASELINE_VENV)})",
+            f"  bump report     {rel(self.report_md)}, {rel(self.report_json)}",
+        ]
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def plan(specs: list[str], reports: Path = BUMP_REPORTS, lock: Path = LOCK) -> Plan:
+    """The plan for ``specs`` (``name==version`` strings); the venv name hashes the lock and the pins."""
+    if not specs:
+        raise BumpError('nothing to bump: make bump PKGS="transformers==5.23.0 [torch==2.15.0 ...]"')
+    parsed = sorted({Pin.parse(s) for s in specs}, key=lambda p: p.name)
+    twice = sorted({p.name for p in parsed if sum(q.name == p.name for q in parsed) > 1})
+    if twice:
+        raise BumpError(f"{', '.join(twice)} asked for twice with different versions")
+    locked = pins(lock)
+    unknown = [p.name for p in parsed if p.name not in locked]
+    if unknown:
+        raise BumpError(f"{', '.join(unknown)} not in {lock.name}: a bump replaces pins the lock has")
+    name = "+".join(f"{p.name}-{p.version}" for p in parsed)
+    digest = hashlib.sha256((sha256(lock) + "\n" + "\n".join(map(str, parsed))).encode()).hexdigest()[:12]
+    return Plan(
+        pins=tuple(parsed),
+        name=name,
+        venv=REPO_ROOT / f"{VENV_PREFIX}{digest}",
+        work=reports / name,
+        baseline=reports / "baseline",
+        lock=lock,
+    )
+
+
+def pinned_requirements_in(text: str, bump: tuple[Pin, ...]) -> str:
+    """``requirements.in`` with each bumped package's line replaced by its pin (added if absent)."""
+    wanted = {p.name: p for p in bump}
+    out, seen = [], set()
+    for line in text.splitlines():
+        match = re.match(r"^\s*([A-Za-z0-9_.\-]+)", line)
+        name = normalize(match.group(1)) if match and not line.lstrip().startswith("#") else None
+        if name in wanted:
+            comment = line[line.index("#"):] if "#" in line else "#"
+            out.append(f"{wanted[name]}  {comment} (bump rehearsal)")
+            seen.add(name)
+        else:
+            out.append(line)
+    out += [f"{p}  # bump rehearsal: pinned by the bump" for p in bump if p.name not in seen]
+    return "\n".join(out) + "\n"
+
+
+# --- what this machine's pip refuses ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A requirement from a constraint file in pip's configuration (``torch<=2.14.1``)."""
+
+    name: str
+    specifier: str
+    source: str
+
+
+def pip_constraint_files(python: str = sys.executable) -> list[Path]:
+    """The constraint files pip applies to every install (``pip config list`` and ``$PIP_CONSTRAINT``)."""
+    out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    found = re.findall(r"^[\w:.-]*constraint='([^']*)'", out.stdout, flags=re.M)
+    found += os.environ.get("PIP_CONSTRAINT", "").split()
+    return [Path(f) for f in dict.fromkeys(found) if f and Path(f).is_file()]
+
+
+def read_caps(files: list[Path]) -> list[Cap]:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    caps = []
+    for path in files:
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            caps.append(Cap(normalize(req.name), str(req.specifier), str(path)))
+    return caps
+
+
+def cap_refusals(bump: tuple[Pin, ...], caps: list[Cap]) -> list[str]:
+    """One line per bumped pin a pip constraint refuses (pip-compile would only say "no stable configuration")."""
+    from packaging.specifiers import SpecifierSet
+
+    return [
+        f"{pin} is refused by this machine's pip constraint {cap.name}{cap.specifier} ({cap.source}); "
+        f"lifting it (`rm -r {Path(cap.source).parent}`) is a machine-wide decision, and the build is several GB"
+        for pin in bump
+        for cap in caps
+        if cap.name == pin.name and not SpecifierSet(cap.specifier).contains(pin.version, prereleases=True)
+    ]
+
+
+# --- resolving and installing -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Move:
+    """A package whose pin differs between the lock and the candidate lock (None: absent there)."""
+
+    name: str
+    old: str | None
+    new: str | None
+    asked: bool  # the bump pinned it; otherwise the resolver had to move it
+
+    def line(self) -> str:
+        why = "asked" if self.asked else "moved by the resolver"
+        return f"{self.name} {self.old or '(none)'} → {self.new or '(removed)'} ({why})"
+
+
+def moves(old: dict[str, str], new: dict[str, str], bump: tuple[Pin, ...] = ()) -> list[Move]:
+    """Every pin that differs between two locks, asked-for ones first."""
+    asked = {p.name for p in bump}
+    found = [
+        Move(name, old.get(name), new.get(name), name in asked)
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+    return sorted(found, key=lambda m: (not m.asked, m.name))
+
+
+def discarded(pip_compile_output: str) -> list[str]:
+    """Packages pip-compile had to release from the old lock ("Discarding name==v ... to proceed")."""
+    return sorted({normalize(m) for m in re.findall(r"Discarding ([A-Za-z0-9_.\-]+)==", pip_compile_output)})
+
+
+def resolve(plan: Plan, python: str = sys.executable, log=print) -> Path:
+    """Write the candidate lock: the lock's pins kept where they fit, the bumped ones replaced."""
+    plan.work.mkdir(parents=True, exist_ok=True)
+    if plan.unchanged():
+        shutil.copyfile(plan.lock, plan.candidate_lock)
+        return plan.candidate_lock
+    refused = cap_refusals(plan.pins, read_caps(pip_constraint_files(python)))
+    if refused:
+        raise BumpError("; ".join(refused))
+    plan.candidate_in.write_text(pinned_requirements_in(plan.requirements_in.read_text(), plan.pins))
+    released = [p.name for p in plan.pins]
+    for attempt in range(1, RESOLVE_ATTEMPTS + 1):
+        shutil.copyfile(plan.lock, plan.candidate_lock)  # pip-compile keeps an existing output's pins
+        upgrades = [str(p) for p in plan.pins] + [n for n in released if n not in {p.name for p in plan.pins}]
+        log(f"resolving (attempt {attempt}): pip-compile -P {' -P '.join(upgrades)}")
+        command = [python, "-m", "piptools", "compile", *PIP_COMPILE_ARGS, "--verbose"]
+        command += [arg for u in upgrades for arg in ("-P", u)]
+        command += ["-o", str(plan.candidate_lock), str(plan.candidate_in)]
+        out = subprocess.run(command, capture_output=True, text=True, cwd=plan.work)
+        (plan.work / f"pip-compile-{attempt}.log").write_text(out.stdout + out.stderr)
+        if out.returncode == 0:
+            return plan.candidate_lock
+        more = [n for n in discarded(out.stdout + out.stderr) if n not in released]
+        if not more:
+            break
+        released += more
+    tail = " | ".join(line for line in (out.stdout + out.stderr).strip().splitlines()[-3:])
+    raise BumpError(f"pip-compile found no candidate lock for {' '.join(map(str, plan.pins))}: {tail} "
+                    f"(full log: {rel(plan.work)}/pip-compile-*.log)")
+
+
+def build_venv(plan: Plan, log=print) -> Path:
+    """The candidate venv (its python), installed from the candidate lock with hashes; reused if current."""
+    python = plan.venv / "bin" / "python"
+    stamp = plan.venv / ".lock-installed"
+    if stamp.exists() and stamp.read_text() == plan.candidate_lock.read_text():
+        log(f"reusing {rel(plan.venv)} (installed from this candidate lock)")
+        return python
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(plan.venv)], check=True)
+    log(f"installing {rel(plan.candidate_lock)} into {rel(plan.venv)} (a CUDA torch build is several GB)")
+    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    for command in (pip + ["--upgrade", "pip"], pip + ["--require-hashes", "--no-deps", "-r", str(plan.candidate_lock)]):
+        out = subprocess.run(command, capture_output=True, text=True)
+        if out.returncode != 0:
+            tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+            raise BumpError(f"installing the candidate lock into {rel(plan.venv)} failed: {tail}")
+    shutil.copyfile(plan.candidate_lock, stamp)
+    return python
+
+
+# --- running the cpu tier -----------------------------------------------------------------------
+
+
+@dataclass
+class TierRun:
+    """One ``pytest -m cpu`` run into its own report dir."""
+
+    python: str
+    report_dir: str
+    returncode: int | None = None
+    seconds: float | None = None
+    finished: str | None = None
+    lock_sha256: str | None = None
+    code_sha256: str | None = None
+    summary: str = ""
+
+    @property
+    def meta_path(self) -> Path:
+        return Path(self.report_dir) / "run.json"
+
+    def save(self) -> None:
+        self.meta_path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, report_dir: Path) -> "TierRun | None":
+        path = report_dir / "run.json"
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+
+def code_sha256(root: Path = REPO_ROOT, paths: tuple[str, ...] = CODE_PATHS) -> str:
+    """A hash of every tracked or new file under ``paths``: what a baseline's verdicts depend on."""
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "--", *paths], capture_output=True, text=True, cwd=root
+    )
+    digest = hashlib.sha256()
+    for name in sorted(out.stdout.splitlines()):
+        path = root / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def run_tier(python: Path, report_dir: Path, lock: Path, log=print) -> TierRun:
+    """``pytest -m cpu -n auto`` with ``python``, its report in ``report_dir`` (tests.json, junit.xml, pytest.log)."""
+    if report_dir.exists():
+        shutil.rmtree(report_dir)
+    report_dir.mkdir(parents=True)
+    run = TierRun(python=str(python), report_dir=str(report_dir), lock_sha256=sha256(lock), code_sha256=code_sha256())
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["QWEN3_REPRO_REPORT_DIR"] = str(report_dir)
+    basetemp = Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen3-bump-{report_dir.parent.name}-{report_dir.name}"
+    command = [str(python), "-m", "pytest", *PYTEST_ARGS, f"--report-dir={report_dir}",
+               f"--junitxml={report_dir / 'junit.xml'}", f"--basetemp={basetemp}"]
+    log(f"running the cpu tier with {rel(python)} → {rel(report_dir)} (several minutes)")
+    start = time.monotonic()
+    with open(report_dir / "pytest.log", "w") as out:
+        run.returncode = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
+    run.seconds = round(time.monotonic() - start, 1)
+    run.finished = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    lines = (report_dir / "pytest.log").read_text().strip().splitlines()
+    run.summary = lines[-1].strip("= ") if lines else ""
+    run.save()
+    shutil.rmtree(basetemp, ignore_errors=True)
+    log(f"  {run.summary} in {run.seconds:.0f} s")
+    return run
+
+
+def baseline_is_current(run: TierRun | None, lock: Path, max_age_h: float, now: dt.datetime | None = None) -> bool:
+    """A recorded baseline stands while the lock and the code are the same and it is recent."""
+    if run is None or run.finished is None or not (Path(run.report_dir) / "tests.json").exists():
+        return False
+    now = now or dt.datetime.now(dt.timezone.utc)
+    age_h = (now - dt.datetime.fromisoformat(run.finished)).total_seconds() / 3600
+    return run.lock_sha256 == sha256(lock) and run.code_sha256 == code_sha256() and age_h <= max_age_h
+
+
+# --- reading a run ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """One test's outcome in one run, with its failure message (first line) and recorded values."""
+
+    outcome: str  # passed, failed, skipped, absent
+    message: str = ""
+    properties: dict = field(default_factory=dict)
+
+
+def junit_key(nodeid: str) -> tuple[str, str]:
+    """(classname, name) pytest's JUnit writer gives ``nodeid``."""
+    path, *parts = nodeid.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return ".".join([module, *parts[:-1]]), parts[-1] if parts else path
+
+
+def junit_messages(path: Path) -> dict[tuple[str, str], str]:
+    """The failure/error text of each failed test case in a JUnit file."""
+    if not path.exists():
+        return {}
+    messages = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for tag in ("failure", "error"):
+            node = case.find(tag)
+            if node is not None:
+                text = "\n".join(t for t in (node.get("message", ""), node.text or "") if t)
+                key = (case.get("classname", ""), case.get("name", ""))
+                messages[key] = (messages.get(key, "") + "\n" + text).strip()
+    return messages
+
+
+def load_run(report_dir: Path) -> tuple[dict[str, Result], list[dict], dict]:
+    """(results by test id, golden rows, versions) of one run's tests.json and junit.xml."""
+    path = report_dir / "tests.json"
+    if not path.exists():
+        raise BumpError(f"{rel(path)} does not exist: that cpu-tier run wrote no report (see {rel(report_dir)}/pytest.log)")
+    data = json.loads(path.read_text())
+    messages = junit_messages(report_dir / "junit.xml")
+    results = {
+        t["test"]: Result(t["outcome"], messages.get(junit_key(t["test"]), ""), t.get("properties", {}))
+        for t in data["tests"]
+    }
+    return results, data.get("goldens", []), data.get("versions", {})
+
+
+#: Where a failure says what went wrong, most telling first: the launcher's "rank N failed first:
+#: Exc: msg", an exception a rank raised, then pytest's first "E   Exc: msg" line.
+TELLING_LINES = (
+    re.compile(r"failed first: (.*)"),
+    re.compile(r"\[rank\d+\]: (\w+(?:Error|Exception|Exit)\b.*)"),
+    re.compile(r"^E\s+(\w+(?:Error|Exception)\b.*)"),
+    re.compile(r"^E\s+(.*)"),
+)
+
+
+def first_line(text: str, limit: int = 240) -> str:
+    """The most telling line of a failure: a shape message (whole), else :data:`TELLING_LINES`, else line 1."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if MARKER in line:
+            return shape_line(line)  # whole: it is the answer
+    for pattern in TELLING_LINES:
+        for line in lines:
+            match = pattern.search(line)
+            if match and match.group(1).strip():
+                return match.group(1).strip()[:limit]
+    return (lines[0] if lines else "")[:limit]
+
+
+# --- comparing two runs -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    test: str
+    lock: str
+    candidate: str
+    change: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class CanaryFlip:
+    test: str
+    lock: str
+    candidate: str
+    meaning: str
+    message: str
+
+
+@dataclass(frozen=True)
+class GoldenMove:
+    recipe: str
+    tier: str
+    key: str
+    lane: str | None
+    old: object
+    new: object
+    difference: float | None
+    verdict: str | None
+
+
+@dataclass(frozen=True)
+class BrokenWorkaround:
+    message: str
+    tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BrokenClaim:
+    recipe: str
+    key: str
+    lane: str | None
+    published: object
+    measured: object
+    verdict: str
+
+
+@dataclass
+class Comparison:
+    rows: list[Row]
+    canaries: list[CanaryFlip]
+    goldens: list[GoldenMove]
+    workarounds: list[BrokenWorkaround]
+    published: list[BrokenClaim]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PUBLISHED_BROKEN if self.published else EXIT_OK
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.rows:
+            out[row.change] = out.get(row.change, 0) + 1
+        return out
+
+
+def is_canary(test: str) -> bool:
+    path, _, name = test.partition("::")
+    return path in CANARY_FILES and name.startswith("test_canary")
+
+
+def drift_is_the_bump(result: Result, moved: list[Move]) -> bool:
+    """The lock-drift test failed only because of the packages the bump moved."""
+    problems = result.properties.get("lock_drift") or []
+    names = {m.name for m in moved}
+    return bool(problems) and all(normalize(p.split(":", 1)[0]) in names for p in problems)
+
+
+def change(test: str, lock: Result, candidate: Result, moved: list[Move]) -> str:
+    """How a test's verdict changed from the lock to the candidate, in a word or two."""
+    if test == LOCK_DRIFT_TEST and candidate.outcome == "failed" and drift_is_the_bump(candidate, moved):
+        return "expected (the bump)"
+    if lock.outcome == candidate.outcome:
+        return "same"
+    if is_canary(test):
+        return "canary flipped"
+    if lock.outcome == "passed" and candidate.outcome == "failed":
+        return "broke"
+    if lock.outcome == "failed" and candidate.outcome == "passed":
+        return "fixed"
+    if candidate.outcome == "absent":
+        return "not run"
+    if lock.outcome == "absent":
+        return "new"
+    return f"{lock.outcome} → {candidate.outcome}"
+
+
+def canary_meaning(lock: str, candidate: str) -> str:
+    if lock == "passed" and candidate == "failed":
+        return ("the defect is gone upstream (or the canary cannot tell any more): "
+                "its workaround can go, once the message below confirms it")
+    if lock == "failed" and candidate == "passed":
+        return "the defect is back upstream: keep (or restore) its workaround"
+    return f"{lock} → {candidate}"
+
+
+def golden_key(row: dict) -> tuple[str, str, str]:
+    return row["recipe"], row["tier"], row["key"]
+
+
+def difference(old, new) -> float | None:
+    numbers = (int, float)
+    if isinstance(old, numbers) and isinstance(new, numbers) and not isinstance(old, bool):
+        return new - old
+    return None
+
+
+def compare(lock_run: tuple, candidate_run: tuple, moved: list[Move]) -> Comparison:
+    """Compare two loaded runs (``load_run`` results) of the cpu tier."""
+    lock_results, lock_goldens, _ = lock_run
+    cand_results, cand_goldens, _ = candidate_run
+    absent = Result("absent")
+    rows, canaries = [], []
+    for test in sorted(set(lock_results) | set(cand_results)):
+        lock, cand = lock_results.get(test, absent), cand_results.get(test, absent)
+        what = change(test, lock, cand, moved)
+        message = first_line(cand.message if cand.outcome == "failed" else lock.message)
+        rows.append(Row(test, lock.outcome, cand.outcome, what, message if what != "same" else ""))
+        if what == "canary flipped":
+            canaries.append(CanaryFlip(test, lock.outcome, cand.outcome, canary_meaning(lock.outcome, cand.outcome),
+                                       first_line(cand.message or lock.message)))
+
+    old = {golden_key(r): r for r in lock_goldens}
+    new = {golden_key(r): r for r in cand_goldens}
+    golden_moves = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, {}), new.get(key, {})
+        if a.get("measured") != b.get("measured"):
+            golden_moves.append(GoldenMove(
+                *key, lane=b.get("lane") or a.get("lane"), old=a.get("measured"), new=b.get("measured"),
+                difference=difference(a.get("measured"), b.get("measured")), verdict=b.get("verdict"),
+            ))
+
+    published = [
+        BrokenClaim(r["recipe"], r["key"], r.get("lane"), r.get("published"), r.get("measured"), r["verdict"])
+        for r in cand_goldens
+        if r.get("lane") in CLAIM_LANES and r.get("verdict") not in PASSING_VERDICTS
+    ]
+    published += [
+        BrokenClaim(r["recipe"], r["key"], r.get("lane"), r.get("published"), None, "not measured on the candidate")
+        for key, r in old.items()
+        if r.get("lane") in CLAIM_LANES and key not in new
+    ]
+
+    by_message: dict[str, list[str]] = {}
+    for test, result in cand_results.items():
+        for line in result.message.splitlines():
+            if MARKER in line:
+                by_message.setdefault(shape_line(line), []).append(test)
+    workarounds = [BrokenWorkaround(m, tuple(sorted(set(t)))) for m, t in sorted(by_message.items())]
+    return Comparison(rows, canaries, golden_moves, workarounds, published)
+
+
+def shape_line(line: str) -> str:
+    """The ``<package> <version> no longer fits workaround ...`` sentence inside a failure line."""
+    match = re.search(r"([A-Za-z0-9_.\-]+ \S+ " + re.escape(MARKER) + r" .*)", line)
+    return (match.group(1) if match else line).strip().rstrip("'\")")
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    return "–" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) -> str:
+    """The bump report: one table first, then canaries, goldens, workarounds, published checks."""
+    c = comparison
+    verdict = ("**breaks a published-number check**" if c.published else "no published-number check broken")
+    lines = [
+        f"# Bump rehearsal: {' '.join(map(str, plan.pins))}",
+        "",
+        f"{meta['date']}: {verdict}. Lock {meta['lock_versions']} vs candidate {meta['candidate_versions']}; "
+        f"changes: {', '.join(f'{k} {v}' for k, v in sorted(c.counts().items()))}.",
+        "",
+        "| test | lock | candidate | change | why (candidate's failure) |",
+        "|---|---|---|---|---|",
+    ]
+    order = {change: i for i, change in enumerate(CHANGE_ORDER)}
+    for row in sorted(c.rows, key=lambda r: (order.get(r.change, order["same"] - 0.5), r.test)):
+        lines.append(f"| {row.test} | {row.lock} | {row.candidate} | {row.change} | {_cell(row.message)} |")
+    lines += ["", "## What moved in the lock", ""]
+    lines += [f"- {m.line()}" for m in moved] or ["- nothing (the candidate is the lock)"]
+    lines += ["", "## Canaries that flipped", ""]
+    lines += [f"- `{f.test}`: {f.lock} → {f.candidate}: {f.meaning}. {_cell(f.message)}" for f in c.canaries] or [
+        "- none: every upstream defect a workaround exists for is in the same state on the candidate"]
+    lines += ["", "## Goldens that moved", ""]
+    if c.goldens:
+        lines += ["| recipe | tier | value | lane | lock | candidate | difference | candidate verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {g.recipe} | {g.tier} | {g.key} | {g.lane or '–'} | {_fmt(g.old)} | {_fmt(g.new)} | "
+                  f"{_fmt(g.difference)} | {g.verdict or 'not measured'} |" for g in c.goldens]
+    else:
+        lines.append("- none: every recorded golden value is bitwise the same")
+    lines += ["", "## Workarounds that broke", ""]
+    lines += [f"- {_cell(w.message)} ({len(w.tests)} test(s): {', '.join(w.tests[:3])}"
+              f"{', …' if len(w.tests) > 3 else ''})" for w in c.workarounds] or [
+        "- none: every workaround found the upstream shape it relies on"]
+    lines += ["", "## Published-number checks the candidate breaks", ""]
+    lines += [f"- {b.recipe} {b.key} ({b.lane}): published {_fmt(b.published)}, measured {_fmt(b.measured)}: {b.verdict}"
+              for b in c.published] or ["- none"]
+    lines += ["", "## Runs", ""]
+    for label in ("baseline", "candidate"):
+        run = meta[label]
+        lines.append(f"- {label}: `{run['python']}`, {run['summary']} in {run['seconds']} s "
+                     f"(finished {run['finished']}; report {run['report_dir']})")
+    return "\n".join(lines) + "\n"
+
+
+def versions_line(versions: dict) -> str:
+    return ", ".join(f"{k} {versions.get(k)}" for k in ("torch", "transformers", "torchtitan"))
+
+
+def write_report(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) -> None:
+    plan.report_md.write_text(markdown(plan, comparison, moved, meta))
+    data = {
+        "bump": [str(p) for p in plan.pins],
+        **meta,
+        "exit_code": comparison.exit_code,
+        "moved": [asdict(m) for m in moved],
+        "counts": comparison.counts(),
+        "tests": [asdict(r) for r in comparison.rows],
+        "canaries_flipped": [asdict(f) for f in comparison.canaries],
+        "goldens_moved": [asdict(g) for g in comparison.goldens],
+        "workarounds_broke": [asdict(w) for w in comparison.workarounds],
+        "published_broken": [asdict(b) for b in comparison.published],
+    }
+    plan.report_json.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_refusal(plan: Plan, reason: str) -> None:
+    """A rehearsal that could not run still leaves a report saying why (the README table cites it)."""
+    plan.report_md.parent.mkdir(parents=True, exist_ok=True)
+    date = dt.date.today().isoformat()
+    plan.report_md.write_text(f"# Bump rehearsal: {' '.join(map(str, plan.pins))}\n\n{date}: not rehearsed: {reason}\n")
+    plan.report_json.write_text(json.dumps({"bump": [str(p) for p in plan.pins], "date": date,
+                                            "exit_code": EXIT_CANNOT_REHEARSE, "not_rehearsed": reason}, indent=2) + "\n")
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m recipes.bump", description=__doc__.split("\n\n")[0])
+    parser.add_argument("pins", nargs="*", help="name==version, e.g. transformers==5.23.0 torch==2.15.0")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan; resolve, install and run nothing")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the bump report from the last runs")
+    parser.add_argument("--baseline", type=Path, help="a report dir with tests.json (and junit.xml) to use as the baseline")
+    parser.add_argument("--rerun-baseline", action="store_true", help="run the baseline even if a current one exists")
+    parser.add_argument("--baseline-max-age-h", type=float, default=BASELINE_MAX_AGE_H)
+    parser.add_argument("--reports", type=Path, default=BUMP_REPORTS, help="where bump reports go (report/bump)")
+    return parser.parse_args(argv)
+
+
+def get_baseline(plan: Plan, args: argparse.Namespace, log=print) -> Path:
+    """The lock's run: given, reused while current, or run now with ``.venv``."""
+    if args.baseline:
+        return args.baseline
+    recorded = TierRun.load(plan.baseline)
+    if not args.rerun_baseline and (args.report_only or baseline_is_current(recorded, plan.lock, args.baseline_max_age_h)):
+        log(f"reusing the baseline in {rel(plan.baseline)} (finished {recorded.finished if recorded else '?'})")
+        return plan.baseline
+    run_tier(BASELINE_VENV / "bin" / "python", plan.baseline, plan.lock, log)
+    return plan.baseline
+
+
+def main(argv: list[str] | None = None, log=print) -> int:
+    args = parse_args(argv)
+    try:
+        bump = plan(args.pins, reports=args.reports)
+    except BumpError as e:
+        log(f"bump: {e}")
+        return EXIT_CANNOT_REHEARSE
+    for line in bump.lines():
+        log(line)
+    if args.dry_run:
+        return EXIT_OK
+    try:
+        if not args.report_only:
+            resolve(bump, log=log)
+        elif not bump.candidate_lock.exists():
+            raise BumpError(f"{rel(bump.candidate_lock)} does not exist: run the rehearsal without --report-only first")
+        moved = moves(pins(bump.lock), pins(bump.candidate_lock), bump.pins)
+        for m in moved:
+            log(f"  {m.line()}")
+        if not args.report_only:
+            python = build_venv(bump, log)
+        baseline_dir = get_baseline(bump, args, log)
+        if not args.report_only:
+            run_tier(python, bump.candidate_report, bump.candidate_lock, log)
+        lock_run, cand_run = load_run(baseline_dir), load_run(bump.candidate_report)
+    except BumpError as e:
+        log(f"bump: not rehearsed: {e}")
+        write_refusal(bump, str(e))
+        return EXIT_CANNOT_REHEARSE
+    comparison = compare(lock_run, cand_run, moved)
+    runs = {label: asdict(TierRun.load(d) or TierRun(python="?", report_dir=str(d)))
+            for label, d in (("baseline", baseline_dir), ("candidate", bump.candidate_report))}
+    meta = {
+        "date": dt.date.today().isoformat(),
+        "lock_versions": versions_line(lock_run[2]),
+        "candidate_versions": versions_line(cand_run[2]),
+        **runs,
+    }
+    write_report(bump, comparison, moved, meta)
+    log(f"bump report: {rel(bump.report_md)} ({', '.join(f'{k} {v}' for k, v in sorted(comparison.counts().items()))})")
+    for b in comparison.published:
+        log(f"  BROKEN published check: {b.recipe} {b.key}: {b.verdict}")
+    return comparison.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""recipes/bump.py: the plan, the resolution bookkeeping and the bump report, without building a venv.
+
+The rehearsal itself (a venv of several GB and two cpu-tier runs) is run by hand
+(``make bump PKGS=...``) and recorded in the README; here the plan is a bump that
+changes nothing (the lock's own pins: no resolution, no download), and the report
+is built from recorded, synthetic runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from recipes import bump
+from recipes.lockcheck import pins
+from recipes.tiers import REPO_ROOT
+from recipes.upstream_shape import shape_message
+
+pytestmark = pytest.mark.cpu
+
+NO_CHANGE = [f"transformers=={pins(bump.LOCK)['transformers']}"]
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+
+def test_a_bump_to_the_locked_pins_plans_no_resolution(tmp_path):
+    first = bump.plan(NO_CHANGE, reports=tmp_path)
+    assert first.unchanged()
+    assert first == bump.plan(NO_CHANGE, reports=tmp_path)  # same pins, same venv: a rerun reuses it
+    assert first.venv.parent == REPO_ROOT and first.venv.name.startswith(bump.VENV_PREFIX)
+    assert first.report_md == tmp_path / f"{first.name}.md" and first.work == tmp_path / first.name
+    bump.resolve(first)  # no pip-compile: the candidate lock is the lock
+    assert first.candidate_lock.read_bytes() == bump.LOCK.read_bytes()
+    assert bump.moves(pins(bump.LOCK), pins(first.candidate_lock), first.pins) == []
+
+
+def test_another_pin_gets_another_venv(tmp_path):
+    a = bump.plan(["transformers==5.23.0"], reports=tmp_path)
+    b = bump.plan(["transformers==5.23.0", "torch==2.15.0"], reports=tmp_path)
+    assert not a.unchanged() and a.venv != b.venv
+    assert b.name == "torch-2.15.0+transformers-5.23.0"  # sorted, so the order asked in does not matter
+    assert b == bump.plan(["torch==2.15.0", "transformers==5.23.0"], reports=tmp_path)
+
+
+def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path, capsys):
+    assert bump.main(["--dry-run", "--reports", str(tmp_path), *NO_CHANGE]) == bump.EXIT_OK
+    out = capsys.readouterr().out
+    assert "candidate venv  .venv-bump-" in out and "(= the lock: nothing to resolve)" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        ([], "nothing to bump"),
+        (["transformers>=5.23"], "is not an exact pin"),
+        (["transformers"], "is not an exact pin"),
+        (["no-such-package==1.0"], "no-such-package not in requirements-lock.txt"),
+        (["transformers==5.23.0", "Transformers==5.22.0"], "transformers asked for twice"),
+    ],
+)
+def test_bad_pins_are_refused_in_one_line(specs, message, capsys):
+    with pytest.raises(bump.BumpError, match=message):
+        bump.plan(specs)
+    assert bump.main(["--dry-run", *specs]) == bump.EXIT_CANNOT_REHEARSE
+    assert message in capsys.readouterr().out
+
+
+def test_requirements_in_gets_the_bumped_pins():
+    text = "torch==2.14.0   # the tutorial's pin\ntransformers==5.16.0\n# transformers in a comment\nsafetensors\n"
+    out = bump.pinned_requirements_in(text, (bump.Pin("transformers", "5.23.0"), bump.Pin("huggingface-hub", "1.40.0")))
+    assert out.splitlines() == [
+        "torch==2.14.0   # the tutorial's pin",
+        "transformers==5.23.0  # (bump rehearsal)",
+        "# transformers in a comment",
+        "safetensors",
+        "huggingface-hub==1.40.0  # bump rehearsal: pinned by the bump",
+    ]
+
+
+def test_a_pip_cap_refuses_the_pin_by_name(tmp_path):
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("# the releases on this disk\ntorch<=2.14.1\ntorchvision<=0.29.1\n")
+    caps = bump.read_caps([constraints])
+    assert bump.cap_refusals((bump.Pin("torch", "2.14.0"), bump.Pin("transformers", "5.23.0")), caps) == []
+    (refusal,) = bump.cap_refusals((bump.Pin("torch", "2.15.0"),), caps)
+    assert refusal.startswith(f"torch==2.15.0 is refused by this machine's pip constraint torch<=2.14.1 ({constraints})")
+
+
+def test_what_moved_and_what_the_resolver_released():
+    old = {"torch": "2.14.0", "triton": "3.8.0", "nvidia-curand": "10.4.0.35", "numpy": "2.4.6"}
+    new = {"torch": "2.15.0", "triton": "3.9.0", "nvidia-cuda-cccl": "13.3.5.0.6", "numpy": "2.4.6"}
+    moved = bump.moves(old, new, (bump.Pin("torch", "2.15.0"),))
+    assert [m.line() for m in moved] == [
+        "torch 2.14.0 → 2.15.0 (asked)",
+        "nvidia-cuda-cccl (none) → 13.3.5.0.6 (moved by the resolver)",
+        "nvidia-curand 10.4.0.35 → (removed) (moved by the resolver)",
+        "triton 3.8.0 → 3.9.0 (moved by the resolver)",
+    ]
+    output = ("Discarding triton==3.8.0 (from -r cand.txt (line 2540)) to proceed the resolution\n"
+              "Discarding nvidia_cublas==13.1.1.3 (from -r cand.txt (line 1507)) to proceed the resolution\n")
+    assert bump.discarded(output) == ["nvidia-cublas", "triton"]
+
+
+def test_a_baseline_is_reused_only_while_lock_code_and_age_fit(tmp_path):
+    (tmp_path / "tests.json").write_text("{}")
+    now = dt.datetime(2026, 12, 3, 12, tzinfo=dt.timezone.utc)
+    run = bump.TierRun(python="p", report_dir=str(tmp_path), finished=(now - dt.timedelta(hours=2)).isoformat(),
+                       lock_sha256=bump.sha256(bump.LOCK), code_sha256=bump.code_sha256())
+    assert bump.baseline_is_current(run, bump.LOCK, 24, now)
+    assert not bump.baseline_is_current(run, bump.LOCK, 1, now)
+    other = tmp_path / "other-lock.txt"
+    other.write_text("torch==2.15.0\n")
+    assert not bump.baseline_is_current(run, other, 24, now)
+    run.code_sha256 = "0" * 64
+    assert not bump.baseline_is_current(run, bump.LOCK, 24, now)
+    assert not bump.baseline_is_current(None, bump.LOCK, 24, now)
+
+
+# --- the report, from recorded runs ---------------------------------------------------------------
+
+CANARY = "tests/cpu/test_hf_compat_canaries.py::test_canary_rope_inv_freq_still_left_uninitialised"
+HF_TEST = "tests/cpu/test_hf_backend.py::test_backend_step1_matches_native"
+CLASS_TEST = "tests/cpu/test_x.py::TestThing::test_param[1]"
+RANDOM_INIT = "tests/cpu/test_native_qwen3.py::test_random_init_loss"
+EXACT = "tests/cpu/test_native_qwen3.py::test_step1_loss_hf"
+
+
+def golden_row(key, lane, measured, verdict, test, published=None, golden=None):
+    return {"recipe": "native_qwen3", "tier": "cpu", "key": key, "lane": lane, "published": published,
+            "golden": golden, "measured": measured, "tolerance": 0.0, "verdict": verdict, "test": test}
+
+
+def write_run(directory: Path, outcomes: dict[str, str], goldens: list[dict], failures: dict[str, str] = {},
+              properties: dict[str, dict] = {}, versions: dict | None = None) -> Path:
+    """A report dir as recipes.pytest_report and pytest's --junitxml write it."""
+    directory.mkdir(parents=True)
+    tests = [{"test": t, "outcome": o, "duration_s": 1.0, "properties": properties.get(t, {})} for t, o in outcomes.items()]
+    data = {"versions": versions or {"torch": "2.14.0", "transformers": "5.16.0", "torchtitan": "0.3.0"},
+            "goldens": goldens, "warnings": [], "tests": tests}
+    (directory / "tests.json").write_text(json.dumps(data))
+    cases = []
+    for test in outcomes:
+        classname, name = bump.junit_key(test)
+        inner = f'<failure message="{failures[test]}">traceback\nE   {failures[test]}</failure>' if test in failures else ""
+        cases.append(f'<testcase classname="{classname}" name="{name}" time="1">{inner}</testcase>')
+    (directory / "junit.xml").write_text(f'<testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>')
+    return directory
+
+
+@pytest.fixture
+def recorded_runs(tmp_path):
+    moved = [bump.Move("transformers", "5.16.0", "5.23.0", True)]
+    shape = shape_message("transformers", "recipes.hf_compat.init_rotary_embeddings", "X.compute_default_rope_parameters(config)")
+    lock = write_run(
+        tmp_path / "baseline",
+        {CANARY: "passed", HF_TEST: "passed", CLASS_TEST: "passed", RANDOM_INIT: "passed", EXACT: "passed",
+         bump.LOCK_DRIFT_TEST: "passed"},
+        [golden_row("step1_loss_random", "proxy", 12.4431, "pass", RANDOM_INIT, published=12.43),
+         golden_row("step1_loss_hf", "exact", 1.5480120182037354, "pass", EXACT, golden=1.5480120182037354)],
+    )
+    candidate = write_run(
+        tmp_path / "candidate",
+        {CANARY: "failed", HF_TEST: "failed", CLASS_TEST: "passed", RANDOM_INIT: "failed", EXACT: "failed",
+         bump.LOCK_DRIFT_TEST: "failed"},
+        [golden_row("step1_loss_random", "proxy", 12.6, "regression", RANDOM_INIT, published=12.43),
+         golden_row("step1_loss_hf", "exact", 1.5480124950408936, "stale golden", EXACT, golden=1.5480120182037354)],
+        failures={CANARY: "AssertionError: upstream now initialises inv_freq after to_empty(): drop init_rotary_embeddings",
+                  HF_TEST: f"shared run failed: rank 0 failed first: UpstreamShapeError: {shape}",
+                  RANDOM_INIT: "AssertionError: regression: step1_loss_random", EXACT: "AssertionError: stale golden",
+                  bump.LOCK_DRIFT_TEST: "installed packages drifted"},
+        properties={bump.LOCK_DRIFT_TEST: {"lock_drift": ["transformers: pinned 5.16.0 in requirements-lock.txt, installed 5.23.0"]}},
+        versions={"torch": "2.14.0", "transformers": "5.23.0", "torchtitan": "0.3.0"},
+    )
+    return bump.load_run(lock), bump.load_run(candidate), moved, shape
+
+
+def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded_runs):
+    lock, candidate, moved, shape = recorded_runs
+    c = bump.compare(lock, candidate, moved)
+    changes = {r.test: r.change for r in c.rows}
+    assert changes == {CANARY: "canary flipped", HF_TEST: "broke", CLASS_TEST: "same", RANDOM_INIT: "broke",
+                       EXACT: "broke", bump.LOCK_DRIFT_TEST: "expected (the bump)"}
+    (flip,) = c.canaries
+    assert flip.test == CANARY and "workaround can go" in flip.meaning and "drop init_rotary_embeddings" in flip.message
+    assert {g.key: (g.old, g.new) for g in c.goldens} == {
+        "step1_loss_random": (12.4431, 12.6), "step1_loss_hf": (1.5480120182037354, 1.5480124950408936)}
+    assert [g.difference for g in c.goldens if g.key == "step1_loss_hf"] == [pytest.approx(4.768e-7, rel=1e-3)]
+    (broken,) = c.workarounds
+    assert broken.message == shape and broken.tests == (HF_TEST,)
+    assert [(b.key, b.verdict) for b in c.published] == [("step1_loss_random", "regression")]
+    assert c.exit_code == bump.EXIT_PUBLISHED_BROKEN
+    assert next(r for r in c.rows if r.test == HF_TEST).message == shape
+
+
+def test_drift_in_a_package_the_bump_did_not_move_is_not_expected(recorded_runs):
+    lock, candidate, _, _ = recorded_runs
+    c = bump.compare(lock, candidate, [bump.Move("torch", "2.14.0", "2.15.0", True)])
+    assert {r.test: r.change for r in c.rows}[bump.LOCK_DRIFT_TEST] == "broke"
+
+
+def test_a_claim_no_longer_measured_breaks_it(recorded_runs):
+    lock, (results, goldens, versions), moved, _ = recorded_runs
+    c = bump.compare(lock, (results, [g for g in goldens if g["key"] != "step1_loss_random"], versions), moved)
+    assert [(b.key, b.verdict) for b in c.published] == [("step1_loss_random", "not measured on the candidate")]
+
+
+def test_a_bump_that_changes_nothing_reports_nothing(recorded_runs):
+    lock, _, _, _ = recorded_runs
+    c = bump.compare(lock, lock, [])
+    assert {r.change for r in c.rows} == {"same"}
+    assert (c.canaries, c.goldens, c.workarounds, c.published, c.exit_code) == ([], [], [], [], bump.EXIT_OK)
+
+
+def test_the_report_starts_with_the_table(tmp_path, recorded_runs, capsys):
+    """End to end on recorded runs: --report-only with a given baseline writes .md and .json."""
+    lock_dir, cand_dir = tmp_path / "baseline", tmp_path / "candidate"
+    plan = bump.plan(NO_CHANGE, reports=tmp_path / "bump")
+    bump.resolve(plan)
+    cand_dir.rename(plan.candidate_report)
+    code = bump.main(["--report-only", "--reports", str(tmp_path / "bump"), "--baseline", str(lock_dir), *NO_CHANGE])
+    assert code == bump.EXIT_PUBLISHED_BROKEN
+    text = plan.report_md.read_text().splitlines()
+    assert text[0] == f"# Bump rehearsal: {NO_CHANGE[0]}"
+    assert text[4] == "| test | lock | candidate | change | why (candidate's failure) |"
+    assert text[6].startswith(f"| {CANARY} | passed | failed | canary flipped |")
+    sections = [line for line in text if line.startswith("## ")]
+    assert sections == ["## What moved in the lock", "## Canaries that flipped", "## Goldens that moved",
+                        "## Workarounds that broke", "## Published-number checks the candidate breaks", "## Runs"]
+    data = json.loads(plan.report_json.read_text())
+    assert data["exit_code"] == 1 and data["candidate_versions"] == "torch 2.14.0, transformers 5.23.0, torchtitan 0.3.0"
+    assert [w["tests"] for w in data["workarounds_broke"]] == [[HF_TEST]]
+    assert "BROKEN published check: native_qwen3 step1_loss_random: regression" in capsys.readouterr().out
+
+
+def test_junit_names_map_to_test_ids():
+    assert bump.junit_key(CLASS_TEST) == ("tests.cpu.test_x.TestThing", "test_param[1]")
+    assert bump.junit_key(CANARY) == ("tests.cpu.test_hf_compat_canaries", "test_canary_rope_inv_freq_still_left_uninitialised")
+
+
+def test_the_telling_line_of_a_failure():
+    launcher = ("failed on setup with \"Failed: shared run 'hf-backend-2proc' failed (see its rank logs below):\n"
+                "hf_backend on cpu failed after 23 s: torchrun exited 1; rank 0 failed first: TypeError: boom.\n"
+                "[rank0]: TypeError: boom")
+    assert bump.first_line(launcher) == "TypeError: boom."
+    in_a_subprocess = "E       AssertionError: Config field value\nE         [rank0]: KeyError: 'rope_theta'\nE       assert 1 == 0"
+    assert bump.first_line(in_a_subprocess) == "KeyError: 'rope_theta'"
+    assert bump.first_line("traceback\nE   assert 12.6 == 12.43\nE    +  where") == "assert 12.6 == 12.43"
+    shape = shape_message("torch", "recipes.platform.cpu._patch_fsdp_sum_reduction", "FSDPModule.x")
+    assert bump.first_line(f"E   recipes.upstream_shape.UpstreamShapeError: {shape}\n[rank0]: TypeError: x") == shape
