@@ -130,7 +130,8 @@ def test_no_cpu_fallback_for_shapes_the_kernels_refuse(device):
         experts(torch.zeros(8, 256, device=device), torch.tensor([2, 2, 2, 2], device=device))
 
 
-@pytest.mark.requires("device", "torch_neuronx", "nkilib", "dataset")
+# "weights": random init, but the trn2 tokenizer is Qwen3-4B's own, read from $QWEN3_4B_DIR.
+@pytest.mark.requires("device", "torch_neuronx", "nkilib", "weights", "dataset")
 def test_nki_moe_trains_in_eager_mode_on_64_ranks(recipe_run, record_property):
     run = recipe_run("trn2-nki-moe", recipe="nki_moe", tier="trn2", nproc=64, steps=5, init="random", seed=0)
     losses = run["losses"]
