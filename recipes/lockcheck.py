@@ -19,7 +19,6 @@ from pathlib import Path
 from recipes.tiers import REPO_ROOT
 
 CPU_LOCK = REPO_ROOT / "requirements-lock.txt"
-NEURON_REQUIREMENTS = REPO_ROOT / "requirements-neuron.txt"
 
 #: Distribution name → top-level module of the packages whose imported copy is checked.
 KEY_MODULES = {
