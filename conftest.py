@@ -70,15 +70,20 @@ def shared_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def recipe_run(shared_dir):
-    """``recipe_run(name, **options)`` → RunResult dict, launched once per session per name."""
+    """``recipe_run(name, **options)`` → RunResult dict, launched once per session per name.
+
+    ``cli_overrides=[...]``: torchtitan's own options on top of the recipe's config
+    (``["--checkpoint.interval", "50"]``), as ``python -m recipes run`` passes them.
+    """
     from recipes.launch import LaunchError, launch
     from recipes.options import RunOptions
     from recipes.preflight import preflight
 
-    def run(name: str, **options) -> dict:
+    def run(name: str, cli_overrides: list[str] = (), **options) -> dict:
         run_dir = shared_dir / name
         done = shared_dir / f"{name}.json"
-        key = json.dumps(options, sort_keys=True, default=str)
+        key = json.dumps({**options, **({"cli_overrides": list(cli_overrides)} if cli_overrides else {})},
+                         sort_keys=True, default=str)
         with FileLock(str(shared_dir / f"{name}.lock")):
             asked = shared_dir / f"{name}.options.json"
             if asked.exists() and asked.read_text() != key:
@@ -90,7 +95,9 @@ def recipe_run(shared_dir):
             if not done.exists():
                 opts = preflight(RunOptions(run_dir=run_dir, **options))
                 try:
-                    result = launch(opts, echo=lambda line: None, timeout_s=opts.tier_preset.launch_timeout_s).to_dict()
+                    result = launch(
+                        opts, list(cli_overrides), echo=lambda line: None, timeout_s=opts.tier_preset.launch_timeout_s
+                    ).to_dict()
                 except LaunchError as e:
                     result = {"error": str(e)}
                 done.write_text(json.dumps(result))
@@ -149,17 +156,20 @@ def golden(request, record_property):
 
     With ``--update-goldens`` an exact-lane value is proposed instead (NaN/inf refused; the
     session lists old → new and writes only with ``--accept-goldens``); published and proxy
-    values are always asserted.
+    values are always asserted. ``portable_rtol=`` gives an exact value its own tolerance in
+    another environment (measured, stated where the test calls this); the goldens file records
+    it and must agree with the test.
     """
     from recipes import goldens
 
-    def check(recipe: str, tier: str, key: str, measured, reason: str = ""):
+    def check(recipe: str, tier: str, key: str, measured, reason: str = "", portable_rtol: float | None = None):
         record_property(f"{recipe}.{tier}.{key}", measured)
         if request.config.getoption("--update-goldens"):
             _, values = goldens.load(recipe, tier) if goldens.goldens_path(recipe, tier).exists() else ({}, {})
             if key not in values or values[key].lane == "exact":
                 goldens.check_finite(recipe, tier, {key: measured})
-                line = json.dumps({"recipe": recipe, "tier": tier, "key": key, "value": measured, "reason": reason})
+                line = json.dumps({"recipe": recipe, "tier": tier, "key": key, "value": measured, "reason": reason,
+                                   **({"portable_rtol": portable_rtol} if portable_rtol is not None else {})})
                 path = _proposals_file(request.config)
                 with FileLock(str(path) + ".lock"), path.open("a") as f:
                     f.write(line + "\n")
@@ -167,6 +177,11 @@ def golden(request, record_property):
         metadata, values = goldens.load(recipe, tier)
         if key not in values:
             pytest.fail(f"{goldens.goldens_path(recipe, tier)} has no golden {key!r}; run `make goldens`", pytrace=False)
+        if portable_rtol is not None and values[key].portable_rtol != portable_rtol:
+            pytest.fail(
+                f"{goldens.goldens_path(recipe, tier)}: {key!r} has portable_rtol {values[key].portable_rtol!r}, "
+                f"the test states {portable_rtol!r}; run `make goldens`", pytrace=False,
+            )  # fmt: skip
         verdict = goldens.compare(key, measured, values, metadata)
         record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
         assert verdict.passed, verdict.message()

@@ -13,13 +13,22 @@ Three lanes:
 * ``proxy``: a cpu measurement that stands in for a tutorial number (e.g. the random-init
   loss at the real 4B width with one layer); judged against that number.
 * ``exact``: a value this lock gives on the cpu tier, regenerated from a real run.
+* ``band``: a per-step curve from repeated runs where runs are not bitwise repeatable
+  (trn2): ``value`` holds the per-step mean, ``tolerance`` the per-step half-width
+  (k·std over N runs, at least a stated floor), ``band`` how it was made. Written only
+  by ``python -m recipes.band``, never by ``make goldens``.
 
 ``published`` and ``proxy`` entries name a claim of :mod:`recipes.published`, the one
 place the tutorial's numbers are written, and carry no value of their own.
 
+A value may be a list (a loss curve: one element per step); every rule below then
+applies element by element.
+
 An exact value is bitwise only in the environment that recorded it (versions, lock, CPU
-model, ISA, BLAS build). Elsewhere it is held to :data:`PORTABLE_RTOL` instead, and a
-miss reads "stale golden" (with how to regenerate), not "regression".
+model, ISA, BLAS build). Elsewhere it is held to :data:`PORTABLE_RTOL` instead, or to the
+entry's own ``portable_rtol`` where a measurement showed the value moves more between
+environments (a 100-step curve does), and a miss reads "stale golden" (with how to
+regenerate), not "regression".
 """
 
 from __future__ import annotations
@@ -37,9 +46,11 @@ from recipes.tiers import FIXTURES, REPO_ROOT
 #: ``QWEN3_GOLDENS_DIR`` points a run at another set (a bump rehearsal, a test of a failing check).
 GOLDENS_DIR = Path(os.environ.get("QWEN3_GOLDENS_DIR") or FIXTURES / "goldens")
 LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
-LANES = ("exact", "proxy", "published")
+LANES = ("exact", "proxy", "published", "band")
 CLAIM_LANES = ("proxy", "published")
-ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason"}
+ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band"}
+#: What a band entry's ``band`` record must state (recipes.band writes it).
+BAND_KEYS = {"n", "k", "min_halfwidth", "std", "runs", "command", "environment"}
 
 #: Relative tolerance of an exact-lane float recorded in another environment. Measured: the
 #: fixture's step-1 loss moves by 1.2e-7 (one fp32 ulp at 1.5) between AVX2 and SSE4.2 kernels
@@ -63,6 +74,10 @@ class Golden:
     reason: str
     #: The claim of recipes.published a published/proxy entry stands for.
     claim: str | None = None
+    #: Exact lane: relative tolerance in another environment, when not PORTABLE_RTOL.
+    portable_rtol: float | None = None
+    #: Band lane: how the band was made (N, k, floor, per-step std, the runs, command, environment).
+    band: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -74,13 +89,18 @@ class Verdict:
     kind: str  # "pass", "pass, other environment", "regression" or "stale golden"
     #: Environment fields that differ from the ones the golden was recorded in.
     differs: tuple[str, ...] = ()
+    #: The relative tolerance the measurement was last held to (the portable one in another environment).
+    rtol: float = 0.0
 
     def message(self) -> str:
         g = self.golden
-        text = (
-            f"{self.kind}: {self.key} measured {self.measured!r}, golden {g.value!r} "
-            f"± {g.tolerance} ({g.lane}: {g.reason})"
-        )
+        if _is_curve(g.value):
+            text = f"{self.kind}: {self.key} {_curve_misses(self.measured, g, self.rtol)} ({g.lane}: {g.reason})"
+        else:
+            text = (
+                f"{self.kind}: {self.key} measured {self.measured!r}, golden {g.value!r} "
+                f"± {g.tolerance} ({g.lane}: {g.reason})"
+            )
         if self.kind == "stale golden":
             text += f". Recorded in another environment (differs in {', '.join(self.differs)}); {REGENERATE}"
         return text
@@ -127,6 +147,19 @@ def _finite(value) -> bool:
     return True
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_curve(value) -> bool:
+    """A list of numbers (a loss curve), judged element by element."""
+    return isinstance(value, list) and bool(value) and all(_number(v) for v in value)
+
+
+def _tolerance_ok(t) -> bool:
+    return _number(t) and math.isfinite(t) and t >= 0
+
+
 def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
     from recipes.published import CLAIMS
 
@@ -141,6 +174,10 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
     lane = entry["lane"]
     if lane not in LANES:
         raise GoldenError(f"{path}: {key!r} lane {lane!r} is not one of {LANES}")
+    if "portable_rtol" in entry and lane != "exact":
+        raise GoldenError(f"{path}: {key!r} is a {lane} entry; only exact values have a 'portable_rtol'")
+    if "band" in entry and lane != "band":
+        raise GoldenError(f"{path}: {key!r} is a {lane} entry; only lane 'band' has a 'band' record")
     if lane in CLAIM_LANES:
         if "value" in entry:
             raise GoldenError(
@@ -153,16 +190,46 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
         value = CLAIMS[claim].value
     else:
         if "claim" in entry:
-            raise GoldenError(f"{path}: {key!r} is an exact entry and cannot name a claim; use lane 'proxy'")
+            article = "an" if lane == "exact" else "a"
+            raise GoldenError(f"{path}: {key!r} is {article} {lane} entry and cannot name a claim; use lane 'proxy'")
         if "value" not in entry:
-            raise GoldenError(f"{path}: {key!r} has no 'value'; every exact golden states it")
+            raise GoldenError(f"{path}: {key!r} has no 'value'; every {lane} golden states it")
         value, claim = entry["value"], None
     tolerance = entry["tolerance"]
-    if not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance) or tolerance < 0:
-        raise GoldenError(f"{path}: {key!r} tolerance {tolerance!r} must be a finite number ≥ 0")
     if not _finite(value):
         raise GoldenError(f"{path}: {key!r} value {value!r} is not finite; goldens never hold NaN/inf")
-    return Golden(key=key, value=value, tolerance=float(tolerance), lane=lane, reason=entry["reason"], claim=claim)
+    band = None
+    if lane == "band":
+        band = _parse_band(path, key, entry, value, tolerance)
+        tolerance = [float(t) for t in tolerance]
+    elif not _tolerance_ok(tolerance):
+        raise GoldenError(f"{path}: {key!r} tolerance {tolerance!r} must be a finite number ≥ 0")
+    else:
+        tolerance = float(tolerance)
+    portable = entry.get("portable_rtol")
+    if portable is not None and not _tolerance_ok(portable):
+        raise GoldenError(f"{path}: {key!r} portable_rtol {portable!r} must be a finite number ≥ 0")
+    return Golden(
+        key=key, value=value, tolerance=tolerance, lane=lane, reason=entry["reason"], claim=claim,
+        portable_rtol=None if portable is None else float(portable), band=band,
+    )  # fmt: skip
+
+
+def _parse_band(path: Path, key: str, entry: dict, value, tolerance) -> dict:
+    """A band entry: per-step means, per-step half-widths of the same length, and how they were made."""
+    if not _is_curve(value):
+        raise GoldenError(f"{path}: {key!r} is a band: 'value' must be the per-step means (a list of numbers)")
+    if not (isinstance(tolerance, list) and len(tolerance) == len(value) and all(_tolerance_ok(t) for t in tolerance)):
+        raise GoldenError(
+            f"{path}: {key!r} is a band: 'tolerance' must be one finite half-width ≥ 0 per step ({len(value)})"
+        )
+    band = entry.get("band")
+    if not isinstance(band, dict) or BAND_KEYS - set(band):
+        missing = sorted(BAND_KEYS - set(band)) if isinstance(band, dict) else sorted(BAND_KEYS)
+        raise GoldenError(f"{path}: {key!r} is a band without how it was made: 'band' lacks {missing}")
+    if not (isinstance(band["n"], int) and band["n"] >= 2 and len(band["runs"]) == band["n"]):
+        raise GoldenError(f"{path}: {key!r} band n={band['n']!r} must be ≥ 2 and count its runs ({len(band['runs'])})")
+    return band
 
 
 def load(recipe: str, tier: str, path: Path | None = None) -> tuple[dict, dict[str, Golden]]:
@@ -179,24 +246,73 @@ def load(recipe: str, tier: str, path: Path | None = None) -> tuple[dict, dict[s
     return data.get("metadata", {}), values
 
 
+def _element_allowed(golden: Golden, i: int, rtol: float) -> float:
+    tolerance = golden.tolerance[i] if isinstance(golden.tolerance, list) else golden.tolerance
+    return max(tolerance, rtol * abs(golden.value[i]))
+
+
 def _within(measured, golden: Golden, rtol: float = 0.0) -> bool:
-    if isinstance(golden.value, (int, float)) and isinstance(measured, (int, float)):
+    if _number(golden.value) and _number(measured):
         allowed = max(golden.tolerance, rtol * abs(golden.value))
         return math.isfinite(measured) and abs(measured - golden.value) <= allowed
+    if _is_curve(golden.value):
+        # A curve: every step within its own tolerance (and the relative one), same length.
+        if not (isinstance(measured, list) and len(measured) == len(golden.value) and all(map(_number, measured))):
+            return False
+        return all(
+            math.isfinite(m) and abs(m - g) <= _element_allowed(golden, i, rtol)
+            for i, (m, g) in enumerate(zip(measured, golden.value))
+        )
     return measured == golden.value
 
 
+def _curve_misses(measured, golden: Golden, rtol: float) -> str:
+    """Where a measured curve leaves its golden: steps outside, the first one, the largest |Δ|."""
+    values = golden.value
+    if not (isinstance(measured, list) and len(measured) == len(values)):
+        got = len(measured) if isinstance(measured, list) else type(measured).__name__
+        return f"measured {got} steps, golden {len(values)} steps"
+    deltas = [abs(m - g) if math.isfinite(m) else math.inf for m, g in zip(measured, values)]
+    outside = [i for i, d in enumerate(deltas) if d > _element_allowed(golden, i, rtol)]
+    worst = max(range(len(deltas)), key=deltas.__getitem__)
+    text = f"{len(outside)} of {len(values)} steps outside"
+    if outside:
+        i = outside[0]
+        text += (
+            f"; first at step {i + 1}: measured {measured[i]!r}, golden {values[i]!r}, "
+            f"allowed ±{_element_allowed(golden, i, rtol):.3g}"
+        )
+    return text + f"; max |Δ| {deltas[worst]:.3g} at step {worst + 1}"
+
+
+def portable_rtol(golden: Golden) -> float:
+    """The relative tolerance of an exact value measured in another environment."""
+    return PORTABLE_RTOL if golden.portable_rtol is None else golden.portable_rtol
+
+
 def compare(key: str, measured, goldens: dict[str, Golden], metadata: dict, env: dict | None = None) -> Verdict:
-    """Measured vs golden. An exact value from another environment is held to PORTABLE_RTOL."""
+    """Measured vs golden. An exact value from another environment is held to its portable rtol.
+
+    A band is judged against its half-widths only; a miss in another environment than the
+    one its runs were recorded in reads "stale golden" too.
+    """
     golden = goldens[key]
-    differs = environment_differences(metadata, env or environment_metadata()) if golden.lane == "exact" else ()
+    here = env or (environment_metadata() if golden.lane in ("exact", "band") else {})
+    if golden.lane == "exact":
+        differs = environment_differences(metadata, here)
+    elif golden.lane == "band":
+        differs = environment_differences(golden.band["environment"], here)
+    else:
+        differs = ()
+    rtol = 0.0
     if _within(measured, golden):
         kind, passed = "pass", True
-    elif differs and _within(measured, golden, PORTABLE_RTOL):
-        kind, passed = "pass, other environment", True
+    elif golden.lane == "exact" and differs and _within(measured, golden, portable_rtol(golden)):
+        kind, passed, rtol = "pass, other environment", True, portable_rtol(golden)
     else:
         kind, passed = ("stale golden" if differs else "regression"), False
-    return Verdict(key=key, measured=measured, golden=golden, passed=passed, kind=kind, differs=differs)
+        rtol = portable_rtol(golden) if golden.lane == "exact" and differs else 0.0
+    return Verdict(key=key, measured=measured, golden=golden, passed=passed, kind=kind, differs=differs, rtol=rtol)
 
 
 def check_finite(recipe: str, tier: str, measured: dict[str, object]) -> None:
@@ -205,23 +321,47 @@ def check_finite(recipe: str, tier: str, measured: dict[str, object]) -> None:
         raise GoldenError(f"refusing to record non-finite golden(s) {bad} for {recipe}/{tier}")
 
 
-def update_exact(recipe: str, tier: str, measured: dict[str, object], reasons: dict[str, str]) -> Path:
-    """Rewrite the exact-lane values of a goldens file from a real run; published values stay."""
+def update_exact(
+    recipe: str,
+    tier: str,
+    measured: dict[str, object],
+    reasons: dict[str, str],
+    portable_rtols: dict[str, float | None] | None = None,
+) -> Path:
+    """Rewrite the exact-lane values of a goldens file from a real run; published values stay.
+
+    ``portable_rtols`` sets an entry's own cross-environment tolerance; an entry not named
+    there keeps the one it has.
+    """
     check_finite(recipe, tier, measured)
+    portable_rtols = portable_rtols or {}
     path = goldens_path(recipe, tier)
     data = json.loads(path.read_text()) if path.exists() else {"values": {}}
     for key, value in measured.items():
         entry = data["values"].get(key)
         if entry is not None and entry.get("lane") in CLAIM_LANES:
             raise GoldenError(f"{path}: {key!r} is a {entry['lane']} entry (a tutorial claim) and is never regenerated")
+        if entry is not None and entry.get("lane") == "band":
+            raise GoldenError(f"{path}: {key!r} is a band; only `python -m recipes.band` writes it")
         reason = reasons.get(key) or (entry or {}).get("reason") or ""
         if not reason:
             raise GoldenError(f"{path}: new golden {key!r} needs a reason (pass reason=... to golden())")
-        data["values"][key] = {"value": value, "tolerance": 0.0, "lane": "exact", "reason": reason}
+        new = {"value": value, "tolerance": 0.0, "lane": "exact", "reason": reason}
+        portable = portable_rtols.get(key, (entry or {}).get("portable_rtol"))
+        if portable is not None:
+            new["portable_rtol"] = portable
+        data["values"][key] = new
     data["metadata"] = environment_metadata()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def _short(value) -> str:
+    """A value for one line: a curve as its length and ends, anything else as repr."""
+    if _is_curve(value) and len(value) > 4:
+        return f"[{len(value)} steps: {value[0]!r}, {value[1]!r}, …, {value[-1]!r}]"
+    return repr(value)
 
 
 @dataclass(frozen=True)
@@ -232,15 +372,29 @@ class Change:
     old: object  # None for a new golden
     new: object
     reason: str
+    #: The entry's own cross-environment tolerance (None: keep the file's, or PORTABLE_RTOL).
+    portable_rtol: float | None = None
+    old_portable_rtol: float | None = None
 
     def line(self) -> str:
         where = f"{self.recipe}/{self.tier} {self.key}"
+        portable = ""
+        if self.portable_rtol is not None and self.portable_rtol != self.old_portable_rtol:
+            portable = f"  (portable_rtol {self.old_portable_rtol!r} → {self.portable_rtol!r})"
         if self.old is None:
-            return f"  new      {where} = {self.new!r}"
+            return f"  new      {where} = {_short(self.new)}{portable}"
+        if self.old == self.new:
+            return f"  changed  {where}: value unchanged{portable}"
         diff = ""
-        if isinstance(self.old, (int, float)) and isinstance(self.new, (int, float)):
+        if _number(self.old) and _number(self.new):
             diff = f"  (Δ {self.new - self.old:+.3g})"
-        return f"  changed  {where}: {self.old!r} → {self.new!r}{diff}"
+        elif _is_curve(self.old) and _is_curve(self.new) and len(self.old) == len(self.new):
+            steps = [i for i, (a, b) in enumerate(zip(self.old, self.new)) if a != b]
+            worst = max(abs(b - a) for a, b in zip(self.old, self.new))
+            diff = f"  ({len(steps)} of {len(self.new)} steps differ, from step {steps[0] + 1}; max |Δ| {worst:.3g})"
+        elif _is_curve(self.old) and _is_curve(self.new):
+            diff = f"  ({len(self.old)} → {len(self.new)} steps)"
+        return f"  changed  {where}: {_short(self.old)} → {_short(self.new)}{diff}{portable}"
 
 
 def proposed_changes(proposals: list[dict]) -> list[Change]:
@@ -249,9 +403,14 @@ def proposed_changes(proposals: list[dict]) -> list[Change]:
     for p in sorted(proposals, key=lambda p: (p["recipe"], p["tier"], p["key"])):
         path = goldens_path(p["recipe"], p["tier"])
         _, values = load(p["recipe"], p["tier"]) if path.exists() else ({}, {})
-        old = values[p["key"]].value if p["key"] in values else None
-        if old != p["value"]:
-            changes.append(Change(p["recipe"], p["tier"], p["key"], old, p["value"], p.get("reason", "")))
+        known = values.get(p["key"])
+        old = known.value if known else None
+        old_portable = known.portable_rtol if known else None
+        portable = p.get("portable_rtol")
+        if old != p["value"] or (portable is not None and portable != old_portable):
+            changes.append(
+                Change(p["recipe"], p["tier"], p["key"], old, p["value"], p.get("reason", ""), portable, old_portable)
+            )
     return changes
 
 
@@ -265,6 +424,9 @@ def apply_changes(changes: list[Change]) -> list[Path]:
     for c in changes:
         by_file.setdefault((c.recipe, c.tier), []).append(c)
     return [
-        update_exact(recipe, tier, {c.key: c.new for c in group}, {c.key: c.reason for c in group})
+        update_exact(
+            recipe, tier, {c.key: c.new for c in group}, {c.key: c.reason for c in group},
+            {c.key: c.portable_rtol for c in group if c.portable_rtol is not None},
+        )  # fmt: skip
         for (recipe, tier), group in sorted(by_file.items())
     ]
