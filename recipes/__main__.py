@@ -103,6 +103,29 @@ def judge(opts: RunOptions, result):
     return goldens.compare(key, result.losses[0], values, metadata)
 
 
+def reference_of(opts: RunOptions, result) -> dict | None:
+    """A weights-loaded run's step-1 loss against transformers on its own first batch (recipes.reference).
+
+    Computed here, on the host, after every rank has ended. None for a run that loaded no
+    weights or recorded no batch; a reference that cannot be computed is a failed check
+    whose summary says why (the run itself stays in the report).
+    """
+    from recipes import reference
+
+    if opts.init != "hf":
+        return None
+    print(f"[{opts.recipe}/{opts.tier}] reference loss: transformers fp32 on the host, same batch ...")
+    try:
+        check = reference.check_run_dir(Path(result.run_dir))
+    except Exception as e:  # noqa: BLE001 -- reported as a failed check, never lost
+        return {"passed": False, "error": f"{type(e).__name__}: {e}", "summary": f"not computed: {type(e).__name__}: {e}"}
+    if check is None:
+        return None
+    summary = reference.summary(check)
+    print("  " + summary.replace("\n", "\n  "))
+    return {**check.to_dict(), "summary": summary}
+
+
 def require_torchtitan_names(opts: RunOptions) -> None:
     """Refuse in one line, before any rank starts, a torchtitan without a name this run uses (recipes.titan)."""
     from recipes import titan
@@ -180,7 +203,14 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                 if not verdict.passed:
                     print(f"FAILED check: {verdict.message()}", file=sys.stderr)
                     failed = True
-            report_mod.update(args.report_dir, runs=[result.to_dict()], checks=checks)
+            run = result.to_dict()
+            reference = reference_of(opts, result)
+            if reference is not None:
+                run["reference"] = reference
+                if not reference["passed"]:
+                    print(f"FAILED check: reference: {reference['summary']}", file=sys.stderr)
+                    failed = True
+            report_mod.update(args.report_dir, runs=[run], checks=checks)
     report_mod.update(args.report_dir)
     print()
     print((args.report_dir / report_mod.RESULTS_MD).read_text())

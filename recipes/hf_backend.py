@@ -8,10 +8,13 @@ layers. Data, seq_len, batch, parallelism and checkpoints are the tier's,
 shared with native Qwen3 through ``apply_run_options``.
 
 The backend's defects are worked around in ``recipes.hf_compat``; this recipe
-only swaps in its spec.
+only swaps in its spec. ``QWEN3_HF_KEEP_DEFECTS=inv_freq`` keeps upstream's RoPE
+init instead, to measure the tutorial as published (``recipes.hf_as_published``).
 """
 
 from __future__ import annotations
+
+import os
 
 from recipes.common import apply_run_options, tier_config
 from recipes.options import RunOptions
@@ -39,6 +42,11 @@ def hf_backend(opts: RunOptions):
     config.hf_model = hf_model(opts)
     hf_config, _ = PretrainedConfig.get_config_dict(config.hf_model)
     config.model_spec = compat_model_spec(config.model_spec, hf_config, opts.layers)
+    if os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
+        from recipes.hf_as_published import kept_defects, keep_inv_freq_defect
+
+        if "inv_freq" in kept_defects():
+            config.model_spec = keep_inv_freq_defect(config.model_spec, hf_config, opts.layers)
     return apply_run_options(config, opts)
 
 

@@ -213,6 +213,44 @@ def _status(run: dict) -> str:
     return f"FAILED: {run['error']}" if run.get("error") else "ok"
 
 
+def reference_section(runs: list[dict]) -> list[str]:
+    """Each weights-loaded run's step-1 loss beside transformers' on the same batch (recipes.reference)."""
+    checked = [r for r in runs if r.get("reference")]
+    if not checked:
+        return []
+    lines = [
+        "## Step-1 loss vs an independent reference",
+        "",
+        "Reference: the run's own first global batch (token ids, per-document positions, attention) scored by "
+        "transformers' `AutoModelForCausalLM` from the same weights directory, fp32, on the host CPU, outside "
+        "torchtitan. Plausible: at most ½ ln V for weights that were trained.",
+        "",
+        "| recipe | tier | weights | measured | reference | measured − reference | tolerance | ½ ln V | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes, reasons = [], {}
+    for r in checked:
+        ref = r["reference"]
+        name = f"{r['recipe']} ({r['tier']}, {r['nproc']} proc)"
+        if ref.get("error"):
+            lines.append(f"| {r['recipe']} | {r['tier']} | – | {_fmt(r['losses'][0] if r.get('losses') else None)} "
+                         f"| – | – | – | – | **FAIL: {ref['summary']}** |")
+            continue
+        verdict = ref["verdict"] if ref["passed"] else f"**FAIL: {ref['verdict']}**"
+        lines.append(
+            f"| {r['recipe']} | {r['tier']} | {ref['model_dir']} | {_fmt(ref['measured'])} | {_fmt(ref['reference'])} | "
+            f"{ref['difference']:+.3g} | {_fmt(ref['tolerance'])} | {ref['plausible_bound']:.3f} | {verdict} |"
+        )
+        reasons[ref["tolerance"]] = ref["tolerance_reason"]
+        if ref.get("diagnosis"):
+            notes.append(f"- diagnosis of {name}: {ref['diagnosis']}")
+    lines.append("")
+    lines += [f"- tolerance {_fmt(value)}: {reason}" for value, reason in reasons.items()]
+    lines += notes
+    lines.append("")
+    return lines
+
+
 def markdown(report: dict) -> str:
     lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
     if report.get("checks"):
@@ -237,6 +275,7 @@ def markdown(report: dict) -> str:
         lines.append("")
         reasons = [(c["key"], c["reason"]) for c in report["checks"] if c.get("reason")]
         lines += [f"- `{key}`: {reason}" for key, reason in reasons] + ([""] if reasons else [])
+    lines += reference_section(report.get("runs", []))
     if report.get("runs"):
         lines += [
             "## Runs",

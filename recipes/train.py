@@ -251,7 +251,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
 
-    from recipes import faults
+    from recipes import faults, reference
     from recipes.export import FINAL_STATE_FILE, finish_export, record_final_state
 
     config = build_config(opts, cli_overrides)
@@ -267,6 +267,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         if rank == 0:
             write_provenance(opts, config, run_dir / PROVENANCE_FILE)
         faults.install(trainer, rank)
+        reference.install(trainer, opts, run_dir, rank)  # --init hf: step 1's batches, for the host's reference loss
         trainer.train()
         if opts.export:
             record_final_state(trainer, run_dir / FINAL_STATE_FILE, rank)

@@ -32,3 +32,28 @@ def native_random_run(recipe_run):
     return recipe_run(
         "native-random-2proc", recipe="native_qwen3", tier="cpu", nproc=2, steps=STEPS, init="random", seed=0
     )
+
+
+@pytest.fixture(scope="session")
+def hf_backend_hf_run(recipe_run, shared_dir):
+    """hf_backend, 2 processes, fixture weights, HF export (tests/cpu/test_hf_backend.py and the reference tests)."""
+    return recipe_run(
+        "hf-backend-2proc",
+        recipe="hf_backend",
+        tier="cpu",
+        nproc=2,
+        steps=STEPS,
+        init="hf",
+        model_dir=FIXTURE_DIR,
+        export_dir=shared_dir / "hf-backend-export",
+        seed=0,
+    )
+
+
+@pytest.fixture(scope="session")
+def hf_backend_moe_run(recipe_run, shared_dir):
+    """hf_backend on the Qwen3-MoE fixture, 2 processes, 3 steps, HF export."""
+    return recipe_run(
+        "hf-backend-moe-2proc", recipe="hf_backend", tier="cpu", nproc=2, steps=3, init="hf",
+        model_dir=FIXTURES / "qwen3-moe-tiny", export_dir=shared_dir / "hf-backend-moe-export", seed=0,
+    )  # fmt: skip

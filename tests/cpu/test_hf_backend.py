@@ -147,19 +147,9 @@ print("PROBE " + json.dumps(result))
 
 
 @pytest.fixture(scope="module")
-def hf_run(recipe_run, shared_dir):
-    """2 processes, gloo, fixture weights, HF export published to an export dir."""
-    return recipe_run(
-        "hf-backend-2proc",
-        recipe="hf_backend",
-        tier="cpu",
-        nproc=2,
-        steps=STEPS,
-        init="hf",
-        model_dir=DENSE_DIR,
-        export_dir=shared_dir / "hf-backend-export",
-        seed=0,
-    )
+def hf_run(hf_backend_hf_run):
+    """2 processes, gloo, fixture weights, HF export published to an export dir (tests/cpu/conftest.py)."""
+    return hf_backend_hf_run
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +162,8 @@ def hf_rerun(recipe_run):
 
 
 @pytest.fixture(scope="module")
-def moe_run(recipe_run, shared_dir):
-    return recipe_run(
-        "hf-backend-moe-2proc", recipe="hf_backend", tier="cpu", nproc=2, steps=MOE_STEPS, init="hf",
-        model_dir=MOE_DIR, export_dir=shared_dir / "hf-backend-moe-export", seed=0,
-    )  # fmt: skip
+def moe_run(hf_backend_moe_run):
+    return hf_backend_moe_run
 
 
 @pytest.fixture(scope="module")
