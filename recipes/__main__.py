@@ -61,14 +61,29 @@ def _runs_for(args, recipe: str) -> list[RunOptions]:
     return runs
 
 
-def _full_width_random_init(args) -> RunOptions:
+#: Recipes whose random-init step-1 loss the cpu tier measures at the real 4B width.
+FULL_WIDTH_RECIPES = ("native_qwen3", "hf_backend")
+
+
+def _full_width_random_init(args, recipe: str = "native_qwen3") -> RunOptions:
+    """The full-width random-init preset of ``recipe``.
+
+    The HF backend builds whatever config.json it is pointed at: the real
+    Qwen3-4B-Instruct-2507 config.json in fixtures/ (no weights, no tokenizer), so its
+    tokenizer is the tier's (random init loads nothing to disagree with).
+    """
+    from recipes.specs import QWEN3_4B_INSTRUCT_2507
+    from recipes.tiers import CPU
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    paths = dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir) if recipe == "hf_backend" else {}
     return RunOptions(
-        recipe="native_qwen3",
+        recipe=recipe,
         tier="cpu",
         init="random",
         seed=args.seed,
-        run_dir=args.report_dir / "runs" / f"native_qwen3-cpu-random-4B-width-{stamp}",
+        run_dir=args.report_dir / "runs" / f"{recipe}-cpu-random-4B-width-{stamp}",
+        **paths,
         **FULL_WIDTH_RANDOM_INIT,
     )
 
@@ -159,8 +174,8 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     names = _recipe_names(args.recipe)
     plan = [opts for name in names for opts in _runs_for(args, name)]
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
-    if wants_full_width and args.recipe in ("all", "native_qwen3"):
-        plan.append(_full_width_random_init(args))
+    if wants_full_width:
+        plan += [_full_width_random_init(args, name) for name in names if name in FULL_WIDTH_RECIPES]
     try:
         resolved = []
         for opts in plan:

@@ -57,3 +57,30 @@ def hf_backend_moe_run(recipe_run, shared_dir):
         "hf-backend-moe-2proc", recipe="hf_backend", tier="cpu", nproc=2, steps=3, init="hf",
         model_dir=FIXTURES / "qwen3-moe-tiny", export_dir=shared_dir / "hf-backend-moe-export", seed=0,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def hf_backend_random_run(recipe_run):
+    """hf_backend from the backend's own random init, 2 processes, one step: the main job's cpu number."""
+    return recipe_run(
+        "hf-backend-random-2proc", recipe="hf_backend", tier="cpu", nproc=2, steps=1, init="random",
+        model_dir=FIXTURE_DIR, seed=0, export=False,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def hf_backend_random_4b_width_run(recipe_run):
+    """hf_backend random init at the real Qwen3-4B width and vocab: the main job's full-width preset.
+
+    One layer, 2048 tokens, one process (recipes.__main__.FULL_WIDTH_RANDOM_INIT), built from
+    fixtures/qwen3-4b-instruct-2507/config.json (no weights); 1-5 min and ~6-10 GB on 2 cores.
+    """
+    from recipes.__main__ import FULL_WIDTH_RANDOM_INIT
+    from recipes.specs import QWEN3_4B_INSTRUCT_2507
+    from recipes.tiers import CPU
+
+    preset = {k: v for k, v in FULL_WIDTH_RANDOM_INIT.items()}
+    return recipe_run(
+        "hf-backend-random-4b-width", recipe="hf_backend", tier="cpu", init="random", seed=0,
+        model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir, **preset,
+    )  # fmt: skip
