@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -275,5 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_run(args, rest)
 
 
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown of torch, torchtitan and matplotlib.
+
+    Measured 2-7 s on 2 cores after the report is written (SIGTERM to exit went from
+    12.2 s to 5.9 s). By then every child is reaped, the report and its lock file are
+    closed, and nothing else needs finalizing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
