@@ -372,15 +372,26 @@ def code_sha256(root: Path = REPO_ROOT, paths: tuple[str, ...] = CODE_PATHS) -> 
     return digest.hexdigest()
 
 
+#: Not passed to a run: another venv's, and make's (under `make bump` a test's own `make -n`
+#: would print "make[1]: Entering directory", which `make test` never shows).
+UNSET_IN_RUNS = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+
+
+def tier_env(python: Path, report_dir: Path, base: dict | None = None) -> dict[str, str]:
+    """The environment of one run: as `make test` would see it, ``python``'s venv first on PATH."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in UNSET_IN_RUNS}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["QWEN3_REPRO_REPORT_DIR"] = str(report_dir)
+    return env
+
+
 def run_tier(python: Path, report_dir: Path, lock: Path, log=print) -> TierRun:
     """``pytest -m cpu -n auto`` with ``python``, its report in ``report_dir`` (tests.json, junit.xml, pytest.log)."""
     if report_dir.exists():
         shutil.rmtree(report_dir)
     report_dir.mkdir(parents=True)
     run = TierRun(python=str(python), report_dir=str(report_dir), lock_sha256=sha256(lock), code_sha256=code_sha256())
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
-    env["QWEN3_REPRO_REPORT_DIR"] = str(report_dir)
+    env = tier_env(python, report_dir)
     basetemp = Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen3-bump-{report_dir.parent.name}-{report_dir.name}"
     command = [str(python), "-m", "pytest", *PYTEST_ARGS, f"--report-dir={report_dir}",
                f"--junitxml={report_dir / 'junit.xml'}", f"--basetemp={basetemp}"]
@@ -673,6 +684,11 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
         f"{meta['date']}: {verdict}. Lock {meta['lock_versions']} vs candidate {meta['candidate_versions']}; "
         f"changes: {', '.join(f'{k} {v}' for k, v in sorted(c.counts().items()))}.",
         "",
+    ]
+    if code_changed(meta):
+        lines += ["**The code (recipes/, tests/, fixtures/) changed between the two runs**: a verdict that changed "
+                  "may be the code's doing, not the bump's.", ""]
+    lines += [
         "| test | lock | candidate | change | why (candidate's failure) |",
         "|---|---|---|---|---|",
     ]
@@ -707,6 +723,12 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
     return "\n".join(lines) + "\n"
 
 
+def code_changed(meta: dict) -> bool:
+    """Whether the baseline and the candidate ran different code (both hashes known and unequal)."""
+    hashes = [meta.get(label, {}).get("code_sha256") for label in ("baseline", "candidate")]
+    return None not in hashes and hashes[0] != hashes[1]
+
+
 def versions_line(versions: dict) -> str:
     return ", ".join(f"{k} {versions.get(k)}" for k in ("torch", "transformers", "torchtitan"))
 
@@ -717,6 +739,7 @@ def write_report(plan: Plan, comparison: Comparison, moved: list[Move], meta: di
         "bump": [str(p) for p in plan.pins],
         **meta,
         "exit_code": comparison.exit_code,
+        "code_changed_between_runs": code_changed(meta),
         "moved": [asdict(m) for m in moved],
         "counts": comparison.counts(),
         "tests": [asdict(r) for r in comparison.rows],

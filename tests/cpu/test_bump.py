@@ -252,3 +252,11 @@ def test_the_telling_line_of_a_failure():
     assert bump.first_line("traceback\nE   assert 12.6 == 12.43\nE    +  where") == "assert 12.6 == 12.43"
     shape = shape_message("torch", "recipes.platform.cpu._patch_fsdp_sum_reduction", "FSDPModule.x")
     assert bump.first_line(f"E   recipes.upstream_shape.UpstreamShapeError: {shape}\n[rank0]: TypeError: x") == shape
+
+
+def test_a_run_sees_the_environment_make_test_would(tmp_path):
+    """Under `make bump`, make's variables must not reach the tests (a test's `make -n` would print make[1])."""
+    python = tmp_path / "venv" / "bin" / "python"
+    base = {"PATH": "/usr/bin", "MAKELEVEL": "1", "MAKEFLAGS": "w", "MFLAGS": "-w", "VIRTUAL_ENV": "/x", "HOME": "/root"}
+    env = bump.tier_env(python, tmp_path / "report", base)
+    assert env == {"PATH": f"{python.parent}:/usr/bin", "HOME": "/root", "QWEN3_REPRO_REPORT_DIR": str(tmp_path / "report")}
