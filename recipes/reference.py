@@ -207,7 +207,8 @@ class Record:
 
     batches: list[dict]
     attention: str
-    #: The RoPE inverse frequencies the run's model held at step 1 (rank 0), or None.
+    #: The RoPE inverse frequencies the run's model held at step 1 (rank 0), or None; each
+    #: batch also carries its own rank's as ``held_inv_freq`` (recorded runs).
     inv_freq: object
     ranks: int
     #: Upstream defects the run kept on purpose (``QWEN3_HF_KEEP_DEFECTS``), e.g. ["inv_freq"].
@@ -233,15 +234,18 @@ def load_record(run_dir: Path) -> Record | None:
             world = int(meta["world"])
             attentions.add(meta["attention"])
             kept = meta.get("kept_defects", "")
+            names = set(f.keys())
+            held = f.get_tensor("inv_freq") if "inv_freq" in names else None
             for i in range(int(meta["batches"])):
-                names = set(f.keys())
                 batches.append({
                     "input": f.get_tensor(f"input.{i}"),
                     "positions": f.get_tensor(f"positions.{i}") if f"positions.{i}" in names else None,
                     "labels": f.get_tensor(f"labels.{i}"),
+                    # each rank's own: uninitialised memory differs from rank to rank
+                    "held_inv_freq": held,
                 })  # fmt: skip
-            if inv_freq is None and "inv_freq" in f.keys():
-                inv_freq = f.get_tensor("inv_freq")
+            if inv_freq is None:
+                inv_freq = held
     if len(paths) != world:
         raise ReferenceError(f"{directory} holds {len(paths)} rank record(s) of a {world}-rank run; the global batch is incomplete")
     if len(attentions) != 1:
@@ -303,7 +307,15 @@ def set_inv_freq(model, inv_freq) -> None:
 
 
 def batch_loss(model, batches: list[dict], attention: str, chunk: int = LOGIT_CHUNK) -> float:
-    """torchtitan's logged step loss on ``batches``: Σ token CE over every batch / Σ valid tokens.
+    """torchtitan's logged step loss on ``batches``: Σ token CE over every batch / Σ valid tokens."""
+    total, count = batch_loss_sums(model, batches, attention, chunk)
+    if count == 0:
+        raise ReferenceError("the recorded batch has no valid labels")
+    return total / count
+
+
+def batch_loss_sums(model, batches: list[dict], attention: str, chunk: int = LOGIT_CHUNK) -> tuple[float, int]:
+    """(Σ token CE, valid tokens) of ``model`` on ``batches``.
 
     One row at a time, logits ``chunk`` positions at a time (host memory); CE summed in fp64.
     """
@@ -336,9 +348,7 @@ def batch_loss(model, batches: list[dict], attention: str, chunk: int = LOGIT_CH
                     ce = F.cross_entropy(logits[valid], target[valid], reduction="sum")
                     total += ce.double().item()
                     count += int(valid.sum())
-    if count == 0:
-        raise ReferenceError("the recorded batch has no valid labels")
-    return total / count
+    return total, count
 
 
 # --- verdict and diagnosis ------------------------------------------------------------------------
@@ -530,31 +540,39 @@ INV_FREQ_RTOL = 1e-5
 
 
 def inv_freq_suspect(run: "RunInfo", record: Record, model, reference: float, measured: float, tol: float):
+    """Each rank's held ``inv_freq`` vs what the run's theta gives; scored per rank with its own."""
     import torch
 
-    held = record.inv_freq
-    if held is None:
+    held = [b.get("held_inv_freq") if b.get("held_inv_freq") is not None else record.inv_freq for b in record.batches]
+    if any(h is None for h in held):
         return Suspect("inv_freq", False, "the run's model holds no RoPE frequencies the record could read")
     run_theta = run.model.get("rope_theta")
     expected = computed_inv_freq(model, run_theta)
-    if held.shape != expected.shape:
-        what = f"the run's model held {tuple(held.shape)} RoPE frequencies, its theta gives {tuple(expected.shape)}"
+    if any(h.shape != expected.shape for h in held):
+        what = f"the run's model held {tuple(held[0].shape)} RoPE frequencies, its theta gives {tuple(expected.shape)}"
         return Suspect("inv_freq", True, what)
-    finite = bool(torch.isfinite(held).all())
-    gap = (held - expected).abs().max().item() if finite else float("inf")
-    if finite and gap <= INV_FREQ_RTOL * expected.abs().max().item():
+
+    def gap(h) -> float:
+        return (h - expected).abs().max().item() if bool(torch.isfinite(h).all()) else float("inf")
+
+    gaps = [gap(h) for h in held]
+    if max(gaps) <= INV_FREQ_RTOL * expected.abs().max().item():
         return Suspect("inv_freq", False, "the run's model held the RoPE frequencies its theta gives")
     what = (
-        f"the run's model held RoPE inv_freq different from what its theta {run_theta:g} gives "
-        f"(max |Δ| {gap:.3g}; held range [{held.min().item():.3g}, {held.max().item():.3g}]): as left by to_empty(), "
-        "torchtitan issue 4783"
+        f"the run's model held RoPE inv_freq different from what its theta {run_theta:g} gives (max |Δ| "
+        f"{max(gaps):.3g} over {len(held)} batch(es); rank 0 held [{held[0].min().item():.3g}, "
+        f"{held[0].max().item():.3g}]): as left by to_empty(), torchtitan issue 4783"
     )
     weights_inv = computed_inv_freq(model)
+    total, count = 0.0, 0
     try:
-        set_inv_freq(model, held)
-        with_held = batch_loss(model, record.batches, record.attention)
+        for batch, h in zip(record.batches, held, strict=True):
+            set_inv_freq(model, h)
+            t, c = batch_loss_sums(model, [batch], record.attention)
+            total, count = total + t, count + c
     finally:
         set_inv_freq(model, weights_inv)
+    with_held = total / count
     both_blow_up = not math.isfinite(with_held) and not math.isfinite(measured)
     return Suspect(
         "inv_freq", True, what, reference_with_fault=with_held, effect=with_held - reference,
@@ -578,14 +596,17 @@ class RunInfo:
     options: object = None
 
     @classmethod
-    def from_run_dir(cls, run_dir: Path) -> "RunInfo":
+    def from_run_dir(cls, run_dir: Path, allow_no_step: bool = False) -> "RunInfo":
+        """``allow_no_step``: a run that died in step 1 (torchtitan stops on a non-finite loss
+        before logging it) is measured as NaN, so its record can still be diagnosed."""
         from recipes.options import RunOptions
         from recipes.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
 
         run_dir = Path(run_dir)
         provenance = json.loads((run_dir / PROVENANCE_FILE).read_text())
-        steps = [json.loads(line) for line in (run_dir / STEPS_FILE).read_text().splitlines() if line.strip()]
-        if not steps:
+        steps_file = run_dir / STEPS_FILE
+        steps = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()] if steps_file.exists() else []
+        if not steps and not allow_no_step:
             raise ReferenceError(f"{run_dir} recorded no step")
         opts = RunOptions.from_json((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).is_file() else None
         weights = provenance.get("weights")
@@ -593,7 +614,8 @@ class RunInfo:
             raise ReferenceError(f"{run_dir} loaded no weights (random init): there is nothing to score")
         return cls(
             recipe=opts.recipe if opts else "?", tier=opts.tier if opts else "cpu", model_dir=weights["path"],
-            tokenizer=provenance["tokenizer"], model=provenance["model"], measured=float(steps[0]["loss"]),
+            tokenizer=provenance["tokenizer"], model=provenance["model"],
+            measured=float(steps[0]["loss"]) if steps else math.nan,
             options=opts,
         )  # fmt: skip
 
@@ -630,12 +652,15 @@ def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None 
     return result
 
 
-def check_run_dir(run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False) -> ReferenceCheck | None:
+def check_run_dir(
+    run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False
+) -> ReferenceCheck | None:
     """The reference check of one run directory, or None when the run recorded no batch."""
     record = load_record(run_dir)
     if record is None:
         return None
-    return check(RunInfo.from_run_dir(run_dir), record, tolerance=tolerance, always_diagnose=always_diagnose)
+    run = RunInfo.from_run_dir(run_dir, allow_no_step=allow_no_step)
+    return check(run, record, tolerance=tolerance, always_diagnose=always_diagnose)
 
 
 def summary(result: ReferenceCheck) -> str:
@@ -651,21 +676,32 @@ def summary(result: ReferenceCheck) -> str:
 # --- what the reference costs at the 4B size ---------------------------------------------------------
 
 
-def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: int = 2048, threads: int | None = None) -> dict:
-    """Host time and memory of the reference at the real width: random weights, ``layers`` deep.
+#: A trn2 global batch at the tutorial's launch: 64 ranks × local batch 1 × 2048 tokens.
+TRN2_GLOBAL_ROWS = 64
 
-    Two depths separate the per-layer cost from the fixed cost (embedding, final norm, the
-    151,936-row head), so the full model's cost is ``fixed + n_layers × per_layer`` per row.
+
+def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: int = 2048, threads: int | None = None) -> dict:
+    """Host CPU time and memory of the reference at the real width, measured, then extrapolated.
+
+    Random weights at ``layers`` depths: two depths separate the per-layer cost from the
+    fixed one (embedding, final norm, the 151,936-row head), so a 2048-token row of the
+    full model costs ``fixed + n_layers × per_layer``. CPU seconds, not wall time, are
+    the figure to scale (other processes on a shared machine stretch wall time).
+    The full model's fp32 size is counted on the meta device.
     """
+    import gc
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
+    full = AutoConfig.from_pretrained(config_dir)
+    with torch.device("meta"):
+        full_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(full).parameters())
     measured = {}
     for n in layers:
         config = AutoConfig.from_pretrained(config_dir)
-        full_layers = config.num_hidden_layers
         config.num_hidden_layers = n
         if getattr(config, "layer_types", None):
             config.layer_types = config.layer_types[:n]
@@ -678,26 +714,37 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
         batch_loss(model, [batch], "causal")
         measured[n] = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu}
         del model
-    (a, b) = layers[0], layers[-1]
-    per_layer = (measured[b]["wall_s"] - measured[a]["wall_s"]) / (b - a)
-    fixed = measured[a]["wall_s"] - a * per_layer
-    per_layer_cpu = (measured[b]["cpu_s"] - measured[a]["cpu_s"]) / (b - a)
-    fixed_cpu = measured[a]["cpu_s"] - a * per_layer_cpu
-    hf = json.loads((Path(config_dir) / "config.json").read_text())
+        gc.collect()
+    a, b = layers[0], layers[-1]
+    per_layer = (measured[b]["cpu_s"] - measured[a]["cpu_s"]) / (b - a)
+    fixed = measured[a]["cpu_s"] - a * per_layer
+    per_row = fixed + full.num_hidden_layers * per_layer
     return {
+        "config": str(config_dir),
         "seq_len": seq_len,
         "threads": torch.get_num_threads(),
+        "cpu_model": _cpu_model(),
         "by_layers": measured,
-        "per_row_fixed_wall_s": fixed,
-        "per_row_per_layer_wall_s": per_layer,
-        "per_row_fixed_cpu_s": fixed_cpu,
-        "per_row_per_layer_cpu_s": per_layer_cpu,
-        "full_layers": full_layers,
-        "per_row_full_model_wall_s": fixed + full_layers * per_layer,
-        "per_row_full_model_cpu_s": fixed_cpu + full_layers * per_layer_cpu,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "vocab_size": hf["vocab_size"],
+        "per_row_fixed_cpu_s": fixed,
+        "per_row_per_layer_cpu_s": per_layer,
+        "full_layers": full.num_hidden_layers,
+        "per_row_full_model_cpu_s": per_row,
+        "trn2_global_batch_rows": TRN2_GLOBAL_ROWS,
+        "trn2_global_batch_cpu_hours": per_row * TRN2_GLOBAL_ROWS / 3600,
+        "full_model_params": full_params,
+        "full_model_fp32_gib": full_params * 4 / 2**30,
+        "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

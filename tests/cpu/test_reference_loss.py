@@ -285,6 +285,31 @@ def test_implausibility_bound_is_half_ln_v(healthy):
 # --- end to end: a fault through a real launch, the main job's verdict and report ------------------------
 
 
+def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch, record_property):
+    """The trn2 as-published lane in miniature: QWEN3_HF_KEEP_DEFECTS=inv_freq reaches every rank.
+
+    Each rank's inv_freq is that rank's own uninitialised memory, so the reference scores
+    each rank's rows with the frequencies that rank held (recorded per rank). A step-1 loss
+    that is not finite stops torchtitan before it logs (measured as NaN, still diagnosed).
+    """
+    from recipes.launch import LaunchError, launch
+
+    monkeypatch.setenv("QWEN3_HF_KEEP_DEFECTS", "inv_freq")
+    opts = options("hf_backend", run_dir=tmp_path / "run", steps=1, export=False)
+    try:
+        launch(opts, echo=lambda line: None)
+    except LaunchError as e:
+        assert reference.load_record(opts.run_dir) is not None, str(e)
+    result = reference.check_run_dir(opts.run_dir, allow_no_step=True)
+    record_check(record_property, "kept_inv_freq_run", result)
+    assert result.kept_defects == ["inv_freq"]
+    assert not result.passed and result.named == ["inv_freq"], reference.summary(result)
+    (inv,) = [s for s in result.suspects if s.name == "inv_freq"]
+    if math.isfinite(result.measured):
+        assert inv.reference_with_fault == pytest.approx(result.measured, abs=CPU_TOL)
+
+
+
 def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     report_dir = tmp_path / "report"
     out = subprocess.run(
@@ -302,3 +327,15 @@ def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     markdown = (report_dir / "results.md").read_text()
     assert "Step-1 loss vs an independent reference" in markdown
     assert "diagnosis of native_qwen3" in markdown and "rope_theta" in markdown and "EXPLAINS" in markdown
+
+
+def test_cost_estimate_extrapolates_from_two_depths():
+    """``python -m recipes.reference cost`` (run at the real 4B width by hand; here on the fixture's config)."""
+    cost = reference.measure_cost(MODEL_DIR, layers=(1, 2), seq_len=64, threads=1)
+    assert cost["full_layers"] == 2 and cost["trn2_global_batch_rows"] == 64
+    assert cost["per_row_full_model_cpu_s"] == pytest.approx(
+        cost["per_row_fixed_cpu_s"] + 2 * cost["per_row_per_layer_cpu_s"]
+    )
+    assert cost["full_model_params"] == sum(
+        p.numel() for p in reference.load_reference_model(MODEL_DIR).parameters()
+    )
