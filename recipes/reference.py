@@ -653,14 +653,18 @@ def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None 
 
 
 def check_run_dir(
-    run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False
+    run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False,
+    model=None,
 ) -> ReferenceCheck | None:
-    """The reference check of one run directory, or None when the run recorded no batch."""
+    """The reference check of one run directory, or None when the run recorded no batch.
+
+    ``model``: a ``load_reference_model`` of the run's weights directory, to reuse across runs.
+    """
     record = load_record(run_dir)
     if record is None:
         return None
     run = RunInfo.from_run_dir(run_dir, allow_no_step=allow_no_step)
-    return check(run, record, tolerance=tolerance, always_diagnose=always_diagnose)
+    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose)
 
 
 def summary(result: ReferenceCheck) -> str:

@@ -45,6 +45,7 @@ measures it per row and layer on the machine at hand).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from pathlib import Path
@@ -111,6 +112,12 @@ def kept_defects(names: list[str]):
             os.environ["QWEN3_HF_KEEP_DEFECTS"] = before
 
 
+@functools.cache
+def reference_model():
+    """Qwen3-4B-Instruct-2507 in fp32 on the host (~16 GiB), loaded once for every lane."""
+    return reference.load_reference_model(MODEL_DIR)
+
+
 def run_lane(shared_dir: Path, name: str, **options) -> tuple[dict, reference.ReferenceCheck]:
     """One step of config 1 on 64 ranks, then the reference on its recorded batch (always diagnosed).
 
@@ -129,7 +136,7 @@ def run_lane(shared_dir: Path, name: str, **options) -> tuple[dict, reference.Re
         if e.result is None or reference.load_record(opts.run_dir) is None:
             raise
         result = {**e.result.to_dict(), "error": e.summary}
-    check = reference.check_run_dir(opts.run_dir, always_diagnose=True, allow_no_step=True)
+    check = reference.check_run_dir(opts.run_dir, always_diagnose=True, allow_no_step=True, model=reference_model())
     return result, check
 
 
