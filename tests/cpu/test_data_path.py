@@ -266,3 +266,18 @@ def test_per_document_positions_explain_the_gap_to_the_eval_loss(batches, hf_mod
     assert loader["document"] < loader["torchtitan"] - MIN_POSITION_EFFECT, loader
     # The loader never asks for a document's first token after EOS; the build's rows do, and those are hard.
     assert after_eos.any() and after_eos_ce.mean().item() > 2 * build["continuous"]
+
+
+def test_reference_module_scores_both_attentions_as_this_module_does(batches, hf_model):
+    """recipes.reference (the main job's reference loss) computes these views, row by row with chunked logits.
+
+    "causal" is what torchtitan's SDPA computes (all-ones mask, per-document positions);
+    "document" is a Flex/Varlen document mask (transformers' packed-sequence detection).
+    """
+    from recipes import reference
+
+    model = reference.load_reference_model(MODEL_DIR)
+    for attention, view in (("causal", "torchtitan"), ("document", "document")):
+        expected = global_avg_loss(hf_model, batches, view)
+        assert reference.batch_loss(model, batches, attention, chunk=100) == pytest.approx(expected, abs=STEP1_ATOL)
+    assert reference.batch_loss(model, batches, "document") < reference.batch_loss(model, batches, "causal") - MIN_POSITION_EFFECT

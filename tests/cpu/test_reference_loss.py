@@ -169,6 +169,21 @@ def test_random_init_runs_record_nothing(native_random_run):
     assert reference.load_record(Path(native_random_run["run_dir"])) is None
 
 
+def test_attention_is_read_from_the_model_the_run_built():
+    """SDPA (the tutorial's attn_backend) is causal over the window; Flex builds per-document masks."""
+    from torchtitan.models.common.attention import FlexAttention
+
+    from recipes.train import build_config
+
+    config = build_config(options())
+    with torch.device("meta"):
+        assert reference.attention_of(config.model_spec.model.build()) == "causal"
+    for layer in config.model_spec.model.layers:
+        layer.attention.inner_attention = FlexAttention.Config()
+    with torch.device("meta"):
+        assert reference.attention_of(config.model_spec.model.build()) == "document"
+
+
 @pytest.mark.parametrize("run_fixture", ["native_hf_run", "hf_backend_hf_run", "hf_backend_moe_run"])
 def test_reference_agrees_with_measured_step1(run_fixture, request, record_property):
     """transformers on the run's own batch, fp32 on the host == the run's step-1 loss, within the cpu tolerance."""
