@@ -121,7 +121,10 @@ def install(trainer, opts, run_dir: Path, rank: int) -> None:
     def batch_generator(data_iterable):
         batches = generate(data_iterable)
         first = [next(batches) for _ in range(count)]
-        write_rank_record(Path(run_dir) / RECORD_DIR, rank, dims.world_size, first, trainer.model_parts[0])
+        # Fetched inside step 1 (Trainer.train increments step first). A run resumed from a
+        # torchtitan checkpoint starts later and holds weights other than --model-dir's: no record.
+        if trainer.step == 1:
+            write_rank_record(Path(run_dir) / RECORD_DIR, rank, dims.world_size, first, trainer.model_parts[0])
         yield from first
         yield from batches
 
