@@ -133,6 +133,9 @@ def reference_of(opts: RunOptions, result) -> dict | None:
     print(f"[{opts.recipe}/{opts.tier}] reference loss: transformers fp32 on the host, same batch ...")
     try:
         check = reference.check_run_dir(Path(result.run_dir))
+    except reference.IncompleteRecord as e:
+        print(f"  not computed: {e}")
+        return {"passed": None, "error": str(e), "summary": f"not computed: {e}"}
     except Exception as e:  # noqa: BLE001 -- reported as a failed check, never lost
         return {"passed": False, "error": f"{type(e).__name__}: {e}", "summary": f"not computed: {type(e).__name__}: {e}"}
     if check is None:
@@ -223,7 +226,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
             reference = reference_of(opts, result)
             if reference is not None:
                 run["reference"] = reference
-                if not reference["passed"]:
+                if reference["passed"] is False:
                     print(f"FAILED check: reference: {reference['summary']}", file=sys.stderr)
                     failed = True
             report_mod.update(args.report_dir, runs=[run], checks=checks)

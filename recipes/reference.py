@@ -250,7 +250,10 @@ def load_record(run_dir: Path) -> Record | None:
             if inv_freq is None:
                 inv_freq = held
     if len(paths) != world:
-        raise ReferenceError(f"{directory} holds {len(paths)} rank record(s) of a {world}-rank run; the global batch is incomplete")
+        raise IncompleteRecord(
+            f"{directory} holds {len(paths)} rank record(s) of a {world}-rank run: the global batch is incomplete "
+            "(a multi-node run without a shared --run-dir keeps each node's ranks on that node)"
+        )
     if len(attentions) != 1:
         raise ReferenceError(f"{directory}: ranks disagree on attention {sorted(attentions)}")
     return Record(
@@ -261,6 +264,10 @@ def load_record(run_dir: Path) -> Record | None:
 
 class ReferenceError(RuntimeError):
     """A record or weights directory the reference cannot be computed from."""
+
+
+class IncompleteRecord(ReferenceError):
+    """Not every rank's batch is in this run directory: nothing is wrong with the run itself."""
 
 
 # --- the reference: transformers on the same tokens, fp32, host CPU -----------------------------

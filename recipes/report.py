@@ -233,8 +233,9 @@ def reference_section(runs: list[dict]) -> list[str]:
         ref = r["reference"]
         name = f"{r['recipe']} ({r['tier']}, {r['nproc']} proc)"
         if ref.get("error"):
+            verdict = ref["summary"] if ref.get("passed") is None else f"**FAIL: {ref['summary']}**"
             lines.append(f"| {r['recipe']} | {r['tier']} | – | {_fmt(r['losses'][0] if r.get('losses') else None)} "
-                         f"| – | – | – | – | **FAIL: {ref['summary']}** |")
+                         f"| – | – | – | – | {verdict} |")
             continue
         verdict = ref["verdict"] if ref["passed"] else f"**FAIL: {ref['verdict']}**"
         lines.append(

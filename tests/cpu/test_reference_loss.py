@@ -291,6 +291,24 @@ def test_a_gap_no_suspect_made_stays_unexplained(healthy, reference_model):
     assert "none of the known suspects" in result.diagnosis()
 
 
+def test_a_partial_record_is_refused_not_scored(tmp_path, healthy, reference_model):
+    """One node's run dir of a 2-node run holds half the global batch: named, never averaged as the whole."""
+    from recipes.report import reference_section
+
+    _, record, _ = healthy
+    batch = record.batches[0]
+    reference.write_rank_record(
+        tmp_path / reference.RECORD_DIR, 0, 2, [({"input": batch["input"], "positions": batch["positions"]}, batch["labels"])],
+        reference_model,
+    )  # fmt: skip
+    with pytest.raises(reference.IncompleteRecord, match="1 rank record"):
+        reference.load_record(tmp_path)
+    row = {"recipe": "native_qwen3", "tier": "cpu", "nproc": 1, "losses": [1.5],
+           "reference": {"passed": None, "error": "x", "summary": "not computed: x"}}  # fmt: skip
+    table = "\n".join(reference_section([row]))
+    assert "not computed: x" in table and "FAIL" not in table
+
+
 def test_implausibility_bound_is_half_ln_v(healthy):
     _, _, result = healthy
     assert result.plausible_bound == pytest.approx(math.log(1024) / 2)
