@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import AttentionInterface, PreTrainedModel
 
 from recipes.titan import (
@@ -45,6 +44,7 @@ from recipes.titan import (
     TitanModelConfig,
     TitanMoeModelConfig,
 )
+from recipes.hf_rope import ROPE_WORKAROUND, rope_parameters
 from recipes.upstream_shape import accepts, describe, require, require_attributes
 
 try:  # checked where it is used (causal_sdpa_attention), so a move reads as one line, not an ImportError
@@ -60,7 +60,6 @@ ATTN_IMPLEMENTATION = "sdpa_causal_torchtitan"
 
 
 #: Where the shape checks of each workaround point (package, workaround).
-ROPE_WORKAROUND = "recipes.hf_compat.init_rotary_embeddings"
 MOE_INIT_WORKAROUND = "recipes.hf_compat.init_swapped_moe"
 ADAPTER_WORKAROUND = "recipes.hf_compat.CompatStateDictAdapter"
 ATTENTION_WORKAROUND = "recipes.hf_compat.causal_sdpa_attention"
@@ -72,27 +71,6 @@ def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
 
 
-def rope_init_function(module: torch.nn.Module):
-    """The function ``module.__init__`` computes ``inv_freq`` with, checked to take ``(config)``.
-
-    transformers 5.16 declares ``compute_default_rope_parameters(config, device=None)``,
-    5.23 ``(config, **kwargs)``: both are called with the config alone, as 5.23's
-    ``__init__`` does (the result is copied into the buffer, on its device).
-    """
-    owner = type(module).__name__
-    require_attributes(module, ("config", "rope_type", "inv_freq"), "transformers", ROPE_WORKAROUND, owner)
-    if module.rope_type == "default":
-        where = f"{owner}.compute_default_rope_parameters"
-        require(hasattr(module, "compute_default_rope_parameters"), "transformers", ROPE_WORKAROUND, where)
-        fn = module.compute_default_rope_parameters
-    else:
-        where = f"modeling_rope_utils.ROPE_INIT_FUNCTIONS[{module.rope_type!r}]"
-        require(module.rope_type in ROPE_INIT_FUNCTIONS, "transformers", ROPE_WORKAROUND, where)
-        fn = ROPE_INIT_FUNCTIONS[module.rope_type]
-    require(accepts(fn, module.config), "transformers", ROPE_WORKAROUND, f"{where}(config), found {describe(fn)}")
-    return fn
-
-
 def init_rotary_embeddings(model: torch.nn.Module) -> None:
     """Recompute every HF rotary embedding's ``inv_freq`` exactly as its ``__init__`` does.
 
@@ -101,17 +79,13 @@ def init_rotary_embeddings(model: torch.nn.Module) -> None:
     modules that have ``rope_init_fn``, which transformers 5.x rotary classes
     (``Qwen3RotaryEmbedding``...) no longer have, so ``inv_freq`` keeps whatever
     memory ``to_empty()`` returned: step-1 loss differs run to run, NaN follows.
+    The rope init function is called as every transformers seen accepts it
+    (``recipes.hf_rope``: 5.16's ``(config, device=None)``, 5.23's ``(config, **kwargs)``).
     """
     rotaries = rotary_modules(model)
     require(bool(rotaries), "transformers", ROPE_WORKAROUND, f"a *RotaryEmbedding module in {type(model).__name__}")
     for module in rotaries:
-        result = rope_init_function(module)(module.config)
-        returns = "(inv_freq tensor, attention_scaling) from the rope init function"
-        require(
-            isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor),
-            "transformers", ROPE_WORKAROUND, returns,
-        )
-        inv_freq, module.attention_scaling = result
+        inv_freq, module.attention_scaling = rope_parameters(module)
         module.inv_freq.copy_(inv_freq)
         if hasattr(module, "original_inv_freq"):
             module.original_inv_freq.copy_(inv_freq)

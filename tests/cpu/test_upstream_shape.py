@@ -163,3 +163,17 @@ def test_fsdp_patch_names_a_removed_fsdp_method(monkeypatch):
     with pytest.raises(UpstreamShapeError) as err:
         cpu._patch_fsdp_sum_reduction()
     assert_one_line(err, "torch", cpu.FSDP_WORKAROUND, "FSDPModule.set_force_sum_reduction_for_comms")
+
+
+def test_rope_parameters_from_another_config_is_what_that_config_builds():
+    """recipes.hf_rope.rope_parameters(module, config): what a scorer asks for (e.g. another rope_theta)."""
+    import copy
+
+    from recipes.hf_rope import rope_parameters
+
+    cls, config = tiny_qwen3_rotary()
+    other = copy.deepcopy(config)
+    other.rope_parameters = {**config.rope_parameters, "rope_theta": 5e6}
+    inv_freq, scaling = rope_parameters(cls(config), other)
+    torch.testing.assert_close(inv_freq, cls(other).inv_freq, rtol=0, atol=0)
+    assert scaling == 1.0
