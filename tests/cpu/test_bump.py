@@ -197,6 +197,17 @@ def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded
     assert next(r for r in c.rows if r.test == HF_TEST).message == shape
 
 
+def test_lock_coupled_unit_tests_are_expected_to_fail_when_they_name_a_moved_package(recorded_runs):
+    (lock_results, goldens, versions), (cand_results, cand_goldens, cand_versions), moved, _ = recorded_runs
+    coupled = bump.LOCK_COUPLED_TESTS[0]
+    lock = ({**lock_results, coupled: bump.Result("passed")}, goldens, versions)
+    message = '>       assert not any(p.startswith("transformers") for p in problems)\nE       assert not True'
+    candidate = ({**cand_results, coupled: bump.Result("failed", message)}, cand_goldens, cand_versions)
+    assert {r.test: r.change for r in bump.compare(lock, candidate, moved).rows}[coupled] == "expected (the bump)"
+    torch_only = [bump.Move("torch", "2.14.0", "2.15.0", True)]
+    assert {r.test: r.change for r in bump.compare(lock, candidate, torch_only).rows}[coupled] == "broke"
+
+
 def test_drift_in_a_package_the_bump_did_not_move_is_not_expected(recorded_runs):
     lock, candidate, _, _ = recorded_runs
     c = bump.compare(lock, candidate, [bump.Move("torch", "2.14.0", "2.15.0", True)])
