@@ -617,10 +617,21 @@ def golden_key(row: dict) -> tuple[str, str, str]:
 
 
 def difference(old, new) -> float | None:
+    """new − old for numbers; for two curves of one length, the largest per-step |new − old|."""
     numbers = (int, float)
     if isinstance(old, numbers) and isinstance(new, numbers) and not isinstance(old, bool):
         return new - old
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old:
+        steps = [b - a for a, b in zip(old, new) if isinstance(a, numbers) and isinstance(b, numbers)]
+        return max(steps, key=abs) if len(steps) == len(old) else None
     return None
+
+
+def _golden_cell(value) -> str:
+    """A value in the goldens table: a curve as its length and ends, not a hundred numbers."""
+    if isinstance(value, list) and len(value) > 4:
+        return f"{len(value)} steps: {_fmt(value[0])} … {_fmt(value[-1])}"
+    return _fmt(value)
 
 
 def compare(lock_run: tuple, candidate_run: tuple, moved: list[Move]) -> Comparison:
@@ -716,10 +727,11 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
         "- none: every upstream defect a workaround exists for is in the same state on the candidate"]
     lines += ["", "## Goldens that moved", ""]
     if c.goldens:
-        lines += ["| recipe | tier | value | lane | lock | candidate | difference | candidate verdict |",
+        lines += ["| recipe | tier | value | lane | lock | candidate | difference (new − old) | candidate verdict |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {g.recipe} | {g.tier} | {g.key} | {g.lane or '–'} | {_fmt(g.old)} | {_fmt(g.new)} | "
-                  f"{_fmt(g.difference)} | {g.verdict or 'not measured'} |" for g in c.goldens]
+        lines += [f"| {g.recipe} | {g.tier} | {g.key} | {g.lane or '–'} | {_golden_cell(g.old)} | "
+                  f"{_golden_cell(g.new)} | {_fmt(g.difference)} | {g.verdict or 'not measured'} |" for g in c.goldens]
+        lines += ["", "(– : not measured in that run; a curve's difference is its largest per-step one)"]
     else:
         lines.append("- none: every recorded golden value is bitwise the same")
     lines += ["", "## Workarounds that broke", ""]

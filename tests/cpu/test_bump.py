@@ -271,3 +271,10 @@ def test_a_run_sees_the_environment_make_test_would(tmp_path):
     base = {"PATH": "/usr/bin", "MAKELEVEL": "1", "MAKEFLAGS": "w", "MFLAGS": "-w", "VIRTUAL_ENV": "/x", "HOME": "/root"}
     env = bump.tier_env(python, tmp_path / "report", base)
     assert env == {"PATH": f"{python.parent}:/usr/bin", "HOME": "/root", "QWEN3_REPRO_REPORT_DIR": str(tmp_path / "report")}
+
+
+def test_a_moved_curve_reads_as_its_length_ends_and_largest_step():
+    old, new = [1.5, 1.4, 1.3, 1.2, 1.1], [1.5, 1.4, 1.3002, 1.2, 1.1001]
+    assert bump.difference(old, new) == pytest.approx(2e-4)
+    assert bump.difference(old, new[:4]) is None and bump.difference(1.0, None) is None
+    assert bump._golden_cell(new) == "5 steps: 1.5 … 1.1001"
