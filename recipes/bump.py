@@ -726,14 +726,20 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
     lines += [f"- `{f.test}`: {f.lock} → {f.candidate}: {f.meaning}. {_cell(f.message)}" for f in c.canaries] or [
         "- none: every upstream defect a workaround exists for is in the same state on the candidate"]
     lines += ["", "## Goldens that moved", ""]
-    if c.goldens:
-        lines += ["| recipe | tier | value | lane | lock | candidate | difference (new − old) | candidate verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {g.recipe} | {g.tier} | {g.key} | {g.lane or '–'} | {_golden_cell(g.old)} | "
-                  f"{_golden_cell(g.new)} | {_fmt(g.difference)} | {g.verdict or 'not measured'} |" for g in c.goldens]
-        lines += ["", "(– : not measured in that run; a curve's difference is its largest per-step one)"]
-    else:
-        lines.append("- none: every recorded golden value is bitwise the same")
+    header = ["| recipe | tier | value | lane | lock | candidate | difference (new − old) | candidate verdict |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    def golden_rows(moves: list[GoldenMove]) -> list[str]:
+        return [f"| {g.recipe} | {g.tier} | {g.key} | {g.lane or '–'} | {_golden_cell(g.old)} | "
+                f"{_golden_cell(g.new)} | {_fmt(g.difference)} | {g.verdict or 'not measured'} |" for g in moves]
+
+    moved_goldens = [g for g in c.goldens if g.old is not None and g.new is not None]
+    one_sided = [g for g in c.goldens if g.old is None or g.new is None]
+    lines += header + golden_rows(moved_goldens) if moved_goldens else [
+        "- none: every golden value measured in both runs is bitwise the same"]
+    if one_sided:
+        lines += ["", "Measured in one run only (– : not measured there; a new test, a test that failed first, "
+                  "or the code changed between the runs):", ""] + header + golden_rows(one_sided)
     lines += ["", "## Workarounds that broke", ""]
     lines += [f"- {_cell(w.message)} ({len(w.tests)} test(s): {', '.join(w.tests[:3])}"
               f"{', …' if len(w.tests) > 3 else ''})" for w in c.workarounds] or [
