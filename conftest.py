@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,17 @@ def recipe_run(shared_dir):
             asked.write_text(key)
             if not done.exists():
                 opts = preflight(RunOptions(run_dir=run_dir, **options))
-                try:
-                    result = launch(
-                        opts, list(cli_overrides), echo=lambda line: None, timeout_s=opts.tier_preset.launch_timeout_s
-                    ).to_dict()
-                except LaunchError as e:
-                    result = {"error": str(e)}
+                # A real-width run (--layers: the 151936 x 2560 embedding, ~7-9 GiB resident) takes
+                # the machine's memory: two side by side under xdist were OOM-killed on a 24 GiB runner.
+                heavy = FileLock(str(shared_dir / "real-width.lock")) if options.get("layers") else nullcontext()
+                with heavy:
+                    try:
+                        result = launch(
+                            opts, list(cli_overrides), echo=lambda line: None,
+                            timeout_s=opts.tier_preset.launch_timeout_s,
+                        ).to_dict()
+                    except LaunchError as e:
+                        result = {"error": str(e)}
                 done.write_text(json.dumps(result))
         result = json.loads(done.read_text())
         if "error" in result:

@@ -184,7 +184,12 @@ def test_unknown_argument_is_refused(tmp_path):
 
 
 def test_make_targets_use_the_script_and_the_neuron_venv():
-    out = subprocess.run(["make", "-n", "test-neuron"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    # As a user types it: not inside `make test`'s own make (MAKELEVEL/MAKEFLAGS would add
+    # "make[1]: Entering directory" and pass the outer PYTEST_ARGS along).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ARGS")}
+    out = subprocess.run(
+        ["make", "-n", "test-neuron"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "VENV=.venv-neuron scripts/neuron_venv.sh",
