@@ -296,17 +296,16 @@ def computed_inv_freq(model, rope_theta: float | None = None):
     """The inverse frequencies transformers computes from ``model``'s config (or with ``rope_theta``)."""
     import copy
 
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from recipes.hf_rope import rope_parameters
 
     rotary = _rotaries(model)[0]
     config = rotary.config
     if rope_theta is not None:
         config = copy.deepcopy(config)
         config.rope_parameters = {**(config.rope_parameters or {}), "rope_theta": float(rope_theta)}
-    rope_type = rotary.rope_type
-    init = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
-    inv_freq, _ = init(config, rotary.inv_freq.device)
-    return inv_freq.float()
+    # The one shape-checked call of transformers' rope init (config alone: fits 5.16 and 5.23).
+    inv_freq, _ = rope_parameters(rotary, config)
+    return inv_freq.float().to(rotary.inv_freq.device)
 
 
 def set_inv_freq(model, inv_freq) -> None:
