@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from recipes.report import cpu_model
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "report" / "bench"
@@ -209,16 +210,6 @@ def mean(values: list[float]) -> float | None:
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine() -> dict:

@@ -707,6 +707,8 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from recipes.report import cpu_model
+
     if threads:
         torch.set_num_threads(threads)
     full = AutoConfig.from_pretrained(config_dir)
@@ -736,7 +738,7 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
         "config": str(config_dir),
         "seq_len": seq_len,
         "threads": torch.get_num_threads(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "by_layers": measured,
         "per_row_fixed_cpu_s": fixed,
         "per_row_per_layer_cpu_s": per_layer,
@@ -748,16 +750,6 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
         "full_model_fp32_gib": full_params * 4 / 2**30,
         "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

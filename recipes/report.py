@@ -46,6 +46,11 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for fingerprints, benchmarks and cost figures."""
+    return _cpuinfo().get("model name") or _platform.processor() or "unknown"
+
+
 def _blas() -> str:
     """The BLAS / oneDNN builds torch was compiled with, from ``torch.__config__.show()``."""
     import re
@@ -70,7 +75,7 @@ def cpu_fingerprint() -> dict:
     flags = set(info.get("flags", "").split())
     return {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_model": info.get("model name") or _platform.processor() or "unknown",
+        "cpu_model": cpu_model(),
         "isa": [f for f in KERNEL_ISA_FLAGS if f in flags],
         "blas": _blas(),
         "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
