@@ -107,11 +107,15 @@ NEURON_TESTS = NEURON_FILE.read_text().count("\ndef test_")
 
 
 def run_neuron_file(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """pytest -m neuron on the real native_qwen3 trn2 file, on this machine (no Neuron device)."""
+    """pytest -m neuron on the real native_qwen3 trn2 file, on this machine (no Neuron device).
+
+    ``-rN``: no short summary, whose lines pytest cuts to the terminal width (so a count of a
+    message in stdout would depend on the machine's COLUMNS); the error sections are never cut.
+    """
     clean = {k: v for k, v in os.environ.items() if k not in ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "QWEN3_REQUIRE_TRN2")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "tests/neuron/test_native_qwen3_neuron.py", f"--report-dir={tmp_path}", "-rA"],
+         "tests/neuron/test_native_qwen3_neuron.py", f"--report-dir={tmp_path}", "-rN"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env={**clean, **env},
     )  # fmt: skip
 
