@@ -16,7 +16,7 @@ $(STAMP): requirements-lock.txt
 
 # The main job: every recipe on the cpu tier, with the published-vs-measured table.
 repro: venv
-	$(PY) -m recipes run all --tier cpu
+	$(PY) -m harness run all --tier cpu
 
 # The cpu test tier, in parallel on every core.
 test: venv
@@ -53,9 +53,9 @@ goldens: venv
 
 # Rehearse a version bump: PKGS="transformers==5.23.0 [torch==2.15.0 ...]" in a separate .venv-bump-<hash>,
 # cpu tier there and on the lock; report/bump/<name>.md + .json; exit 1 if a published-number check breaks.
-# BUMP_ARGS="--dry-run" prints the plan only (recipes/bump.py).
+# BUMP_ARGS="--dry-run" prints the plan only (harness/bump.py).
 bump: venv
-	$(PY) -m recipes.bump $(PKGS) $(BUMP_ARGS)
+	$(PY) -m harness.bump $(PKGS) $(BUMP_ARGS)
 
 # Rebuild the tiny tokenizer, corpus and checkpoints in fixtures/ (deterministic).
 fixtures: venv

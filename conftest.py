@@ -20,7 +20,7 @@ from recipes.platform import OFFLINE_ENV
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
 
-pytest_plugins = ["recipes.pytest_report"]
+pytest_plugins = ["harness.pytest_report"]
 
 TIER_MARKERS = ("cpu", "neuron")
 
@@ -74,11 +74,11 @@ def recipe_run(shared_dir):
     """``recipe_run(name, **options)`` → RunResult dict, launched once per session per name.
 
     ``cli_overrides=[...]``: torchtitan's own options on top of the recipe's config
-    (``["--checkpoint.interval", "50"]``), as ``python -m recipes run`` passes them.
+    (``["--checkpoint.interval", "50"]``), as ``python -m harness run`` passes them.
     """
-    from recipes.launch import LaunchError, launch
-    from recipes.options import RunOptions
-    from recipes.preflight import preflight
+    from harness.launch import LaunchError, launch
+    from harness.options import RunOptions
+    from harness.preflight import preflight
 
     def run(name: str, cli_overrides: list[str] = (), **options) -> dict:
         run_dir = shared_dir / name
@@ -141,7 +141,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if not config.getoption("--update-goldens") or hasattr(config, "workerinput"):
         return
-    from recipes import goldens
+    from harness import goldens
 
     path = _proposals_file(config)
     proposals = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -166,7 +166,7 @@ def golden(request, record_property):
     another environment (measured, stated where the test calls this); the goldens file records
     it and must agree with the test.
     """
-    from recipes import goldens
+    from harness import goldens
 
     def check(recipe: str, tier: str, key: str, measured, reason: str = "", portable_rtol: float | None = None):
         record_property(f"{recipe}.{tier}.{key}", measured)

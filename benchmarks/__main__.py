@@ -1,6 +1,6 @@
 """``python -m benchmarks [suite|overhead|recipes|all]``: figures about the suite, not timed tests.
 
-    overhead  `python -m recipes run` vs a bare `torchrun -m torchtitan.train` of the same config
+    overhead  `python -m harness run` vs a bare `torchrun -m torchtitan.train` of the same config
     recipes   per recipe: step time, tokens/s, peak memory (trn2: MFU, compile cold vs warm)
     suite     wall time of `pytest -m cpu -n auto`, per test (several minutes)
 
@@ -69,7 +69,7 @@ def run_section(name: str, args) -> Section:
 
 
 def document(args, argv: list[str], date: str, sections: list[Section]) -> dict:
-    from recipes.report import versions
+    from harness.report import versions
 
     goals = [{"benchmark": s.name, **asdict(g)} for s in sections for g in s.goals]
     measured = [g["met"] for g in goals if g["met"] is not None]

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from recipes.report import cpu_model
+from harness.report import cpu_model
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "report" / "bench"

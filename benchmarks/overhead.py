@@ -1,9 +1,9 @@
-"""Harness overhead: ``python -m recipes run`` vs a bare ``torchrun -m torchtitan.train`` of the same config.
+"""Harness overhead: ``python -m harness run`` vs a bare ``torchrun -m torchtitan.train`` of the same config.
 
 Both paths start the same torchrun (``--standalone``, same nproc, log dir and
 redirects) with the same environment; only the launcher (``recipes run``: its
 preflight, ``build_config`` in the parent, progress polling, report) and the
-rank entry (``recipes.train`` vs ``torchtitan.train`` with
+rank entry (``harness.train`` vs ``torchtitan.train`` with
 ``benchmarks.titan_entry``) differ. Repetitions are interleaved (a, b, a, b, …)
 so drifting load from other users hits both alike; medians are compared.
 Identical printed losses on every step prove both trained the same config.
@@ -31,14 +31,14 @@ from benchmarks.common import (
     rank_log,
     run_timed,
 )
-from recipes.launch import child_env, read_steps
-from recipes.options import RunOptions
-from recipes.preflight import preflight
+from harness.launch import child_env, read_steps
+from harness.options import RunOptions
+from harness.preflight import preflight
 
 GOAL_RATIO = 1.05
 RECIPE = "native_qwen3"
 #: ``recipes run native_qwen3 --init random`` on cpu also queues the full-width 4B random-init
-#: run (recipes/__main__.py, ``wants_full_width``), a second 30–90 s launch the bare baseline
+#: run (harness/__main__.py, ``wants_full_width``), a second 30–90 s launch the bare baseline
 #: would not have; ``--init hf`` (the fixture checkpoint, loaded by both paths) keeps it one launch.
 INIT = "hf"
 #: torchtitan prints losses with 5 decimals; the recipes path records full floats.
@@ -58,7 +58,7 @@ class Sample:
     peak_rss_gib: float
     steady_step_s: float | None
     losses: list[str] = field(default_factory=list)
-    #: recipes-run only: seconds inside ``recipes.launch.launch`` (torchrun start to exit).
+    #: recipes-run only: seconds inside ``harness.launch.launch`` (torchrun start to exit).
     launch_wall_s: float | None = None
     error: str | None = None
 
@@ -80,7 +80,7 @@ def run_options(args) -> RunOptions:
 
 def recipes_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "recipes", "run", opts.recipe,
+        sys.executable, "-m", "harness", "run", opts.recipe,
         "--tier", opts.tier, "--init", opts.init, "--no-export",
         "--steps", str(opts.steps), "--seq-len", str(opts.seq_len),
         "--nproc", str(opts.nproc), "--seed", str(opts.seed),
@@ -89,7 +89,7 @@ def recipes_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
 
 
 def bare_torchrun_command(opts: RunOptions) -> list[str]:
-    """torchtitan's own entry under the same torchrun options ``recipes.launch`` uses."""
+    """torchtitan's own entry under the same torchrun options ``harness.launch`` uses."""
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", f"--nproc_per_node={opts.nproc}",
@@ -109,7 +109,7 @@ def fmt_losses(losses: list[float | None]) -> list[str]:
 
 
 def run_recipes_path(opts: RunOptions, work: Path, rep: int) -> Sample:
-    """(a) ``python -m recipes run``; steps from its steps.jsonl, launch time from its results.json."""
+    """(a) ``python -m harness run``; steps from its steps.jsonl, launch time from its results.json."""
     report_dir = work / f"a{rep}"
     proc = run_timed(
         recipes_run_command(opts, report_dir),
@@ -246,12 +246,12 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         f"ratios recipes-run/bare: wall {fmt(f['wall_ratio'])}, CPU {fmt(f['cpu_ratio'])}, "
         f"torchrun part {fmt(f['torchrun_part_ratio'])}, steady step {fmt(f['steady_step_ratio'])}; "
         f"recipes-run parent process {fmt(f['recipes_run_parent_s'], 1)} s.",
-        "torchrun part = time inside recipes.launch.launch; the rest of recipes-run's wall is its parent process "
+        "torchrun part = time inside harness.launch.launch; the rest of recipes-run's wall is its parent process "
         "(imports of torch/torchtitan, preflight, build_config, report). CPU s = user+sys of all processes "
         "(less sensitive to other users than wall). Steady s/step excludes step 1.",
         f"others' CPU during these launches: {f['others_cpu_s_total']:.0f} CPU s (0 = the machine was ours).",
         "torchtitan.train also starts torchtitan's structured per-rank trace logger (debug.enable_structured_logging, "
-        "default on; recipes.train never initialises it), so the bare path's steps do a little more work.",
+        "default on; harness.train never initialises it), so the bare path's steps do a little more work.",
         f"init {INIT}: `recipes run native_qwen3 --init random` on cpu would add the full-width 4B run.",
     ]
     for s in samples:

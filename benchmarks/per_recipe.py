@@ -1,8 +1,8 @@
 """Per-recipe figures: step time, tokens/s, peak memory; on trn2 also MFU and compile time cold vs warm.
 
-Each recipe is launched the way ``python -m recipes run`` launches it
-(``recipes.launch.torchrun_command`` and ``child_env``), with the rank entry
-``benchmarks.rank_entry`` (``recipes.train`` plus torchtitan's step log, which
+Each recipe is launched the way ``python -m harness run`` launches it
+(``harness.launch.torchrun_command`` and ``child_env``), with the rank entry
+``benchmarks.rank_entry`` (``harness.train`` plus torchtitan's step log, which
 carries torchtitan's MFU). Step time and tokens/s come from the run's
 steps.jsonl (torchtitan's own metrics), step 1 excluded from the means.
 
@@ -32,10 +32,10 @@ from benchmarks.common import (
     run_timed,
 )
 from recipes.errors import RecipeError
-from recipes.launch import child_env, read_steps, torchrun_command
-from recipes.options import RunOptions
-from recipes.preflight import preflight
-from recipes.train import RUN_FILE
+from harness.launch import child_env, read_steps, torchrun_command
+from harness.options import RunOptions
+from harness.preflight import preflight
+from harness.train import RUN_FILE
 
 RANK_ENTRY = "benchmarks.rank_entry"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
@@ -112,9 +112,9 @@ def recipe_options(name: str, args, run_dir: Path) -> RunOptions:
 
 
 def rank_entry_command(opts: RunOptions) -> list[str]:
-    """``recipes.launch``'s torchrun command with ``benchmarks.rank_entry`` as the rank module."""
+    """``harness.launch``'s torchrun command with ``benchmarks.rank_entry`` as the rank module."""
     cmd = torchrun_command(opts)
-    i = cmd.index("recipes.train")
+    i = cmd.index("harness.train")
     if cmd[i - 1] != "-m":
         raise RuntimeError(f"unexpected torchrun command shape: {cmd}")
     return cmd[:i] + [RANK_ENTRY] + cmd[i + 1 :]
@@ -145,7 +145,7 @@ def figures_from(proc, steps: list[dict], titan: list, opts: RunOptions) -> Laun
     steady = steps[1:] or steps
     steady_titan = [s for s in titan if s.step > 1]
     tps = mean([s["tokens_per_s"] for s in steady])
-    # steps.jsonl carries MFU if recipes.train ever records it; otherwise torchtitan's printed line.
+    # steps.jsonl carries MFU if harness.train ever records it; otherwise torchtitan's printed line.
     mfu = [s["mfu_pct"] for s in steady if s.get("mfu_pct") is not None] or [
         s.mfu_pct for s in steady_titan if s.mfu_pct is not None
     ]

@@ -1,9 +1,9 @@
-"""Rank entry for per-recipe figures: ``recipes.train`` with torchtitan's logger switched on.
+"""Rank entry for per-recipe figures: ``harness.train`` with torchtitan's logger switched on.
 
-``recipes.train`` leaves torchtitan's logger unconfigured, so torchtitan's own
+``harness.train`` leaves torchtitan's logger unconfigured, so torchtitan's own
 per-step line (loss, tps, tflops, **mfu** from its peak-FLOPS table, memory) is
 never printed. This entry initialises it exactly as ``torchtitan.train`` does and
-then runs ``recipes.train.main`` unchanged, so MFU is torchtitan's number.
+then runs ``harness.train.main`` unchanged, so MFU is torchtitan's number.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 def main() -> int:
     from recipes.titan import init_logger
 
-    from recipes.train import main as recipes_train_main
+    from harness.train import main as recipes_train_main
 
     init_logger()
     return recipes_train_main()

@@ -18,7 +18,7 @@ ran torchtitan's backend as shipped. To report both, a run can keep a defect:
   Reproduce it with ``--tokenizer-dir <torchtitan checkout>/tests/assets/tokenizer
   --allow-mismatch tokenizer`` (provenance then records it as an allowed mismatch).
 
-The first-batch record (``recipes.reference``) stores which defects a run kept.
+The first-batch record (``harness.reference``) stores which defects a run kept.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ KEEPABLE_DEFECTS = {
 
 def kept_defects() -> list[str]:
     """The defects ``$QWEN3_HF_KEEP_DEFECTS`` asks to keep; an unknown name is refused."""
-    from recipes.preflight import PreflightError
+    from recipes.errors import RecipeError
 
     names = [n.strip() for n in os.environ.get(KEEP_DEFECTS_ENV, "").split(",") if n.strip()]
     unknown = [n for n in names if n not in KEEPABLE_DEFECTS]
     if unknown:
-        raise PreflightError(
+        raise RecipeError(
             f"{KEEP_DEFECTS_ENV}={os.environ[KEEP_DEFECTS_ENV]!r}: unknown defect(s) {unknown}; "
             f"keepable: {', '.join(KEEPABLE_DEFECTS)} (the tokenizer defect is --tokenizer-dir + --allow-mismatch tokenizer)"
         )

@@ -5,7 +5,7 @@ Starts from ``transformers_modeling_backend_full()`` and sets ``hf_model`` to
 The "full" flavor takes every size from that model's config.json, so the cpu
 tier trains the fixture checkpoint itself; ``--layers N`` keeps its first N
 layers. Data, seq_len, batch, parallelism and checkpoints are the tier's,
-shared with native Qwen3 through ``apply_run_options``.
+shared with native Qwen3 through ``recipes.tutorial.tutorial_settings``.
 
 The backend's defects are worked around in ``recipes.hf_compat``; this recipe
 only swaps in its spec. ``QWEN3_HF_KEEP_DEFECTS=inv_freq`` keeps upstream's RoPE
@@ -15,9 +15,8 @@ init instead, to measure the tutorial as published (``recipes.hf_as_published``)
 from __future__ import annotations
 
 import os
+from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
-from recipes.common import apply_run_options, tier_config
-from recipes.options import RunOptions
 
 #: The model tutorial config 1 trains.
 HUB_ID = "Qwen/Qwen3-4B-Instruct-2507"
@@ -26,12 +25,12 @@ HUB_ID = "Qwen/Qwen3-4B-Instruct-2507"
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
-def hf_model(opts: RunOptions) -> str:
+def hf_model(inputs: RecipeInputs) -> str:
     """What the backend reads its config from (and the checkpoint its weights)."""
-    return str(opts.model_dir) if opts.model_dir is not None else HUB_ID
+    return str(inputs.model_dir) if inputs.model_dir is not None else HUB_ID
 
 
-def hf_backend(opts: RunOptions):
+def hf_backend(inputs: RecipeInputs):
     """``transformers_modeling_backend_full()`` with ``hf_model`` = ``--model-dir``."""
     from transformers import PretrainedConfig
 
@@ -39,44 +38,15 @@ def hf_backend(opts: RunOptions):
     from recipes.titan import transformers_modeling_backend_full
 
     config = transformers_modeling_backend_full()
-    config.hf_model = hf_model(opts)
+    config.hf_model = hf_model(inputs)
     hf_config, _ = PretrainedConfig.get_config_dict(config.hf_model)
-    config.model_spec = compat_model_spec(config.model_spec, hf_config, opts.layers)
+    config.model_spec = compat_model_spec(config.model_spec, hf_config, inputs.layers)
     if os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
         from recipes.hf_as_published import kept_defects, keep_inv_freq_defect
 
         if "inv_freq" in kept_defects():
-            config.model_spec = keep_inv_freq_defect(config.model_spec, hf_config, opts.layers)
-    return apply_run_options(config, opts)
-
-
-def preflight_check(opts: RunOptions) -> None:
-    """Refuse an ``hf_model`` the backend cannot build from, before any rank starts.
-
-    Runs are offline, so ``hf_model`` must be a local directory with a
-    config.json describing a Qwen3 causal LM. (Weights for ``--init hf`` are
-    checked by ``recipes.preflight.check_model_dir``.)
-    """
-    from recipes.preflight import PreflightError, read_hf_config
-
-    offline = "runs are offline (HF_HUB_OFFLINE=1) and download nothing"
-    if opts.model_dir is None:
-        raise PreflightError(
-            f"hf_model would be the Hub ID {HUB_ID!r}, but {offline}: download it elsewhere "
-            "and pass --model-dir DIR (trn2: set QWEN3_4B_DIR to it)"
-        )
-    if not opts.model_dir.is_dir():
-        raise PreflightError(
-            f"--model-dir {opts.model_dir} is not a local directory. hf_model cannot be a Hub ID "
-            f"such as {HUB_ID!r}: {offline}. Download the model elsewhere and pass its directory"
-        )
-    architectures = read_hf_config(opts.model_dir).get("architectures") or []
-    if not set(architectures) & set(ARCHITECTURES):
-        raise PreflightError(
-            f"{opts.model_dir / 'config.json'} describes {architectures or 'no architectures'}; "
-            f"recipe 'hf_backend' trains Qwen3 causal LMs ({', '.join(ARCHITECTURES)}): point "
-            "--model-dir at a Qwen3 checkpoint"
-        )
+            config.model_spec = keep_inv_freq_defect(config.model_spec, hf_config, inputs.layers)
+    return tutorial_settings(config, inputs)
 
 
 # --- zero-argument config functions (torchtitan's ``--module recipes.hf_backend --config NAME``) ---

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from recipes.common import apply_run_options, tier_config
 from recipes.kernels.rope import sliced_rope
-from recipes.options import RunOptions
 from recipes.specs import sized_spec
 from recipes.tiers import TINY_MOE, MoEDims
+from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
 #: Qwen3-30B-A3B's own widths (config.json of Qwen/Qwen3-30B-A3B).
 QWEN3_30B_A3B = MoEDims(
@@ -80,9 +79,9 @@ def qwen3_nki_moe_config(
     return config
 
 
-def nki_moe(opts: RunOptions):
-    config = qwen3_nki_moe_config("30B-A3B", tier=opts.tier)
-    return apply_run_options(config, opts)
+def nki_moe(inputs: RecipeInputs):
+    """``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)`` at the tutorial's launch."""
+    return tutorial_settings(qwen3_nki_moe_config("30B-A3B", tier=inputs.tier), inputs)
 
 
 # --- zero-argument config functions (torchtitan's ``--module recipes.nki_moe --config NAME``) ---

@@ -137,7 +137,7 @@ NAMED_OVERRIDES: Mapping[str, NamedOverride] = _KernelOverrides(
 
 
 def available_overrides() -> dict[str, str]:
-    """Override names and what they do, for ``python -m recipes list``."""
+    """Override names and what they do, for ``python -m harness list``."""
     return {name: o.description for name, o in sorted(NAMED_OVERRIDES.items())}
 
 

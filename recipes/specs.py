@@ -9,15 +9,46 @@ config builders.
 from __future__ import annotations
 
 import copy
+import json
 from functools import partial
+from pathlib import Path
 
 import torch.nn as nn
 
+from recipes.errors import RecipeError
 from recipes.tiers import FIXTURES, DenseDims, MoEDims
 
 #: Qwen3-4B-Instruct-2507's real config.json (public hyper-parameters, no weights, no tokenizer):
 #: the real sizes wherever they are needed without weights (the trn2 dry run, tests).
 QWEN3_4B_INSTRUCT_2507 = FIXTURES / "qwen3-4b-instruct-2507"
+
+def read_hf_config(model_dir: Path) -> dict:
+    """``model_dir``'s config.json as written: the one reader, refusing a missing or broken file in one line."""
+    path = Path(model_dir) / "config.json"
+    try:
+        hf = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecipeError(
+            f"--model-dir {model_dir} has no config.json; point --model-dir at a Hugging Face "
+            "model directory (config.json + *.safetensors), e.g. a local copy of "
+            "Qwen/Qwen3-4B-Instruct-2507"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise RecipeError(f"{path} is not valid JSON ({e}); re-copy the model directory") from None
+    return hf
+
+
+def read_hf_dims(model_dir: Path) -> dict:
+    """config.json with RoPE theta also at ``rope_theta`` (transformers 5 keeps it in ``rope_parameters``).
+
+    What the suite compares a built model against, the same way for either layout.
+    """
+    hf = read_hf_config(model_dir)
+    rope = hf.get("rope_parameters") or {}
+    if "rope_theta" not in hf and "rope_theta" in rope:
+        hf["rope_theta"] = rope["rope_theta"]
+    return hf
+
 
 _LINEAR_INIT = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
 

@@ -81,7 +81,7 @@ class Tier:
     deterministic: bool
     #: FSDP mixed-precision parameter dtype: fp32 on cpu keeps 1- and 2-process runs and HF parity exact.
     param_dtype: str
-    #: Wall-clock limit of one launch (recipes.launch) and of a shared test run (conftest).
+    #: Wall-clock limit of one launch (harness.launch) and of a shared test run (conftest).
     launch_timeout_s: float
     extra_env: dict[str, str] = field(default_factory=dict)
 

@@ -67,7 +67,7 @@ class TitanName:
         return f"{self.module}.{self.attr or self.name}"
 
 
-_RUN_CONFIG = "the recipes' run settings (recipes/common.py apply_run_options)"
+_RUN_CONFIG = "the tutorial's launch settings (recipes/tutorial.py tutorial_settings)"
 _SPECS = "building the tiny cpu specs and the shrunk 30B-A3B (recipes/specs.py sized_spec)"
 #: Who needs the override machinery: both kernels, and config 3, which applies grouped_experts itself.
 _OVERRIDES = ("rope_hf", "grouped_experts", "nki_moe")
@@ -92,7 +92,7 @@ NAMES: tuple[TitanName, ...] = (
     TitanName(
         "ConfigManager._load_config",
         "torchtitan.config.manager",
-        "the hook recipes/train.py overrides to hand ConfigManager the recipe's config; if it is renamed "
+        "the hook harness/train.py overrides to hand ConfigManager the recipe's config; if it is renamed "
         "the override is never called and the recipe's config would be silently ignored",
         attr="ConfigManager._load_config",
     ),
@@ -149,7 +149,7 @@ NAMES: tuple[TitanName, ...] = (
     TitanName(
         "LoggerContainer",
         "torchtitan.components.metrics",
-        "recording torchtitan's own step metrics beside its loggers (recipes/train.py record_steps)",
+        "recording torchtitan's own step metrics beside its loggers (harness/train.py record_steps)",
     ),
     TitanName(
         "HuggingFaceTextDataLoader",

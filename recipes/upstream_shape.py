@@ -6,7 +6,7 @@ move any of them, and the workaround then fails from inside itself (``TypeError:
 takes 1 positional argument but 2 were given``), which reads like a bug of this suite.
 Each workaround first checks what it relies on with :func:`require`, and a missing piece
 becomes one :class:`UpstreamShapeError` naming the package, its installed version, the
-workaround and what it expected. ``recipes.bump`` lists these messages as "workarounds
+workaround and what it expected. ``harness.bump`` lists these messages as "workarounds
 that broke" (it looks for :data:`MARKER`).
 """
 

@@ -34,7 +34,7 @@ REQUIREMENTS="$ROOT/requirements-neuron.txt"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-$ROOT/.venv-neuron}"
 NEURON_VENV="${NEURON_VENV:-}"
-# Defaults repeated from recipes/neuron_versions.py (tests/cpu/test_neuron_install.py checks they agree).
+# Defaults repeated from recipes/platform/neuron_versions.py (tests/cpu/test_neuron_install.py checks they agree).
 TORCHTITAN_NEURON_URL="${TORCHTITAN_NEURON_URL:-https://github.com/aws-neuron/torchtitan-neuron.git}"
 TORCHTITAN_NEURON_REF="${TORCHTITAN_NEURON_REF:-release-2.33}"
 OS_RELEASE="${OS_RELEASE:-/etc/os-release}"

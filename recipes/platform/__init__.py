@@ -22,6 +22,18 @@ def offline_env() -> dict[str, str]:
     return dict(OFFLINE_ENV)
 
 
+def tier_unavailable(tier: str) -> str | None:
+    """Why ``tier`` cannot run on this machine (one line naming what is missing), or None when it can."""
+    if tier != "trn2":
+        return None
+    from recipes.platform.neuron import neuron_status
+
+    status = neuron_status()
+    if status.ready:
+        return None
+    return f"--tier trn2 cannot run on this machine: {status.reason()} Use --tier cpu here, or run on a trn2.48xlarge."
+
+
 def install(tier: str) -> None:
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from recipes import neuron_versions
+from recipes.platform import neuron_versions
 from recipes.errors import RecipeError
 
 #: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
@@ -22,7 +22,7 @@ DEFAULT_LNC = 2
 VALID_LNC = (1, 2)
 
 #: Python packages the trn2 tier imports, and which pinned distribution provides each: from
-#: recipes/neuron_versions.py (requirements-neuron.txt), e.g. nkilib is bundled in neuronx-cc.
+#: recipes/platform/neuron_versions.py (requirements-neuron.txt), e.g. nkilib is bundled in neuronx-cc.
 NEURON_PACKAGES = {module: neuron_versions.module_hint(module) for module in neuron_versions.MODULES}
 
 

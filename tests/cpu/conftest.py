@@ -72,10 +72,10 @@ def hf_backend_random_run(recipe_run):
 def hf_backend_random_4b_width_run(recipe_run):
     """hf_backend random init at the real Qwen3-4B width and vocab: the main job's full-width preset.
 
-    One layer, 2048 tokens, one process (recipes.__main__.FULL_WIDTH_RANDOM_INIT), built from
+    One layer, 2048 tokens, one process (harness.__main__.FULL_WIDTH_RANDOM_INIT), built from
     fixtures/qwen3-4b-instruct-2507/config.json (no weights); 1-5 min and ~6-10 GB on 2 cores.
     """
-    from recipes.__main__ import FULL_WIDTH_RANDOM_INIT
+    from harness.__main__ import FULL_WIDTH_RANDOM_INIT
     from recipes.specs import QWEN3_4B_INSTRUCT_2507
     from recipes.tiers import CPU
 

@@ -20,7 +20,7 @@ FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 def run_main(*args: str, report_dir) -> tuple[subprocess.CompletedProcess, float]:
     started = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "recipes", "run", *args, "--report-dir", str(report_dir)],
+        [sys.executable, "-m", "harness", "run", *args, "--report-dir", str(report_dir)],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

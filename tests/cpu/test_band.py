@@ -1,4 +1,4 @@
-"""``python -m recipes.band``: the trn2 curve band's statistics and files, on synthetic runs.
+"""``python -m harness.band``: the trn2 curve band's statistics and files, on synthetic runs.
 
 The band is made on trn2 from N repeated 64-rank runs; here its logic runs on made-up
 curves (and a fake launcher), so a wrong mean, std, floor or file is caught on every push.
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from recipes import band, goldens
+from harness import band, goldens
 
 pytestmark = pytest.mark.cpu
 
@@ -25,7 +25,7 @@ RUNS = [
 
 
 def fake_run(run_dir: Path, losses: list[float], **options) -> Path:
-    """A finished run directory as recipes.launch leaves it: steps.jsonl and run.json."""
+    """A finished run directory as harness.launch leaves it: steps.jsonl and run.json."""
     run_dir.mkdir(parents=True)
     (run_dir / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "loss": x}) + "\n" for i, x in enumerate(losses)))
     opts = {"recipe": "native_qwen3", "tier": "trn2", "steps": len(losses), "seed": 0, "run_dir": str(run_dir), **options}
@@ -85,7 +85,7 @@ def test_compute_writes_a_band_the_goldens_loader_takes_and_judges(tmp_path, gol
     assert g.tolerance == pytest.approx([0.08, 0.005, 0.12])
     made = g.band
     assert (made["n"], made["k"], made["min_halfwidth"], made["runs"]) == (3, 4.0, 0.005, RUNS)
-    assert made["command"].startswith("python -m recipes.band compute native_qwen3")
+    assert made["command"].startswith("python -m harness.band compute native_qwen3")
     assert made["options"] == {"recipe": "native_qwen3", "tier": "trn2", "steps": 3, "seed": 0}
     assert made["environment"] == goldens.environment_metadata()
     assert "over 3 repeated runs" in g.reason and "the floor set 1 of 3 steps" in g.reason
@@ -131,7 +131,7 @@ def test_record_launches_n_runs_of_the_band_options_then_writes_their_band(tmp_p
     dirs = band.record("native_qwen3", "cpu", 3, 3, [0, 1], tmp_path / "work", launch=launch)
     assert [o.seed for o in launched] == [0, 1, 0]  # seeds cycle over the runs
     assert all(o.steps == 3 and o.nproc == 2 and o.init == "hf" and not o.export for o in launched)
-    path = band.make_band("native_qwen3", "cpu", dirs, 4.0, 0.005, "python -m recipes.band record native_qwen3")
+    path = band.make_band("native_qwen3", "cpu", dirs, 4.0, 0.005, "python -m harness.band record native_qwen3")
     g = goldens.load("native_qwen3", "cpu-band", path)[1]["loss_curve_3"]
     assert g.band["seeds"] == [0, 1, 0] and g.band["options"]["recipe"] == "native_qwen3"
     assert "seed" not in g.band["options"]  # it differs between the runs, so it is not a shared option

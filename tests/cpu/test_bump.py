@@ -1,4 +1,4 @@
-"""recipes/bump.py: the plan, the resolution bookkeeping and the bump report, without building a venv.
+"""harness/bump.py: the plan, the resolution bookkeeping and the bump report, without building a venv.
 
 The rehearsal itself (a venv of several GB and two cpu-tier runs) is run by hand
 (``make bump PKGS=...``) and recorded in the README; here the plan is a bump that
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes import bump
-from recipes.lockcheck import pins
+from harness import bump
+from harness.lockcheck import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
 
@@ -137,7 +137,7 @@ def golden_row(key, lane, measured, verdict, test, published=None, golden=None):
 
 def write_run(directory: Path, outcomes: dict[str, str], goldens: list[dict], failures: dict[str, str] = {},
               properties: dict[str, dict] = {}, versions: dict | None = None) -> Path:
-    """A report dir as recipes.pytest_report and pytest's --junitxml write it."""
+    """A report dir as harness.pytest_report and pytest's --junitxml write it."""
     directory.mkdir(parents=True)
     tests = [{"test": t, "outcome": o, "duration_s": 1.0, "properties": properties.get(t, {})} for t, o in outcomes.items()]
     data = {"versions": versions or {"torch": "2.14.0", "transformers": "5.16.0", "torchtitan": "0.3.0"},

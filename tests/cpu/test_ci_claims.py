@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import ci, goldens, published
+from harness import ci, goldens, published
 from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -56,7 +56,7 @@ def write_report(tmp_path: Path, tests: list[dict]) -> Path:
 
 def require_claims(report: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "recipes.ci", "require-claims", str(report), "--tier", "trn2"],
+        [sys.executable, "-m", "harness.ci", "require-claims", str(report), "--tier", "trn2"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
     )  # fmt: skip
 
@@ -173,7 +173,7 @@ def test_nightly_runs_every_neuron_test_then_both_guards_whatever_happened():
     tests = steps[pytest_steps[0]]
     assert "-m neuron" in tests["run"] and "tests/neuron/" not in tests["run"]  # the whole marker, nothing selected out
     assert tests.get("if") == "${{ !cancelled() }}"
-    for guard in ("recipes.ci require-ran", "recipes.ci require-claims report/tests.json --tier trn2"):
+    for guard in ("harness.ci require-ran", "harness.ci require-claims report/tests.json --tier trn2"):
         (index,) = [i for i, r in enumerate(runs) if guard in r]
         assert index > pytest_steps[0] and steps[index].get("if") == "always()", guard
 

@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from recipes.options import RunOptions
-from recipes.preflight import preflight
-from recipes.provenance import dataset_info, provenance
+from harness.options import RunOptions
+from harness.preflight import preflight
+from harness.provenance import dataset_info, provenance
 from recipes.tiers import FIXTURES
-from recipes.train import build_config
+from harness.train import build_config
 
 pytestmark = pytest.mark.cpu
 

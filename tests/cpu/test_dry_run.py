@@ -1,4 +1,4 @@
-"""``python -m recipes run ... --tier trn2 --dry-run``: full-size configs and models on any machine.
+"""``python -m harness run ... --tier trn2 --dry-run``: full-size configs and models on any machine.
 
 One subprocess dry-runs all three recipes (as a user would, without QWEN3_4B_DIR,
 QWEN3_DATASET_DIR or a Neuron package) and the tests read the reports it wrote.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
+from harness.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
 from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -25,7 +25,7 @@ TRN2_UNSET = ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "NEURON_LOGICAL_NC_CONFIG", "
 def dry_run(report_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in TRN2_UNSET}
     return subprocess.run(
-        [sys.executable, "-m", "recipes", "run", *args, "--tier", "trn2", "--dry-run", "--report-dir", str(report_dir)],
+        [sys.executable, "-m", "harness", "run", *args, "--tier", "trn2", "--dry-run", "--report-dir", str(report_dir)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.published import CLAIMS
+from harness.published import CLAIMS
 from recipes.tiers import FIXTURES
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
@@ -95,7 +95,7 @@ def test_export_holds_the_trained_weights(native_hf_run, export_dir, record_prop
     moved at least one away from the source checkpoint (an export of the source would fail)."""
     from safetensors import safe_open
 
-    from recipes.export import FINAL_STATE_FILE, tensor_sha256
+    from harness.export import FINAL_STATE_FILE, tensor_sha256
 
     trained = json.loads((Path(native_hf_run["run_dir"]) / FINAL_STATE_FILE).read_text())
     exported, source = {}, {}

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from recipes import export
+from harness import export
 from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.cpu

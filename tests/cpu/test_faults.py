@@ -1,7 +1,7 @@
 """Faults end a run within a bounded time, with the failing rank's log lines, and leave no process behind.
 
 Each test asserts what the failing rank itself wrote (its exception or the line
-``recipes/faults.py`` prints before it acts), found in that rank's section of the
+``harness/faults.py`` prints before it acts), found in that rank's section of the
 failure message, not the harness's own headers ("--- rank N: ...") or summary.
 """
 
@@ -13,14 +13,14 @@ import time
 
 import pytest
 
-from recipes.faults import ENV
-from recipes.launch import LaunchError, launch
-from recipes.options import RunOptions
-from recipes.preflight import preflight
+from harness.faults import ENV
+from harness.launch import LaunchError, launch
+from harness.options import RunOptions
+from harness.preflight import preflight
 
 pytestmark = pytest.mark.cpu
 
-#: The header recipes.launch.rank_log_tails puts before each rank's log tail.
+#: The header harness.launch.rank_log_tails puts before each rank's log tail.
 RANK_HEADER = re.compile(r"^--- rank (\S+): last \d+ lines of .*$", re.MULTILINE)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import goldens
+from harness import goldens
 from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -36,8 +36,8 @@ def test_every_shipped_goldens_file_loads():
 
 def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
     """Published and proxy entries carry no number of their own: each names a claim of
-    recipes.published (the one place the tutorial's numbers are written) and states why."""
-    from recipes.published import CLAIMS
+    harness.published (the one place the tutorial's numbers are written) and states why."""
+    from harness.published import CLAIMS
 
     seen = set()
     for path in sorted(goldens.GOLDENS_DIR.glob("*/*.json")):
@@ -65,7 +65,7 @@ def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
         ({**ENTRY, "colour": "red"}, "unknown field(s) ['colour']"),
         ({**ENTRY, "lane": "vibes"}, "lane 'vibes'"),
         ({**ENTRY, "tolerance": -1}, "tolerance -1"),
-        ({**ENTRY, "lane": "published"}, "written only in recipes/published.py"),
+        ({**ENTRY, "lane": "published"}, "written only in harness/published.py"),
         ({"claim": "step1_loss_hf", "tolerance": 0.1, "lane": "published", "reason": "r", "value": 6.5}, "own 'value'"),
         ({"claim": "step1_loss_zz", "tolerance": 0.1, "lane": "proxy", "reason": "r"}, "claim 'step1_loss_zz'"),
         ({**ENTRY, "claim": "step1_loss_hf"}, "cannot name a claim"),
@@ -143,7 +143,7 @@ def test_make_goldens_lists_changes_and_writes_only_when_accepted(tmp_path, monk
 
 def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "recipes.pytest_report", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_report", "-p", "no:cacheprovider", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -217,7 +217,7 @@ def test_zero_tests_guard_fails_when_every_neuron_test_skipped(tmp_path):
     assert data["tests"] and all(t["outcome"] == "skipped" for t in data["tests"])
     assert all("no Neuron device" in t["properties"]["skip_reason"] for t in data["tests"])
     guard = subprocess.run(
-        [sys.executable, "-m", "recipes.ci", "require-ran", str(report / "tests.json"), "--marker", "neuron"],
+        [sys.executable, "-m", "harness.ci", "require-ran", str(report / "tests.json"), "--marker", "neuron"],
         capture_output=True, text=True, cwd=REPO_ROOT,
     )  # fmt: skip
     assert guard.returncode == 1
@@ -235,6 +235,6 @@ def test_workflows_parse_and_call_the_readme_commands():
     assert job["runs-on"] == ["self-hosted", "trn2"]
     assert "schedule" in nightly[True] or "schedule" in nightly.get("on", {})  # YAML 1.1 reads `on` as True
     nightly_steps = " ".join(step.get("run", "") for step in job["steps"])
-    for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "recipes.ci require-ran", "recipes.ci trend"):
+    for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.ci require-ran", "harness.ci trend"):
         assert needed in nightly_steps, needed
     assert "make test" in (REPO_ROOT / ".ci/run").read_text()

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recipes.options import RunOptions
-from recipes.preflight import PreflightError, preflight
-from recipes.published import CLAIMS
+from harness.options import RunOptions
+from harness.preflight import PreflightError, preflight
+from harness.published import CLAIMS
 from recipes.tiers import CPU, FIXTURES, REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -81,7 +81,7 @@ def backend_model(model_dir: Path, weights_dir: Path | None = None):
 
     from recipes.hf_backend import hf_backend
 
-    config = hf_backend(RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir).resolved())
+    config = hf_backend(RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir).resolved().recipe_inputs())
     spec = config.model_spec
     spec.model.update_from_config(config=config)
     with torch.device("meta"):
@@ -113,7 +113,7 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 
 
 #: One rank of the recipe, in a process of its own: build the trainer exactly
-#: as recipes.train does, train, and report whether embedding and head are one tensor.
+#: as harness.train does, train, and report whether embedding and head are one tensor.
 TRAINER_PROBE = r"""
 import json, os, socket, sys
 with socket.socket() as s:
@@ -124,8 +124,8 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"
 from recipes import platform
 platform.install("cpu")
 import torch
-from recipes.options import RunOptions
-from recipes.train import STEPS_FILE, build_config, record_steps
+from harness.options import RunOptions
+from harness.train import STEPS_FILE, build_config, record_steps
 
 opts = RunOptions.from_json(sys.argv[1])
 opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +169,7 @@ def moe_run(hf_backend_moe_run):
 @pytest.fixture(scope="module")
 def random_init_probe(tmp_path_factory) -> dict:
     """One rank from random init, one optimizer step, inside the trainer."""
-    from recipes.launch import child_env
+    from harness.launch import child_env
 
     opts = preflight(RunOptions(
         recipe="hf_backend", tier="cpu", nproc=1, steps=1, init="random", model_dir=DENSE_DIR,
@@ -264,7 +264,7 @@ def backend_random_model(model_dir: Path = DENSE_DIR, seed: int = 0, **options):
     """The recipe's backend model from the backend's own random init, built as the trainer does, one process."""
     from recipes.hf_backend import hf_backend
 
-    config = hf_backend(RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir, init="random", **options).resolved())
+    config = hf_backend(RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir, init="random", **options).resolved().recipe_inputs())
     spec = config.model_spec
     spec.model.update_from_config(config=config)
     with torch.device("meta"):
@@ -475,11 +475,12 @@ def test_hub_id_is_refused_offline():
 
 
 def test_no_model_dir_means_the_hub_id_and_is_refused_offline():
-    from recipes.hf_backend import HUB_ID, preflight_check
+    from harness.preflight import check_hf_model
+    from recipes.hf_backend import HUB_ID
 
     opts = RunOptions(recipe="hf_backend", tier="trn2", model_dir=None)  # trn2 without QWEN3_4B_DIR
     with pytest.raises(PreflightError, match="QWEN3_4B_DIR") as refusal:
-        preflight_check(opts)
+        check_hf_model(opts)
     assert HUB_ID in str(refusal.value) and "offline" in str(refusal.value)
 
 
@@ -502,10 +503,10 @@ def test_non_qwen3_architecture_is_refused(tmp_path):
 
 
 def test_refusal_happens_before_any_rank_starts(tmp_path):
-    """``python -m recipes run hf_backend`` exits 2 with one message and launches nothing."""
+    """``python -m harness run hf_backend`` exits 2 with one message and launches nothing."""
     report_dir = tmp_path / "report"
     out = subprocess.run(
-        [sys.executable, "-m", "recipes", "run", "hf_backend", "--model-dir", "Qwen/Qwen3-4B-Instruct-2507",
+        [sys.executable, "-m", "harness", "run", "hf_backend", "--model-dir", "Qwen/Qwen3-4B-Instruct-2507",
          "--report-dir", str(report_dir)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
     )  # fmt: skip

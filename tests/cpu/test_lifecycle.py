@@ -1,6 +1,6 @@
 """A run ends cleanly whatever happens to it: no orphans, refusals before launch, nothing measured lost.
 
-The signal tests start the real main job (``python -m recipes run``: parent,
+The signal tests start the real main job (``python -m harness run``: parent,
 torchrun, two ranks), wait until rank 0 has logged a training step, signal the
 parent the way a CI cancel (SIGTERM) or the OOM killer (SIGKILL) would, and then
 watch /proc until no process of the run is left. The bound they assert is the
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes import report
-from recipes.launch import GRACE_S
+from harness import report
+from harness.launch import GRACE_S
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -50,7 +50,7 @@ def processes_of(run_root: Path) -> list[int]:
 def start_long_run(report_dir: Path) -> subprocess.Popen:
     """The issue's case: native_qwen3, random init, 2000 steps, two ranks."""
     return subprocess.Popen(
-        [sys.executable, "-m", "recipes", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
+        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
          "--steps", "2000", "--no-export", "--report-dir", str(report_dir)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path):
     report_dir = tmp_path / "report"
     started = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "recipes", "run", "all", "--tier", "cpu", "--report-dir", str(report_dir),
+        [sys.executable, "-m", "harness", "run", "all", "--tier", "cpu", "--report-dir", str(report_dir),
          "--training.stepz", "3"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -133,9 +133,9 @@ def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path):
 
 def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
     from recipes.errors import RecipeError
-    from recipes.options import RunOptions
-    from recipes.preflight import preflight
-    from recipes.train import build_config
+    from harness.options import RunOptions
+    from harness.preflight import preflight
+    from harness.train import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     with pytest.raises(RecipeError, match=r"torchtitan option refused: .*--training\.steps"):
@@ -144,10 +144,10 @@ def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
 
 def test_goldens_are_judged_on_what_the_config_really_holds():
     """``--training.seq_len 64`` through torchtitan's CLI is not the default launch: no golden applies."""
-    from recipes.__main__ import as_configured, golden_key
-    from recipes.options import RunOptions
-    from recipes.preflight import preflight
-    from recipes.train import build_config
+    from harness.__main__ import as_configured, golden_key
+    from harness.options import RunOptions
+    from harness.preflight import preflight
+    from harness.train import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     assert golden_key(as_configured(opts, build_config(opts))) == "step1_loss_random"
@@ -165,7 +165,7 @@ def test_a_malformed_line_deep_in_the_dataset_is_refused_with_file_and_line(tmp_
     (corpus / "train.jsonl").write_text("\n".join(good[:37] + ["null-ish {not json"] + good[37:]) + "\n")
     report_dir = tmp_path / "report"
     out = subprocess.run(
-        [sys.executable, "-m", "recipes", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
+        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
          "--dataset-dir", str(corpus), "--report-dir", str(report_dir)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The main job (`python -m recipes run`, what `make repro` calls) fails when a check in its report fails."""
+"""The main job (`python -m harness run`, what `make repro` calls) fails when a check in its report fails."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_a_failing_check_fails_the_main_job_and_is_reported(tmp_path):
     path.write_text(json.dumps(data))
     report_dir = tmp_path / "report"
     out = subprocess.run(
-        [sys.executable, "-m", "recipes", "run", "native_qwen3", "--tier", "cpu", "--init", "hf",
+        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "hf",
          "--steps", "1", "--no-export", "--report-dir", str(report_dir)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
         env={**os.environ, "QWEN3_GOLDENS_DIR": str(goldens_dir)},

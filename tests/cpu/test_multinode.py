@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import curve_runs
-from recipes.launch import launch
-from recipes.options import RunOptions
-from recipes.preflight import preflight
+from harness.launch import launch
+from harness.options import RunOptions
+from harness.preflight import preflight
 
 pytestmark = pytest.mark.cpu
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes import neuron_versions
-from recipes.neuron_versions import Expected, NeuronRequirementsError
+from recipes.platform import neuron_versions
+from recipes.platform.neuron_versions import Expected, NeuronRequirementsError
 from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.cpu
@@ -212,7 +212,7 @@ def test_a_rerun_keeps_the_existing_venv(tmp_path):
 
 
 def test_missing_package_messages_name_the_real_distributions():
-    """recipes.platform.neuron takes its package hints from recipes/neuron_versions.py, not a copy."""
+    """recipes.platform.neuron takes its package hints from recipes/platform/neuron_versions.py, not a copy."""
     from recipes.platform import neuron
 
     pins = neuron_versions.pins()
@@ -279,17 +279,17 @@ def test_readme_command_lines_use_only_real_subcommands_and_flags():
     for rest in readme_commands("scripts/neuron_venv.sh"):
         for flag in _FLAG.findall(rest):
             assert f"{flag})" in script, f"README: scripts/neuron_venv.sh {flag}: the script has no such option"
-    ci_uses = readme_commands("recipes.ci ")
+    ci_uses = readme_commands("harness.ci ")
     assert any(rest.startswith("require-claims") for rest in ci_uses)
     for rest in ci_uses:
         command = rest.split()[0]
-        text = help_text("-m", "recipes.ci", command)
+        text = help_text("-m", "harness.ci", command)
         missing = [flag for flag in _FLAG.findall(rest) if flag not in text]
-        assert not missing, f"README: recipes.ci {command} {missing}: not options of that command"
-    for marker, argv in (("python -m recipes run", ("-m", "recipes", "run")), ("-m recipes.train", ("-m", "recipes.train"))):
+        assert not missing, f"README: harness.ci {command} {missing}: not options of that command"
+    for marker, argv in (("python -m harness run", ("-m", "harness", "run")), ("-m harness.train", ("-m", "harness.train"))):
         uses = readme_commands(marker)
         assert uses, marker
         text = help_text(*argv)
         missing = sorted({flag for rest in uses for flag in _FLAG.findall(rest)} - set(_FLAG.findall(text)))
         assert not missing, f"README: `{marker}` with {missing}: not options of it"
-    assert any("all --tier trn2 --dry-run" in rest for rest in readme_commands("python -m recipes run"))
+    assert any("all --tier trn2 --dry-run" in rest for rest in readme_commands("python -m harness run"))

@@ -79,7 +79,7 @@ def test_rope_override_on_some_layers_leaves_training_bitwise_identical(recipe_r
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "recipes", "run", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+        [sys.executable, "-m", "harness", "run", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
     )
 
 
@@ -107,9 +107,9 @@ def test_config3_without_rope_hf_takes_any_seq_len():
 
 
 def build(recipe: str, **options):
-    from recipes.options import RunOptions
-    from recipes.preflight import preflight
-    from recipes.train import build_config
+    from harness.options import RunOptions
+    from harness.preflight import preflight
+    from harness.train import build_config
 
     return build_config(preflight(RunOptions(recipe=recipe, tier="cpu", init="random", **options)))
 

@@ -8,11 +8,11 @@ import shutil
 
 import pytest
 
-from recipes.options import RunOptions
-from recipes.preflight import preflight
-from recipes.provenance import MismatchError, mismatches
+from harness.options import RunOptions
+from harness.preflight import preflight
+from harness.provenance import MismatchError, mismatches
 from recipes.tiers import FIXTURES
-from recipes.train import build_config
+from harness.train import build_config
 
 pytestmark = pytest.mark.cpu
 
@@ -85,7 +85,7 @@ def test_seq_len_above_max_position_embeddings_is_refused(tmp_path):
 
 
 def test_allowed_mismatch_is_a_warning_the_provenance_repeats(capsys):
-    from recipes import provenance
+    from harness import provenance
 
     opts = preflight(RunOptions(init="hf", rope_theta=10000.0, allow_mismatch=["rope_theta"]))
     config = build_config(opts)
@@ -119,7 +119,7 @@ def test_provenance_fields_of_a_real_run(recipe_run):
 
 @pytest.mark.parametrize("recipe, init", [("hf_backend", "hf"), ("nki_moe", "random")])
 def test_provenance_fields_for_the_other_recipes(recipe, init):
-    from recipes import provenance
+    from harness import provenance
 
     opts = preflight(RunOptions(recipe=recipe, tier="cpu", init=init))
     record = provenance.provenance(opts, build_config(opts))

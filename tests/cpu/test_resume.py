@@ -2,7 +2,7 @@
 
 Four short launches around the shared 100-step native run (``curve_runs.native_curve``,
 which saves a full torchtitan checkpoint at step 50 and its HF export at step 100), all
-through torchtitan's own options, as a user resumes with ``python -m recipes run ...
+through torchtitan's own options, as a user resumes with ``python -m harness run ...
 --checkpoint.initial_load_path DIR``:
 
 * **stop**: 50 steps on the 100-step LR schedule (``--lr_scheduler.total_steps 100``),

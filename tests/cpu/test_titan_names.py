@@ -1,7 +1,7 @@
 """recipes.titan: every torchtitan name in one module, and one line when the installed torchtitan lacks one.
 
 The subprocess tests hide a name from the real torchtitan (a wrapper deletes or
-replaces it before ``python -m recipes run`` starts) and check the refusal: one
+replaces it before ``python -m harness run`` starts) and check the refusal: one
 line naming the name, the installed version and why the suite needs it, exit 2,
 and no rank started.
 """
@@ -103,8 +103,8 @@ def test_a_recipe_imports_only_the_kernel_modules_it_uses():
     code = textwrap.dedent(
         """
         import sys
-        from recipes.options import RunOptions
-        from recipes.train import build_config
+        from harness.options import RunOptions
+        from harness.train import build_config
         kernels = lambda: sorted(m for m in sys.modules if m.startswith("recipes.kernels."))
         build_config(RunOptions(recipe="native_qwen3", tier="cpu", init="random").resolved())
         print(kernels())
@@ -117,7 +117,7 @@ def test_a_recipe_imports_only_the_kernel_modules_it_uses():
     assert out.stdout.strip().splitlines()[-2:] == ["[]", "['recipes.kernels.rope']"]
 
 
-# --- the refusal of `python -m recipes run`, with a name hidden from the real torchtitan -------------
+# --- the refusal of `python -m harness run`, with a name hidden from the real torchtitan -------------
 
 HIDE = {
     "a public function": (
@@ -145,16 +145,16 @@ HIDE = {
 def test_run_refuses_in_one_line_before_any_rank(case, tmp_path):
     hide, args, missing, purpose = HIDE[case]
     report_dir = tmp_path / "report"
-    wrapper = f"{hide}\nimport sys\nfrom recipes.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
+    wrapper = f"{hide}\nimport sys\nfrom harness.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", wrapper, "run", *args, "--tier", "cpu", "--init", "random", "--report-dir", str(report_dir)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("python -m recipes run: error:")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("python -m harness run: error:")]
     assert len(errors) == 1, proc.stderr
-    assert errors[0].startswith(f"python -m recipes run: error: torchtitan {VERSION} has no {missing}")
+    assert errors[0].startswith(f"python -m harness run: error: torchtitan {VERSION} has no {missing}")
     assert f"which the suite needs for {purpose}" in errors[0]
     assert "Traceback" not in proc.stderr
     assert "process(es), run dir" not in proc.stdout

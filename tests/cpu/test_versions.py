@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes import lockcheck
+from harness import lockcheck
 
 pytestmark = pytest.mark.cpu
 

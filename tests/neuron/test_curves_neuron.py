@@ -2,17 +2,17 @@
 
 trn2 runs are not bitwise repeatable (bf16, nondeterministic collectives and kernels), so
 the curve is judged against a band: per step, mean ± max(k·std, floor) over N repeated
-seeded runs, recorded with how it was made by ``python -m recipes.band record RECIPE``
+seeded runs, recorded with how it was made by ``python -m harness.band record RECIPE``
 into ``fixtures/goldens/<recipe>/trn2-band.json`` (N, k, floor and the 20-step length are
-stated and justified in recipes/band.py). The run here is exactly the band's run
-(``recipes.band.band_options``).
+stated and justified in harness/band.py). The run here is exactly the band's run
+(``harness.band.band_options``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from recipes import band, goldens
+from harness import band, goldens
 
 pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "weights", "dataset")]
 
@@ -27,7 +27,7 @@ def test_trn2_curve_stays_inside_its_band(recipe, recipe_run, golden, record_pro
     if key not in values:
         pytest.fail(
             f"{path} has no {key!r}: record the band on a trn2.48xlarge with "
-            f"`python -m recipes.band record {recipe}` ({band.BAND_RUNS} runs of {band.BAND_STEPS} steps) and commit it",
+            f"`python -m harness.band record {recipe}` ({band.BAND_RUNS} runs of {band.BAND_STEPS} steps) and commit it",
             pytrace=False,
         )
     opts = band.band_options(recipe, "trn2", band.BAND_STEPS, seed=0)

@@ -4,7 +4,7 @@ The published 6.54 from Qwen3-4B-Instruct-2507 weights is about 2.5x what a soun
 scores on web text. Two upstream defects of torchtitan's Transformers backend, each alone,
 give numbers like it; this file runs config 1 on the 64 NeuronCores four ways and, for each,
 scores the run's own first global batch with transformers in fp32 on the host
-(``recipes.reference``), so the report says what the weights score and why a lane differs:
+(``harness.reference``), so the report says what the weights score and why a lane differs:
 
 =================  ==========================  ===========================================
 lane               tokenizer (hf_assets_path)  RoPE inv_freq
@@ -38,7 +38,7 @@ Attention stays the recipe's causal SDPA in every lane: upstream's FlexAttention
 causal BlockMask computes the same attention, so it is not a lane.
 
 Cost: every lane's reference is a full fp32 forward of 64 × 2048 tokens through the 4B model
-on the host CPU, and each measured suspect one more (``python -m recipes.reference cost``
+on the host CPU, and each measured suspect one more (``python -m harness.reference cost``
 measures it per row and layer on the machine at hand).
 """
 
@@ -52,8 +52,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes import reference
-from recipes.published import CLAIMS
+from harness import reference
+from harness.published import CLAIMS
 from recipes.tiers import TRN2
 
 MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
@@ -124,9 +124,9 @@ def run_lane(shared_dir: Path, name: str, **options) -> tuple[dict, reference.Re
     A run that stops in step 1 (torchtitan raises on a non-finite loss before logging it, which
     uninitialised RoPE memory can cause) still recorded its batch: it is measured as NaN.
     """
-    from recipes.launch import LaunchError, launch
-    from recipes.options import RunOptions
-    from recipes.preflight import preflight
+    from harness.launch import LaunchError, launch
+    from harness.options import RunOptions
+    from harness.preflight import preflight
 
     opts = preflight(RunOptions(run_dir=shared_dir / name, tier="trn2", nproc=NPROC, steps=1, seed=0, export=False,
                                 init="hf", model_dir=MODEL_DIR, **options))  # fmt: skip

@@ -1,4 +1,4 @@
-"""The trn2 tier runs Neuron 2.33 as recipes/neuron_versions.py expects it: one failure per drift.
+"""The trn2 tier runs Neuron 2.33 as recipes/platform/neuron_versions.py expects it: one failure per drift.
 
 A drift fails here and nowhere else: the nightly runs every neuron test regardless,
 so a version bump shows which published numbers it moved.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes import neuron_versions
-from recipes.neuron_versions import normalize
+from recipes.platform import neuron_versions
+from recipes.platform.neuron_versions import normalize
 
 pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx")]
 
@@ -30,7 +30,7 @@ def test_installed_distribution_is_the_expected_version(want, record_property):
     record_property(f"versions.{want.distribution}", have)
     assert want.matches(have), (
         f"{want.distribution}: installed {have}, expected {want.version} ({want.why}); "
-        "rerun `scripts/neuron_venv.sh --force` or update recipes/neuron_versions.py / requirements-neuron.txt"
+        "rerun `scripts/neuron_venv.sh --force` or update recipes/platform/neuron_versions.py / requirements-neuron.txt"
     )
 
 
@@ -59,5 +59,5 @@ def test_nkilib_is_the_copy_bundled_in_neuronx_cc(record_property):
     assert active == [neuron_versions.NKILIB_PROVIDER], (
         f"`import nkilib` loads {[str(p) for p in loaded_from]}, provided by {active or 'no installed distribution'}; "
         f"expected the NKI Library {neuron_versions.NKILIB_VERSION} bundled in {neuron_versions.NKILIB_PROVIDER} "
-        "(uninstall a standalone nki-library, or update recipes/neuron_versions.py when that is intended)"
+        "(uninstall a standalone nki-library, or update recipes/platform/neuron_versions.py when that is intended)"
     )

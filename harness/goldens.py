@@ -16,9 +16,9 @@ Three lanes:
 * ``band``: a per-step curve from repeated runs where runs are not bitwise repeatable
   (trn2): ``value`` holds the per-step mean, ``tolerance`` the per-step half-width
   (k·std over N runs, at least a stated floor), ``band`` how it was made. Written only
-  by ``python -m recipes.band``, never by ``make goldens``.
+  by ``python -m harness.band``, never by ``make goldens``.
 
-``published`` and ``proxy`` entries name a claim of :mod:`recipes.published`, the one
+``published`` and ``proxy`` entries name a claim of :mod:`harness.published`, the one
 place the tutorial's numbers are written, and carry no value of their own.
 
 A value may be a list (a loss curve: one element per step); every rule below then
@@ -49,7 +49,7 @@ LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
 LANES = ("exact", "proxy", "published", "band")
 CLAIM_LANES = ("proxy", "published")
 ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band"}
-#: What a band entry's ``band`` record must state (recipes.band writes it).
+#: What a band entry's ``band`` record must state (harness.band writes it).
 BAND_KEYS = {"n", "k", "min_halfwidth", "std", "runs", "command", "environment"}
 
 #: Relative tolerance of an exact-lane float recorded in another environment. Measured: the
@@ -72,7 +72,7 @@ class Golden:
     tolerance: float
     lane: str
     reason: str
-    #: The claim of recipes.published a published/proxy entry stands for.
+    #: The claim of harness.published a published/proxy entry stands for.
     claim: str | None = None
     #: Exact lane: relative tolerance in another environment, when not PORTABLE_RTOL.
     portable_rtol: float | None = None
@@ -112,7 +112,7 @@ def lock_sha256(path: Path = LOCK_FILE) -> str | None:
 
 def environment_metadata() -> dict:
     """What decides the bits of an exact-lane value: lock, versions, machine and CPU kernels."""
-    from recipes.report import cpu_fingerprint, versions
+    from harness.report import cpu_fingerprint, versions
 
     found = versions()
     return {
@@ -161,7 +161,7 @@ def _tolerance_ok(t) -> bool:
 
 
 def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
-    from recipes.published import CLAIMS
+    from harness.published import CLAIMS
 
     if not isinstance(entry, dict):
         raise GoldenError(f"{path}: {key!r} must be an object with value/tolerance/lane/reason")
@@ -182,11 +182,11 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
         if "value" in entry:
             raise GoldenError(
                 f"{path}: {key!r} is a {lane} entry with its own 'value'; the tutorial's numbers are "
-                "written only in recipes/published.py: name one with 'claim' instead"
+                "written only in harness/published.py: name one with 'claim' instead"
             )
         claim = entry.get("claim")
         if claim not in CLAIMS:
-            raise GoldenError(f"{path}: {key!r} claim {claim!r} is not one of recipes.published.CLAIMS {sorted(CLAIMS)}")
+            raise GoldenError(f"{path}: {key!r} claim {claim!r} is not one of harness.published.CLAIMS {sorted(CLAIMS)}")
         value = CLAIMS[claim].value
     else:
         if "claim" in entry:
@@ -342,7 +342,7 @@ def update_exact(
         if entry is not None and entry.get("lane") in CLAIM_LANES:
             raise GoldenError(f"{path}: {key!r} is a {entry['lane']} entry (a tutorial claim) and is never regenerated")
         if entry is not None and entry.get("lane") == "band":
-            raise GoldenError(f"{path}: {key!r} is a band; only `python -m recipes.band` writes it")
+            raise GoldenError(f"{path}: {key!r} is a band; only `python -m harness.band` writes it")
         reason = reasons.get(key) or (entry or {}).get("reason") or ""
         if not reason:
             raise GoldenError(f"{path}: new golden {key!r} needs a reason (pass reason=... to golden())")

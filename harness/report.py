@@ -8,7 +8,7 @@ import platform as _platform
 from importlib import metadata
 from pathlib import Path
 
-from recipes.published import CLAIMS, SOURCE
+from harness.published import CLAIMS, SOURCE
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -153,7 +153,7 @@ def update(report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, obje
     """Add ``runs`` and ``checks`` (key, ``goldens.Verdict``) to the report in ``report_dir``; return it.
 
     Read, extend and rewrite happen under one file lock (filelock), so several
-    ``python -m recipes run`` into one report directory keep every run: each adds
+    ``python -m harness run`` into one report directory keep every run: each adds
     to what the others wrote instead of overwriting it with its own older copy.
     """
     from filelock import FileLock
@@ -219,7 +219,7 @@ def _status(run: dict) -> str:
 
 
 def reference_section(runs: list[dict]) -> list[str]:
-    """Each weights-loaded run's step-1 loss beside transformers' on the same batch (recipes.reference)."""
+    """Each weights-loaded run's step-1 loss beside transformers' on the same batch (harness.reference)."""
     checked = [r for r in runs if r.get("reference")]
     if not checked:
         return []

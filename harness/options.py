@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from recipes.tiers import TIERS, Tier
+from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
 
-INITS = ("hf", "random")
+__all__ = ["INITS", "RunOptions", "apply_run_options"]
 
 
 @dataclass
@@ -33,7 +34,7 @@ class RunOptions:
     tokenizer_dir: Path | None = None
     #: Replace the recipe's RoPE theta (to measure what a wrong theta costs).
     rope_theta: float | None = None
-    #: Mismatch names (see recipes.provenance) accepted as warnings instead of refusals.
+    #: Mismatch names (see harness.provenance) accepted as warnings instead of refusals.
     allow_mismatch: list[str] = field(default_factory=list)
     export_dir: Path | None = None
     run_dir: Path | None = None
@@ -80,6 +81,10 @@ class RunOptions:
             export=self.export,
         )
 
+    def recipe_inputs(self) -> RecipeInputs:
+        """What the recipe builds its config from (``self`` resolved): tier, init, weights, tokenizer, data, layers."""
+        return RecipeInputs(self.tier, self.init, self.model_dir, self.tokenizer_dir, self.dataset_dir, self.layers)
+
     def to_json(self) -> str:
         data = asdict(self)
         return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in data.items()})
@@ -89,3 +94,24 @@ class RunOptions:
         data = json.loads(text)
         paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})
+
+
+def apply_run_options(config, opts: RunOptions):
+    """A run's own deltas on top of a recipe's config: steps, seq_len, batch, seed, RoPE theta, paths, export.
+
+    ``opts`` must be ``RunOptions.resolved()``; the recipe built ``config`` from
+    ``opts.recipe_inputs()``. Returns ``config`` for chaining.
+    """
+    config.training.steps = opts.steps
+    config.training.seq_len = opts.seq_len
+    config.training.local_batch_size = opts.local_batch_size
+    config.debug.seed = opts.seed
+    if opts.rope_theta is not None:
+        set_rope_theta(config, opts.rope_theta)
+    if opts.run_dir:
+        config.dump_folder = str(opts.run_dir)
+    # Measurement-only runs (``export=False``) load weights if any and save nothing.
+    config.checkpoint.enable = opts.init == "hf" or opts.export
+    config.checkpoint.interval = opts.steps
+    config.checkpoint.load_only = not opts.export
+    return config

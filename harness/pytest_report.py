@@ -70,7 +70,7 @@ def _is_controller(config) -> bool:
 
 def _golden_rows(records: list[dict]) -> list[dict]:
     """Rows for recorded golden checks: '<recipe>.<tier>.<key>' with a '.verdict' sibling."""
-    from recipes import goldens
+    from harness import goldens
 
     rows = []
     for record in records:
@@ -143,7 +143,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if not _is_controller(config) or not _RECORDS:
         return
-    from recipes.report import versions
+    from harness.report import versions
 
     report_dir = Path(config.getoption("--report-dir"))
     report_dir.mkdir(parents=True, exist_ok=True)

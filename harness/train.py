@@ -1,6 +1,6 @@
 """The one entry torchrun starts on every tier.
 
-    torchrun --nproc_per_node=N -m recipes.train --recipe native_qwen3 --tier cpu \\
+    torchrun --nproc_per_node=N -m harness.train --recipe native_qwen3 --tier cpu \\
         [--init hf|random] [--model-dir DIR] [--steps N] ... [torchtitan CLI overrides]
 
 Arguments this module does not know (``--training.steps 3``, ``--parallelism.…``)
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipes.options import RunOptions
+from harness.options import RunOptions
 
 STEPS_FILE = "steps.jsonl"
 PROVENANCE_FILE = "provenance.json"
@@ -29,7 +29,7 @@ RUN_FILE = "run.json"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options shared by ``recipes.train`` and ``python -m recipes run``."""
+    """The options shared by ``harness.train`` and ``python -m harness run``."""
     parser.add_argument("--tier", default="cpu", help="cpu or trn2 (default: cpu)")
     parser.add_argument("--nproc", type=int, help="processes (default: the tier's: cpu 2, trn2 64)")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node run (c10d rendezvous)")
@@ -106,13 +106,15 @@ def recipe_config(opts: RunOptions):
     """The recipe's own ``Trainer.Config`` for resolved ``opts``, before any override."""
     from recipes.registry import get_recipe
 
-    return get_recipe(opts.recipe).config_fn()(opts)
+    from harness.options import apply_run_options
+
+    return apply_run_options(get_recipe(opts.recipe).config_fn()(opts.recipe_inputs()), opts)
 
 
 def check_inputs(opts: RunOptions, config) -> None:
     """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
-    from recipes import provenance
-    from recipes.preflight import check_checkpoint_tensors
+    from harness import provenance
+    from harness.preflight import check_checkpoint_tensors
 
     provenance.check(opts, config)
     if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
@@ -137,7 +139,7 @@ def apply_cli_overrides(config, cli_overrides: list[str]):
     that becomes one ``PreflightError`` line naming the option, so the parent
     refuses it once, before any rank starts, instead of once per rank.
     """
-    from recipes.preflight import cli_override_error
+    from harness.preflight import cli_override_error
     from recipes.titan import ConfigManager
 
     class _RecipeConfig(ConfigManager):
@@ -231,7 +233,7 @@ class StepRecorder:
 
 
 def write_provenance(opts: RunOptions, config, path: Path) -> None:
-    from recipes import provenance
+    from harness import provenance
 
     allowed = [m for m in provenance.mismatches(opts, config) if m.name in opts.allow_mismatch]
     path.write_text(json.dumps(provenance.provenance(opts, config, allowed), indent=2, default=str) + "\n")
@@ -251,8 +253,8 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
 
-    from recipes import faults, reference
-    from recipes.export import FINAL_STATE_FILE, finish_export, record_final_state
+    from harness import faults, reference
+    from harness.export import FINAL_STATE_FILE, finish_export, record_final_state
 
     config = build_config(opts, cli_overrides)
     rank = int(os.environ.get("RANK", "0"))
@@ -353,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, errors) -> int:
-    parser = argparse.ArgumentParser(prog="recipes.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="harness.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", required=True)
     parser.add_argument("--run-dir", type=Path, help="dump folder of this run (checkpoints, steps.jsonl)")
     add_run_arguments(parser)
@@ -361,7 +363,7 @@ def _main(argv: list[str] | None, errors) -> int:
 
     from recipes import platform
     from recipes.errors import RecipeError
-    from recipes.preflight import preflight
+    from harness.preflight import preflight
 
     # Under torchrun the launch itself says how many processes and nodes there are
     # (torchrun would take a --nproc/--nnodes after the script name for its own).
@@ -376,7 +378,7 @@ def _main(argv: list[str] | None, errors) -> int:
         train(opts, cli_overrides)
     except RecipeError as e:
         # One line, no traceback; the error file carries it to the launcher's summary.
-        print(f"recipes.train: error: {e}", file=sys.stderr)
+        print(f"harness.train: error: {e}", file=sys.stderr)
         errors.record_exception(e)
         return 2
     return 0

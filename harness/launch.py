@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from recipes.options import RunOptions
+from harness.options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
-from recipes.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
+from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
 
 LOG_TAIL_LINES = 40
 #: Where torchrun's own ``@record`` copies the first failed rank's error file.
@@ -120,14 +120,14 @@ def rendezvous_args(opts: RunOptions) -> list[str]:
 
 
 def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[str]:
-    """``torchrun --nproc_per_node=N -m recipes.train ...`` for resolved ``opts``."""
+    """``torchrun --nproc_per_node=N -m harness.train ...`` for resolved ``opts``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         *rendezvous_args(opts),
         f"--nproc_per_node={opts.nproc}",
         "--log-dir", str(opts.run_dir / "logs"),
         "--redirects", "3",
-        "-m", "recipes.train",
+        "-m", "harness.train",
         "--recipe", opts.recipe,
         "--tier", opts.tier,
         "--run-dir", str(opts.run_dir),
@@ -217,7 +217,7 @@ def first_failure(run_dir: Path) -> str | None:
 
     torchrun's ``@record`` main copies the earliest failed rank's error file to its
     own ``TORCHELASTIC_ERROR_FILE`` (torch/distributed/elastic/multiprocessing/errors/
-    __init__.py ``record``); recipes.train adds the rank number. None when no rank
+    __init__.py ``record``); harness.train adds the rank number. None when no rank
     recorded an exception (killed by a signal, or ``os._exit``).
     """
     path = run_dir / ERROR_FILE
@@ -257,7 +257,7 @@ def _alive(pid: int) -> bool:
 def _start_torchrun(cmd: list[str], env: dict, console) -> subprocess.Popen:
     """torchrun in a session of its own, SIGTERMed by the kernel if this process dies.
 
-    PR_SET_PDEATHSIG (recipes.train.die_with_parent) is set in the child before exec,
+    PR_SET_PDEATHSIG (harness.train.die_with_parent) is set in the child before exec,
     so even a SIGKILLed launcher (the OOM killer) leaves no torchrun behind; its ranks
     follow torchrun (SIGTERM from torchrun's close, or their own death signal).
     """

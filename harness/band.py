@@ -5,8 +5,8 @@ trn2 (bf16, nondeterministic collectives and kernels) the same seeded run gives 
 different curves, so its golden is a band: per step, the mean of N repeated runs ± k
 sample standard deviations, never narrower than a stated floor. One command makes it::
 
-    python -m recipes.band record native_qwen3 --tier trn2            # N runs, then the band
-    python -m recipes.band compute native_qwen3 --tier trn2 RUN_DIR…  # the band of runs made already
+    python -m harness.band record native_qwen3 --tier trn2            # N runs, then the band
+    python -m harness.band compute native_qwen3 --tier trn2 RUN_DIR…  # the band of runs made already
 
 Both write ``fixtures/goldens/<recipe>/<tier>-band.json`` (lane ``band``, key
 ``loss_curve_<steps>``) with how the band was made: N, k, the floor, the per-step std, every
@@ -41,8 +41,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from recipes import goldens
-from recipes.options import RunOptions
+from harness import goldens
+from harness.options import RunOptions
 
 BAND_STEPS = 20
 BAND_RUNS = 5
@@ -180,7 +180,7 @@ def write_band(recipe: str, tier: str, key: str, entry: dict) -> Path:
 
 def read_run(run_dir: Path) -> tuple[list[float], dict]:
     """(losses, options) of a finished run directory (steps.jsonl, run.json)."""
-    from recipes.train import RUN_FILE, STEPS_FILE
+    from harness.train import RUN_FILE, STEPS_FILE
 
     steps_file = Path(run_dir) / STEPS_FILE
     if not steps_file.is_file():
@@ -192,10 +192,10 @@ def read_run(run_dir: Path) -> tuple[list[float], dict]:
 
 def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None) -> list[Path]:
     """Launch ``runs`` runs of :func:`band_options` one after another; return their run directories."""
-    from recipes.preflight import preflight
+    from harness.preflight import preflight
 
     if launch is None:
-        from recipes.launch import launch
+        from harness.launch import launch
     dirs = []
     for i in range(runs):
         seed = seeds[i % len(seeds)]
@@ -231,7 +231,7 @@ def make_band(recipe: str, tier: str, run_dirs: list[Path], k: float, min_halfwi
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recipes.band", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.band", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("record", "compute"):
         p = sub.add_parser(name)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p.add_argument("run_dirs", type=Path, nargs="+", help="finished run directories (steps.jsonl, run.json)")
     args = parser.parse_args(argv)
-    command = "python -m recipes.band " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m harness.band " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:
         if args.command == "record":
             if args.runs < 2:
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dirs = args.run_dirs
         make_band(args.recipe, args.tier, run_dirs, args.k, args.min_halfwidth, command)
     except goldens.GoldenError as e:
-        print(f"recipes.band: error: {e}", file=sys.stderr)
+        print(f"harness.band: error: {e}", file=sys.stderr)
         return 2
     return 0
 

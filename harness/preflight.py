@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from recipes.errors import RecipeError
-from recipes.options import INITS, RunOptions
+from harness.options import INITS, RunOptions
+from recipes import specs
 from recipes.tiers import TIERS
 
 
@@ -21,7 +22,7 @@ def check_names(opts: RunOptions) -> None:
     if opts.recipe not in RECIPES:
         raise PreflightError(
             f"unknown recipe {opts.recipe!r}; choose one of: {', '.join(RECIPES)} "
-            "(see `python -m recipes list`)"
+            "(see `python -m harness list`)"
         )
     if opts.tier not in TIERS:
         raise PreflightError(f"unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}")
@@ -35,16 +36,13 @@ def check_names(opts: RunOptions) -> None:
 
 
 def check_tier(opts: RunOptions) -> None:
+    from recipes.platform import tier_unavailable
+
+    reason = tier_unavailable(opts.tier)
+    if reason:
+        raise PreflightError(reason)
     if opts.tier != "trn2":
         return
-    from recipes.platform.neuron import neuron_status
-
-    status = neuron_status()
-    if not status.ready:
-        raise PreflightError(
-            f"--tier trn2 cannot run on this machine: {status.reason()} "
-            "Use --tier cpu here, or run on a trn2.48xlarge."
-        )
     check_visible_cores(opts.nproc, os.environ.get("NEURON_RT_VISIBLE_CORES"))
 
 
@@ -97,7 +95,7 @@ def check_sizes(opts: RunOptions) -> None:
 
 
 def check_mismatch_names(opts: RunOptions) -> None:
-    from recipes.provenance import MISMATCH_NAMES
+    from harness.provenance import MISMATCH_NAMES
 
     unknown = [n for n in opts.allow_mismatch if n not in MISMATCH_NAMES]
     if unknown:
@@ -116,17 +114,11 @@ def check_nodes(opts: RunOptions) -> None:
 
 
 def read_hf_config(model_dir: Path) -> dict:
-    path = model_dir / "config.json"
+    """``recipes.specs.read_hf_config`` (the one reader), its refusal as a ``PreflightError``."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PreflightError(
-            f"--model-dir {model_dir} has no config.json; point --model-dir at a Hugging Face "
-            "model directory (config.json + *.safetensors), e.g. a local copy of "
-            "Qwen/Qwen3-4B-Instruct-2507"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise PreflightError(f"{path} is not valid JSON ({e}); re-copy the model directory") from None
+        return specs.read_hf_config(model_dir)
+    except RecipeError as e:
+        raise PreflightError(str(e)) from None
 
 
 def check_model_dir(opts: RunOptions) -> None:
@@ -339,15 +331,35 @@ def check_export_dir(opts: RunOptions) -> None:
         )
 
 
-def check_recipe(opts: RunOptions) -> None:
-    """The recipe's own checks: ``preflight_check(opts)`` in its module, if it defines one."""
-    import importlib
+def check_hf_model(opts: RunOptions) -> None:
+    """Refuse an ``hf_model`` the backend cannot build from, before any rank starts.
 
-    from recipes.registry import get_recipe
+    Runs are offline, so ``hf_model`` must be a local directory with a
+    config.json describing a Qwen3 causal LM. (Weights for ``--init hf`` are
+    checked by ``check_model_dir``.)
+    """
+    if opts.recipe != "hf_backend":
+        return
+    from recipes.hf_backend import ARCHITECTURES, HUB_ID
 
-    check = getattr(importlib.import_module(get_recipe(opts.recipe).module), "preflight_check", None)
-    if check is not None:
-        check(opts)
+    offline = "runs are offline (HF_HUB_OFFLINE=1) and download nothing"
+    if opts.model_dir is None:
+        raise PreflightError(
+            f"hf_model would be the Hub ID {HUB_ID!r}, but {offline}: download it elsewhere "
+            "and pass --model-dir DIR (trn2: set QWEN3_4B_DIR to it)"
+        )
+    if not opts.model_dir.is_dir():
+        raise PreflightError(
+            f"--model-dir {opts.model_dir} is not a local directory. hf_model cannot be a Hub ID "
+            f"such as {HUB_ID!r}: {offline}. Download the model elsewhere and pass its directory"
+        )
+    architectures = read_hf_config(opts.model_dir).get("architectures") or []
+    if not set(architectures) & set(ARCHITECTURES):
+        raise PreflightError(
+            f"{opts.model_dir / 'config.json'} describes {architectures or 'no architectures'}; "
+            f"recipe 'hf_backend' trains Qwen3 causal LMs ({', '.join(ARCHITECTURES)}): point "
+            "--model-dir at a Qwen3 checkpoint"
+        )
 
 
 def preflight(opts: RunOptions) -> RunOptions:
@@ -359,7 +371,7 @@ def preflight(opts: RunOptions) -> RunOptions:
     resolved = opts.resolved()
     check_tier(resolved)  # no device at all is the first thing a user on the wrong machine must hear
     check_trn2_dataset(resolved)
-    check_recipe(resolved)
+    check_hf_model(resolved)
     check_model_dir(resolved)
     check_tokenizer(resolved)
     check_dataset_dir(resolved)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipes.errors import RecipeError
-from recipes.options import RunOptions
+from harness.options import RunOptions
+from recipes.specs import read_hf_dims
 
 #: Names ``--allow-mismatch`` accepts.
 MISMATCH_NAMES = (
@@ -111,22 +112,11 @@ def weights_info(opts: RunOptions) -> dict | None:
     }
 
 
-def read_checkpoint_config(model_dir: Path) -> dict:
-    """A model dir's config.json, with rope theta lifted out of ``rope_parameters`` (transformers 5)."""
-    from recipes.preflight import read_hf_config
-
-    hf = read_hf_config(model_dir)
-    rope = hf.get("rope_parameters") or {}
-    if "rope_theta" not in hf and "rope_theta" in rope:
-        hf["rope_theta"] = rope["rope_theta"]
-    return hf
-
-
 def checkpoint_config(opts: RunOptions) -> dict | None:
     """The weights' own config.json, when the run has a model dir that holds one."""
     if opts.model_dir is None or not (opts.model_dir / "config.json").is_file():
         return None
-    return read_checkpoint_config(opts.model_dir)
+    return read_hf_dims(opts.model_dir)
 
 
 def built_dims(config) -> dict:
@@ -139,7 +129,7 @@ def built_dims(config) -> dict:
 
 
 def hf_backend_dims(config) -> dict:
-    hf = read_checkpoint_config(Path(config.hf_model))
+    hf = read_hf_dims(Path(config.hf_model))
     dims = {key: hf.get(key) for key in COMPARED_DIMS}
     dims["max_seq_len"] = hf.get("max_position_embeddings")
     # --layers keeps the first N: the backend's model config carries the count it builds.

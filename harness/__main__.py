@@ -1,6 +1,6 @@
-"""``python -m recipes list | run RECIPE|all``: the suite's main job.
+"""``python -m harness list | run RECIPE|all``: the suite's main job.
 
-``run`` launches each recipe under torchrun (``recipes.train``), prints progress,
+``run`` launches each recipe under torchrun (``harness.train``), prints progress,
 and writes the report (results.json + results.md) to ``--report-dir``.
 """
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipes.options import RunOptions
+from harness.options import RunOptions
 from recipes.tiers import REPO_ROOT, TIERS
 
 DEFAULT_REPORT_DIR = REPO_ROOT / "report"
@@ -45,7 +45,7 @@ def cmd_list(args) -> int:
 
 
 def _runs_for(args, recipe: str) -> list[RunOptions]:
-    from recipes.train import options_from_args
+    from harness.train import options_from_args
 
     from recipes.registry import RECIPES
 
@@ -108,7 +108,7 @@ def golden_key(opts: RunOptions) -> str | None:
 
 def judge(opts: RunOptions, result):
     """A run's step-1 loss against its golden (published, proxy or exact), or None when it has none."""
-    from recipes import goldens
+    from harness import goldens
 
     key = golden_key(opts)
     if key is None or not result.losses or not goldens.goldens_path(opts.recipe, opts.tier).exists():
@@ -120,13 +120,13 @@ def judge(opts: RunOptions, result):
 
 
 def reference_of(opts: RunOptions, result) -> dict | None:
-    """A weights-loaded run's step-1 loss against transformers on its own first batch (recipes.reference).
+    """A weights-loaded run's step-1 loss against transformers on its own first batch (harness.reference).
 
     Computed here, on the host, after every rank has ended. None for a run that loaded no
     weights or recorded no batch; a reference that cannot be computed is a failed check
     whose summary says why (the run itself stays in the report).
     """
-    from recipes import reference
+    from harness import reference
 
     if opts.init != "hf":
         return None
@@ -169,11 +169,11 @@ def as_configured(opts: RunOptions, config) -> RunOptions:
 
 
 def cmd_run(args, cli_overrides: list[str]) -> int:
-    from recipes import report as report_mod
+    from harness import report as report_mod
     from recipes.errors import RecipeError
-    from recipes.launch import Interrupted, LaunchError, launch, stop_signals_raise
-    from recipes.preflight import preflight
-    from recipes.train import build_config
+    from harness.launch import Interrupted, LaunchError, launch, stop_signals_raise
+    from harness.preflight import preflight
+    from harness.train import build_config
 
     names = _recipe_names(args.recipe)
     plan = [opts for name in names for opts in _runs_for(args, name)]
@@ -190,7 +190,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
             config = build_config(opts, cli_overrides)
             resolved.append(as_configured(opts, config))
     except RecipeError as e:
-        print(f"python -m recipes run: error: {e}", file=sys.stderr)
+        print(f"python -m harness run: error: {e}", file=sys.stderr)
         return 2
 
     failed = False
@@ -244,8 +244,8 @@ def _recipe_names(recipe: str) -> list[str]:
 
 
 def cmd_dry_run(args, cli_overrides: list[str]) -> int:
-    """``run --dry-run``: every planned run checked and described, none started (recipes.dry_run)."""
-    from recipes import dry_run
+    """``run --dry-run``: every planned run checked and described, none started (harness.dry_run)."""
+    from harness import dry_run
     from recipes.registry import RECIPES
 
     names = list(RECIPES) if args.recipe == "all" else [args.recipe]
@@ -254,9 +254,9 @@ def cmd_dry_run(args, cli_overrides: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recipes.train import add_run_arguments
+    from harness.train import add_run_arguments
 
-    parser = argparse.ArgumentParser(prog="python -m recipes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list recipes, tiers and kernel overrides")
     run = sub.add_parser("run", help="run recipes under torchrun and write the report")

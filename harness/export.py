@@ -15,7 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from recipes.options import RunOptions
+from harness.options import RunOptions
+from recipes.specs import read_hf_config
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -108,7 +109,7 @@ def source_hf_config(model_dir: Path, layers: int | None, torch_dtype: str) -> d
     what the run changed is updated: the export dtype and, with ``--layers``,
     the layer count.
     """
-    config = json.loads((model_dir / "config.json").read_text())
+    config = read_hf_config(model_dir)
     config.pop("torch_dtype", None)
     config["dtype"] = torch_dtype
     if layers is not None:

@@ -1,4 +1,4 @@
-"""``python -m recipes run RECIPE|all --tier trn2 --dry-run``: everything a launch checks, on any machine.
+"""``python -m harness run RECIPE|all --tier trn2 --dry-run``: everything a launch checks, on any machine.
 
 For each planned run (recipe × init) this builds the recipe's full-size
 ``Trainer.Config`` exactly as the launcher does, applies the overrides, checks
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipes.errors import RecipeError
-from recipes.options import RunOptions
+from harness.options import RunOptions
 from recipes.specs import QWEN3_4B_INSTRUCT_2507 as QWEN3_4B_SIZES
+from recipes.specs import read_hf_config, read_hf_dims
 from recipes.tiers import TIERS
 
 DRY_RUN_DIR = "dry-run"
@@ -107,7 +108,7 @@ def plan_run(opts: RunOptions) -> Plan:
     device, weights, tokenizer and dataset checks need the instance and its files.
     """
     from recipes import titan
-    from recipes.preflight import check_mismatch_names, check_names, check_nodes, check_sizes
+    from harness.preflight import check_mismatch_names, check_names, check_nodes, check_sizes
 
     for check in (check_names, check_sizes, check_nodes, check_mismatch_names):
         check(opts)
@@ -143,9 +144,9 @@ def plan_run(opts: RunOptions) -> Plan:
 
 def check_files(plan: Plan) -> None:
     """The preflight checks of the files this machine has (never the device: that needs the instance)."""
-    from recipes import preflight
+    from harness import preflight
 
-    checks = [preflight.check_recipe, preflight.check_export_dir]
+    checks = [preflight.check_hf_model, preflight.check_export_dir]
     if plan.has_weights:
         checks += [preflight.check_model_dir, preflight.check_tokenizer]
     if not any(p.option == "--dataset-dir" for p in plan.placeholders):
@@ -161,11 +162,11 @@ def check_files(plan: Plan) -> None:
 
 def check_sizes(opts: RunOptions, config) -> list[str]:
     """Without weights: the built sizes against config.json, refused as a real run refuses them."""
-    from recipes import provenance
+    from harness import provenance
 
     if opts.init != "hf":
         return []
-    hf = provenance.read_checkpoint_config(opts.model_dir)
+    hf = read_hf_dims(opts.model_dir)
     dims = provenance.built_dims(config)
     found = [
         provenance.Mismatch(key, f"{key}: {opts.model_dir / 'config.json'} says {hf[key]!r}, recipe "
@@ -189,7 +190,7 @@ def check_sizes(opts: RunOptions, config) -> list[str]:
 
 def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str]]:
     """The config the launcher would hand every rank, and what was checked on the way."""
-    from recipes import train
+    from harness import train
 
     opts = plan.build
     config = train.recipe_config(opts)
@@ -216,7 +217,7 @@ def dims_of(hf_config: dict) -> dict:
 
 def spec_dims(spec) -> dict:
     """The hyper-parameters a torchtitan Qwen3 spec builds."""
-    from recipes.export import hf_config
+    from harness.export import hf_config
 
     return dims_of(hf_config(spec, "bfloat16"))
 
@@ -224,7 +225,7 @@ def spec_dims(spec) -> dict:
 def config_dims(config) -> dict:
     """The hyper-parameters the recipe's model has: its spec's, or the HF backend's config.json."""
     if hasattr(config, "hf_model"):
-        return dims_of(json.loads((Path(config.hf_model) / "config.json").read_text()))
+        return dims_of(read_hf_config(config.hf_model))
     return spec_dims(config.model_spec)
 
 
@@ -373,7 +374,7 @@ def resolved_config(config, plan: Plan) -> dict:
 
 def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
     """One planned run, checked and described; ``ok`` False with the refusal when it would not start."""
-    from recipes.launch import torchrun_command
+    from harness.launch import torchrun_command
 
     opts = plan.shown
     argv = torchrun_command(opts, cli_overrides)
@@ -435,12 +436,12 @@ def cmd_dry_run(runs: list[RunOptions], cli_overrides: list[str], report_dir: Pa
     refused = 0
     for opts in runs:
         if opts.tier not in TIERS:
-            echo(f"python -m recipes run: error: unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}")
+            echo(f"python -m harness run: error: unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}")
             return 2
         try:
             plan = plan_run(opts)
         except RecipeError as e:
-            echo(f"python -m recipes run: error: {e}")
+            echo(f"python -m harness run: error: {e}")
             return 2
         result = dry_run(plan, cli_overrides)
         refused += not result["ok"]

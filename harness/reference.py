@@ -26,8 +26,8 @@ effect on the reference (:func:`diagnose`):
   its own theta gives (torchtitan issue 4783: the Transformers backend leaves
   ``inv_freq`` as ``to_empty()`` memory); the batch is scored with the held ones.
 
-``python -m recipes.reference RUN_DIR`` prints the check of one run;
-``python -m recipes.reference cost`` measures what the reference costs per
+``python -m harness.reference RUN_DIR`` prints the check of one run;
+``python -m harness.reference cost`` measures what the reference costs per
 token and layer at the real 4B width on this CPU and extrapolates to a trn2
 global batch.
 """
@@ -98,7 +98,7 @@ MOE_BF16_EXPERTS = Tolerance(
 )
 
 
-# --- recording, on every rank (called from recipes.train) -------------------------------------
+# --- recording, on every rank (called from harness.train) -------------------------------------
 
 
 def install(trainer, opts, run_dir: Path, rank: int) -> None:
@@ -463,7 +463,9 @@ class ReferenceCheck:
 
 
 def tolerance_for(tier: str, model_dir: Path, recipe: str) -> Tolerance:
-    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    from recipes.specs import read_hf_config
+
+    hf = read_hf_config(model_dir)
     moe = "num_experts" in hf or "num_local_experts" in hf
     base = TOLERANCES[tier]
     if moe and recipe == "hf_backend" and MOE_BF16_EXPERTS.value > base.value:
@@ -472,7 +474,7 @@ def tolerance_for(tier: str, model_dir: Path, recipe: str) -> Tolerance:
 
 
 def _file_sha(directory: Path) -> str | None:
-    from recipes.provenance import sha256_of
+    from harness.provenance import sha256_of
 
     files = [p for p in (directory / "tokenizer.json", directory / "tokenizer_config.json") if p.is_file()]
     return sha256_of(files) if (directory / "tokenizer.json").is_file() else None
@@ -504,7 +506,7 @@ def rebuilt_batches(opts, tokenizer_dir: Path, per_rank: int) -> list[dict]:
     """The run's step-1 batches, re-packed from the same corpus with ``tokenizer_dir`` (torchtitan's loader)."""
     import dataclasses
 
-    from recipes.train import build_config
+    from harness.train import build_config
 
     opts = dataclasses.replace(opts, tokenizer_dir=Path(tokenizer_dir), allow_mismatch=[*opts.allow_mismatch, "tokenizer"])
     config = build_config(opts)
@@ -524,9 +526,9 @@ def rebuilt_batches(opts, tokenizer_dir: Path, per_rank: int) -> list[dict]:
 
 
 def theta_suspect(run: "RunInfo", record: Record, model, reference: float, measured: float, tol: float):
-    from recipes.provenance import read_checkpoint_config
+    from recipes.specs import read_hf_dims
 
-    weights_theta = read_checkpoint_config(Path(run.model_dir)).get("rope_theta")
+    weights_theta = read_hf_dims(Path(run.model_dir)).get("rope_theta")
     run_theta = run.model.get("rope_theta")
     if run_theta is None or weights_theta is None or float(run_theta) == float(weights_theta):
         return Suspect("rope_theta", False, f"the run's RoPE theta {run_theta:g} is config.json's" if run_theta else "no theta recorded")
@@ -608,8 +610,8 @@ class RunInfo:
     def from_run_dir(cls, run_dir: Path, allow_no_step: bool = False) -> "RunInfo":
         """``allow_no_step``: a run that died in step 1 (torchtitan stops on a non-finite loss
         before logging it) is measured as NaN, so its record can still be diagnosed."""
-        from recipes.options import RunOptions
-        from recipes.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
+        from harness.options import RunOptions
+        from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
 
         run_dir = Path(run_dir)
         provenance = json.loads((run_dir / PROVENANCE_FILE).read_text())
@@ -707,7 +709,7 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from recipes.report import cpu_model
+    from harness.report import cpu_model
 
     if threads:
         torch.set_num_threads(threads)
@@ -755,7 +757,7 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m recipes.reference", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.reference", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", help="a run directory, or 'cost'")
     parser.add_argument("--diagnose", action="store_true", help="measure every suspect even when the verdict passes")
     parser.add_argument("--config-dir", type=Path, help="cost: config.json to size the model from")

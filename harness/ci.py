@@ -1,8 +1,8 @@
 """CI helpers over the test report: the zero-tests guard, the claims guard and the nightly trend file.
 
-    python -m recipes.ci require-ran report/tests.json --marker neuron
-    python -m recipes.ci require-claims report/tests.json --tier trn2
-    python -m recipes.ci trend report/tests.json trend.jsonl
+    python -m harness.ci require-ran report/tests.json --marker neuron
+    python -m harness.ci require-claims report/tests.json --tier trn2
+    python -m harness.ci trend report/tests.json trend.jsonl
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes import goldens
-from recipes.pytest_report import VERDICT_SUFFIX
+from harness import goldens
+from harness.pytest_report import VERDICT_SUFFIX
 
 
 def ran_tests(report: dict, marker: str) -> list[dict]:
@@ -26,7 +26,7 @@ def ran_tests(report: dict, marker: str) -> list[dict]:
 
 def require_ran(report_path: Path, marker: str) -> int:
     if not report_path.exists():
-        print(f"recipes.ci: {report_path} does not exist: the test run wrote no report", file=sys.stderr)
+        print(f"harness.ci: {report_path} does not exist: the test run wrote no report", file=sys.stderr)
         return 1
     report = json.loads(report_path.read_text())
     ran = ran_tests(report, marker)
@@ -34,7 +34,7 @@ def require_ran(report_path: Path, marker: str) -> int:
     if not ran:
         reasons = sorted({t["properties"].get("skip_reason", "") for t in selected} - {""})
         print(
-            f"recipes.ci: 0 of {len(selected)} {marker} tests actually ran (all skipped); "
+            f"harness.ci: 0 of {len(selected)} {marker} tests actually ran (all skipped); "
             f"a nightly that skips everything proves nothing. {' '.join(reasons)}",
             file=sys.stderr,
         )
@@ -88,11 +88,11 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
     """Non-zero unless every published claim of ``tier`` has a measured verdict in the report."""
     claims = published_claims(tier, goldens_dir)
     if not claims:
-        print(f"recipes.ci: no published-lane goldens for tier {tier!r} in {goldens_dir or goldens.GOLDENS_DIR}; "
+        print(f"harness.ci: no published-lane goldens for tier {tier!r} in {goldens_dir or goldens.GOLDENS_DIR}; "
               "nothing to require (check --tier)", file=sys.stderr)  # fmt: skip
         return 1
     if not report_path.exists():
-        print(f"recipes.ci: {report_path} does not exist: the test run wrote no report, so none of "
+        print(f"harness.ci: {report_path} does not exist: the test run wrote no report, so none of "
               f"{len(claims)} published {tier} claims was measured", file=sys.stderr)  # fmt: skip
         return 1
     verdicts = measured_verdicts(json.loads(report_path.read_text()))
@@ -103,7 +103,7 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
             print(f"measured      {claim.name} (published {claim.value!r}): {verdict}  [{test}]")
     if missing:
         print(
-            f"recipes.ci: {len(missing)} of {len(claims)} published {tier} claims were not measured "
+            f"harness.ci: {len(missing)} of {len(claims)} published {tier} claims were not measured "
             "(their test was skipped, failed before measuring, or did not run):\n"
             + "\n".join(f"  NOT MEASURED  {c.name} (published {c.value!r})" for c in missing),
             file=sys.stderr,
@@ -130,7 +130,7 @@ def append_trend(report_path: Path, trend_path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recipes.ci", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.ci", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     guard = sub.add_parser("require-ran", help="fail when no test of the marker's folder executed")
     guard.add_argument("report", type=Path)

@@ -1,6 +1,6 @@
 """Rehearse a version bump: what a new torch / transformers / torchtitan would break or fix.
 
-``python -m recipes.bump transformers==5.23.0 [torch==2.15.0 ...]`` (``make bump PKGS=...``)
+``python -m harness.bump transformers==5.23.0 [torch==2.15.0 ...]`` (``make bump PKGS=...``)
 
 1. **resolve**: ``requirements.in`` with those pins replaced, compiled by pip-tools against
    ``requirements-lock.txt`` (every other pin stays unless it has to move), into a candidate
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recipes.errors import RecipeError
-from recipes.lockcheck import normalize, pins
+from harness.lockcheck import normalize, pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import MARKER
 
@@ -54,7 +54,7 @@ PIP_COMPILE_ARGS = (
     "--quiet", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url", "--no-emit-find-links",
 )
 #: What decides a baseline's verdicts besides the lock: reused only while these are unchanged.
-CODE_PATHS = ("recipes", "tests", "fixtures", "conftest.py", "pytest.ini")
+CODE_PATHS = ("recipes", "harness", "tests", "fixtures", "conftest.py", "pytest.ini")
 BASELINE_MAX_AGE_H = 24.0
 #: Retries of pip-compile, each also releasing the pins the previous one had to discard.
 RESOLVE_ATTEMPTS = 3
@@ -711,7 +711,7 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
         "",
     ]
     if code_changed(meta):
-        lines += ["**The code (recipes/, tests/, fixtures/) changed between the two runs**: a verdict that changed "
+        lines += ["**The code (recipes/, harness/, tests/, fixtures/) changed between the two runs**: a verdict that changed "
                   "may be the code's doing, not the bump's.", ""]
     lines += [
         "| test | lock | candidate | change | why (candidate's failure) |",
@@ -750,6 +750,9 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
     lines += ["", "## Runs", ""]
     for label in ("baseline", "candidate"):
         run = meta[label]
+        if run.get("finished") is None:  # --baseline DIR from another run: no run.json of ours beside it
+            lines.append(f"- {label}: the report in {run['report_dir']} (given with --baseline; how it ran is not recorded)")
+            continue
         lines.append(f"- {label}: `{run['python']}`, {run['summary']} in {run['seconds']} s "
                      f"(finished {run['finished']}; report {run['report_dir']})")
     return "\n".join(lines) + "\n"
@@ -796,7 +799,7 @@ def write_refusal(plan: Plan, reason: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m recipes.bump", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.bump", description=__doc__.split("\n\n")[0])
     parser.add_argument("pins", nargs="*", help="name==version, e.g. transformers==5.23.0 torch==2.15.0")
     parser.add_argument("--dry-run", action="store_true", help="print the plan; resolve, install and run nothing")
     parser.add_argument("--report-only", action="store_true", help="rebuild the bump report from the last runs")

@@ -1,0 +1,60 @@
+"""The product (``recipes/``) stands alone: torchtitan's own entry can run it without the harness."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from recipes.tiers import REPO_ROOT
+
+pytestmark = pytest.mark.cpu
+
+#: Packages whose code only the harness and the tests may import.
+HARNESS_PACKAGES = ("harness", "benchmarks", "tests", "conftest")
+
+
+def imported_modules(path) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path``, at any depth (function-level imports count too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def harness_imports(root) -> list[str]:
+    return [
+        f"{path.relative_to(REPO_ROOT)}:{line}: imports {module}"
+        for path in sorted(root.rglob("*.py"))
+        for line, module in imported_modules(path)
+        if module.split(".")[0] in HARNESS_PACKAGES
+    ]
+
+
+def test_the_product_imports_nothing_from_the_harness():
+    assert harness_imports(REPO_ROOT / "recipes") == []
+
+
+def test_the_check_finds_an_import_of_the_harness(tmp_path):
+    """The scan sees imports inside functions, as the product's lazy imports are."""
+    (tmp_path / "leaky.py").write_text("def build():\n    from harness.options import RunOptions\n")
+    found = [module for _, module in imported_modules(tmp_path / "leaky.py")]
+    assert found == ["harness.options"]
+
+
+def test_torchtitan_entry_builds_a_recipe_without_importing_the_harness():
+    """In a fresh interpreter, the way ``torchtitan.train --module recipes.native_qwen3`` loads it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from recipes.native_qwen3 import native_qwen3_cpu; config = native_qwen3_cpu(); "
+        "leaked = sorted(m for m in sys.modules if m.split('.')[0] == 'harness'); "
+        "print(config.training.steps, config.checkpoint.last_save_in_hf, leaked)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == "5 True []", out.stdout[-2000:]
