@@ -145,28 +145,19 @@ def check_model_dir(opts: RunOptions) -> None:
 
 
 def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
-    """``{tensor: (dtype, shape)}`` from a safetensors header; refuses corrupt or truncated files."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        raw_len = f.read(8)
-        header_len = int.from_bytes(raw_len, "little") if len(raw_len) == 8 else -1
-        if header_len < 2 or 8 + header_len > size:
-            raise PreflightError(
-                f"{path} is not a valid safetensors file (header length {header_len}, file {size} bytes); "
-                "re-copy or re-download the model directory"
-            )
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PreflightError(f"{path} has a corrupt safetensors header ({e}); re-copy the model directory") from None
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    data_end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
-    if 8 + header_len + data_end > size:
-        raise PreflightError(
-            f"{path} is truncated: its header describes {8 + header_len + data_end} bytes, the file has "
-            f"{size}; re-copy the model directory"
-        )
-    return {k: (v["dtype"], v["shape"]) for k, v in tensors.items()}
+    """``{tensor: (dtype, shape)}`` through ``safetensors.safe_open``, which checks the header and the size.
+
+    safe_open refuses a header that is too small, too large or not JSON, and a file shorter
+    than its header says ("incomplete metadata, file not fully covered"): each becomes one line.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {key: (f.get_slice(key).get_dtype(), f.get_slice(key).get_shape()) for key in f.keys()}
+    except SafetensorError as e:
+        what = "is truncated" if "not fully covered" in str(e) else "has a corrupt safetensors header"
+        raise PreflightError(f"{path} {what} ({e}); re-copy or re-download the model directory") from None
 
 
 def check_tokenizer(opts: RunOptions) -> None:

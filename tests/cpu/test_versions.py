@@ -34,7 +34,7 @@ def test_a_shadowing_copy_on_pythonpath_is_named(tmp_path):
     fake = tmp_path / "shadow" / "transformers"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('__version__ = "9.9.9"\n')
-    code = "from recipes import lockcheck\nprint('\\n'.join(lockcheck.drift(lockcheck.CPU_LOCK)))"
+    code = "from harness import lockcheck\nprint('\\n'.join(lockcheck.drift(lockcheck.CPU_LOCK)))"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "shadow")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
