@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from recipes.platform.neuron_versions import normalize, pins
 from recipes.tiers import REPO_ROOT
 
 CPU_LOCK = REPO_ROOT / "requirements-lock.txt"
@@ -30,21 +30,6 @@ KEY_MODULES = {
     "datasets": "datasets",
 }
 
-_PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;\\#]+)")
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(path: Path) -> dict[str, str]:
-    """``name==version`` lines of a requirements file (``2.14.3.*`` kept as a prefix pin)."""
-    found = {}
-    for line in path.read_text().splitlines():
-        match = _PIN.match(line.strip())
-        if match:
-            found[normalize(match.group(1))] = match.group(2)
-    return found
 
 
 def installed() -> dict[str, str]:
