@@ -103,10 +103,9 @@ def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
 
 
 def recipe_config(opts: RunOptions):
-    """The recipe's own ``Trainer.Config`` for resolved ``opts``, before any override."""
-    from recipes.registry import get_recipe
-
+    """The recipe's ``Trainer.Config`` with the run's deltas for resolved ``opts``, before kernel and CLI overrides."""
     from harness.options import apply_run_options
+    from recipes.registry import get_recipe
 
     return apply_run_options(get_recipe(opts.recipe).config_fn()(opts.recipe_inputs()), opts)
 
