@@ -32,10 +32,9 @@ from benchmarks.common import (
     run_timed,
 )
 from recipes.errors import RecipeError
-from harness.launch import child_env, read_steps, torchrun_command
+from harness.launch import child_env, read_steps, torchrun_command, write_run_file
 from harness.options import RunOptions
 from harness.preflight import preflight
-from harness.train import RUN_FILE
 
 RANK_ENTRY = "benchmarks.rank_entry"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
@@ -122,8 +121,7 @@ def rank_entry_command(opts: RunOptions) -> list[str]:
 
 def launch_once(opts: RunOptions, extra_env: dict[str, str] | None = None) -> LaunchFigures:
     """One launch of resolved ``opts``; raises RuntimeError with the rank log tail on failure."""
-    opts.run_dir.mkdir(parents=True, exist_ok=True)
-    (opts.run_dir / RUN_FILE).write_text(opts.to_json() + "\n")
+    write_run_file(opts)
     env = {**child_env(opts), **(extra_env or {})}
     proc = run_timed(
         rank_entry_command(opts),

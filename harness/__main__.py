@@ -6,18 +6,50 @@ and writes the report (results.json + results.md) to ``--report-dir``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from harness.options import RunOptions
 from recipes.tiers import REPO_ROOT, TIERS
 
 DEFAULT_REPORT_DIR = REPO_ROOT / "report"
+
+USAGE = """usage: python -m harness {list,run} ...
+
+  list   list recipes, tiers and kernel overrides
+  run    run recipes under torchrun and write the report (python -m harness run --help)"""
+
+
+@dataclass
+class RunCommand(RunOptions):
+    """Run recipes under torchrun and write the report; options tyro does not know go to torchtitan's parser."""
+
+    #: A recipe name (see `python -m harness list`) or 'all'.
+    recipe: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RECIPE")] = tyro.MISSING
+    #: hf (load --model-dir's weights) or random; default: every init the recipe supports.
+    init: str | None = None
+    #: Where results.json, results.md and the run directories go.
+    report_dir: Path = DEFAULT_REPORT_DIR
+    #: Build and check every run's full-size config and model on the meta device, write the launch
+    #: command, environment and resolved config to REPORT_DIR/dry-run/; start nothing (no device needed).
+    dry_run: bool = False
+
+    def options(self, **changes) -> RunOptions:
+        """The ``RunOptions`` part of this command, with ``changes``."""
+        return dataclasses.replace(RunOptions(**{f.name: getattr(self, f.name) for f in fields(RunOptions)}), **changes)
+
+
+def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
+    """``run``'s arguments: the command (from ``RunCommand``'s fields, via tyro) and the torchtitan overrides left over."""
+    return tyro.cli(RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
 
 #: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
 #: the cpu tier can reproduce: one layer, 2048 tokens, one step, one process.
@@ -44,22 +76,20 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _runs_for(args, recipe: str) -> list[RunOptions]:
-    from harness.train import options_from_args
-
+def _runs_for(args: RunCommand, recipe: str) -> list[RunOptions]:
     from recipes.registry import RECIPES
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     inits = [args.init] if args.init else list(RECIPES[recipe].inits) if recipe in RECIPES else ["hf"]
-    runs = []
-    for init in inits:
-        opts = options_from_args(args, recipe, None)
-        opts.init = init
-        opts.run_dir = args.report_dir / "runs" / f"{recipe}-{opts.tier}-{init}-{stamp}"
-        if init != "hf":
-            opts.export_dir = None
-        runs.append(opts)
-    return runs
+    return [
+        args.options(
+            recipe=recipe,
+            init=init,
+            run_dir=args.report_dir / "runs" / f"{recipe}-{args.tier}-{init}-{stamp}",
+            export_dir=args.export_dir if init == "hf" else None,
+        )
+        for init in inits
+    ]
 
 
 #: Recipes whose random-init step-1 loss the cpu tier measures at the real 4B width.
@@ -254,29 +284,18 @@ def cmd_dry_run(args, cli_overrides: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.train import add_run_arguments
-
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list recipes, tiers and kernel overrides")
-    run = sub.add_parser("run", help="run recipes under torchrun and write the report")
-    run.add_argument("recipe", help="a recipe name (see `list`) or 'all'")
-    run.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
-    run.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="build and check every run's full-size config and model on the meta device, write the torchrun "
-        "command, environment and resolved config to REPORT_DIR/dry-run/; start nothing (no device needed)",
-    )
-    add_run_arguments(run)
-    run.set_defaults(init=None)
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "list":
-        return cmd_list(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, rest = (argv[0], argv[1:]) if argv else (None, [])
+    if command == "list":
+        return cmd_list(None)
+    if command != "run":
+        print(USAGE, file=sys.stderr if command not in ("-h", "--help") else sys.stdout)
+        return 0 if command in ("-h", "--help") else 2
+    args, cli_overrides = parse_run_command(rest)
     args.report_dir = args.report_dir.resolve()
     if args.dry_run:
-        return cmd_dry_run(args, rest)
-    return cmd_run(args, rest)
+        return cmd_dry_run(args, cli_overrides)
+    return cmd_run(args, cli_overrides)
 
 
 def exit_now(code: int) -> None:

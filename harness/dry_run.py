@@ -373,8 +373,13 @@ def resolved_config(config, plan: Plan) -> dict:
 
 
 def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
-    """One planned run, checked and described; ``ok`` False with the refusal when it would not start."""
+    """One planned run, checked and described; ``ok`` False with the refusal when it would not start.
+
+    ``command`` is what a user types for this one run; ``torchrun`` what the launcher then
+    starts, whose ranks read ``run_json`` from the run directory (``harness.train``).
+    """
     from harness.launch import torchrun_command
+    from harness.options import command_line
 
     opts = plan.shown
     argv = torchrun_command(opts, cli_overrides)
@@ -384,8 +389,13 @@ def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
         "init": opts.init,
         "ok": False,
         "error": None,
-        "command": shell_command(argv, plan.placeholders),
+        "command": shell_command(
+            ["python", "-m", "harness", "run", *command_line(opts), *cli_overrides],
+            plan.placeholders,
+        ),
+        "torchrun": shell_command(argv, plan.placeholders),
         "argv": argv,
+        "run_json": json.loads(opts.to_json()),
         "env": launch_env(opts),
         "placeholders": [dataclasses.asdict(p) | {"shown": p.shown} for p in plan.placeholders],
         "checked": [],
@@ -417,6 +427,7 @@ def summary(result: dict, path: Path) -> str:
         f"{head} ok: {model['class']} on {model['device']}, {model['parameters']:,} parameters, "
         + ", ".join(f"{k} {dims[k]}" for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in dims),
         f"  command: {result['command']}",
+        f"  starts:  {result['torchrun']}",
     ]
     upstream = model.get("upstream")
     if upstream:

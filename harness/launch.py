@@ -120,7 +120,10 @@ def rendezvous_args(opts: RunOptions) -> list[str]:
 
 
 def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[str]:
-    """``torchrun --nproc_per_node=N -m harness.train ...`` for resolved ``opts``."""
+    """``torchrun --nproc_per_node=N -m harness.train --run-dir DIR [torchtitan overrides]`` for resolved ``opts``.
+
+    The ranks read ``opts`` from ``DIR/run.json`` (``write_run_file``), not from flags.
+    """
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         *rendezvous_args(opts),
@@ -128,35 +131,17 @@ def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[st
         "--log-dir", str(opts.run_dir / "logs"),
         "--redirects", "3",
         "-m", "harness.train",
-        "--recipe", opts.recipe,
-        "--tier", opts.tier,
         "--run-dir", str(opts.run_dir),
-        "--steps", str(opts.steps),
-        "--seq-len", str(opts.seq_len),
-        "--local-batch-size", str(opts.local_batch_size),
-        "--init", opts.init,
-        "--dataset-dir", str(opts.dataset_dir),
-        "--seed", str(opts.seed),
     ]  # fmt: skip
-    if opts.layers is not None:
-        cmd += ["--layers", str(opts.layers)]
-    if opts.model_dir is not None:
-        cmd += ["--model-dir", str(opts.model_dir)]
-    if opts.export_dir is not None:
-        cmd += ["--export-dir", str(opts.export_dir)]
-    if opts.tokenizer_dir is not None:
-        cmd += ["--tokenizer-dir", str(opts.tokenizer_dir)]
-    if opts.rope_theta is not None:
-        cmd += ["--rope-theta", repr(opts.rope_theta)]
-    for name in opts.allow_mismatch:
-        cmd += ["--allow-mismatch", name]
-    if opts.overwrite:
-        cmd.append("--overwrite")
-    if not opts.export:
-        cmd.append("--no-export")
-    for spec in opts.overrides:
-        cmd += ["--override", spec]
     return cmd + list(cli_overrides)
+
+
+def write_run_file(opts: RunOptions) -> Path:
+    """``run.json`` in the run directory: the resolved options every rank reads (``harness.train``)."""
+    opts.run_dir.mkdir(parents=True, exist_ok=True)
+    path = opts.run_dir / RUN_FILE
+    path.write_text(opts.to_json() + "\n")
+    return path
 
 
 def child_env(opts: RunOptions) -> dict[str, str]:
@@ -308,7 +293,7 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
         timeout_s = opts.tier_preset.launch_timeout_s
     run_dir = opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_FILE).write_text(opts.to_json() + "\n")
+    write_run_file(opts)
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
     cmd = torchrun_command(opts, cli_overrides)
     env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE)}

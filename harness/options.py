@@ -1,47 +1,80 @@
-"""The options every recipe takes, on every tier, from the CLI or from tests."""
+"""The options of one run, declared once: the CLI (tyro), ``run.json`` and the ranks all read this dataclass.
+
+``python -m harness run`` derives its flags from ``RunOptions`` with tyro (the CLI
+library torchtitan itself uses): each field is one ``--kebab-case`` flag, its
+comment the help. The launcher writes the resolved options to the run's
+``run.json``; every rank reads them from there (``harness.train --run-dir DIR``),
+so no option is turned back into flags and parsed again.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from recipes.tiers import TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
 
-__all__ = ["INITS", "RunOptions", "apply_run_options"]
+__all__ = ["INITS", "RunOptions", "apply_run_options", "command_line"]
+
+#: A list flag given once per value (``--override a --override b``), as before tyro.
+Repeated = tyro.conf.UseAppendAction
 
 
 @dataclass
 class RunOptions:
     """One training run of one recipe. ``None`` means "the tier's default"."""
 
+    #: A recipe name (see ``python -m harness list``).
     recipe: str = "native_qwen3"
+    #: cpu or trn2.
     tier: str = "cpu"
+    #: Processes per node (default: the tier's: cpu 2, trn2 64).
     nproc: int | None = None
-    #: Multi-node through torchrun's c10d rendezvous; node 0 hosts the rendezvous store.
+    #: Nodes in a multi-node run (torchrun's c10d rendezvous; node 0 hosts its store).
     nnodes: int = 1
+    #: This node's index; node 0 hosts the rendezvous.
     node_rank: int = 0
+    #: HOST:PORT of the rendezvous store on node 0 (multi-node).
     rdzv_endpoint: str | None = None
+    #: Training steps (default: the tier's).
     steps: int | None = None
+    #: Tokens per sequence (default: the tier's).
     seq_len: int | None = None
+    #: Sequences per rank per step (default: the tier's).
     local_batch_size: int | None = None
+    #: Keep the first N layers of the real model (cpu: the real 4B width, not tiny dims).
     layers: int | None = None
+    #: hf (load --model-dir's weights) or random.
     init: str = "hf"
+    #: Local Hugging Face model dir (weights, config.json, tokenizer; default: the tier's).
     model_dir: Path | None = None
+    #: Local dir of *.jsonl {"text": ...} files (default: the tier's).
     dataset_dir: Path | None = None
-    #: Tokenizer directory; default: --model-dir (the weights' own tokenizer), else the tier's.
+    #: Tokenizer dir (default: --model-dir's own, else the tier's).
     tokenizer_dir: Path | None = None
     #: Replace the recipe's RoPE theta (to measure what a wrong theta costs).
     rope_theta: float | None = None
-    #: Mismatch names (see harness.provenance) accepted as warnings instead of refusals.
-    allow_mismatch: list[str] = field(default_factory=list)
+    #: Accept one tokenizer/weights/model mismatch as a warning (tokenizer, vocab, rope_theta, seq_len, ...).
+    allow_mismatch: Annotated[list[str], Repeated, tyro.conf.arg(metavar="NAME")] = field(default_factory=list)
+    #: Where the final HF export is published.
     export_dir: Path | None = None
-    run_dir: Path | None = None
+    #: This run's dump folder (checkpoints, steps.jsonl, run.json); the harness names it.
+    run_dir: tyro.conf.Suppress[Path | None] = None
+    #: Seed of the model init and the data order.
     seed: int = 0
-    overrides: list[str] = field(default_factory=list)
+    #: A kernel override, on every matching module or scoped by model-relative fqn globs.
+    overrides: Annotated[list[str], Repeated, tyro.conf.arg(name="override", metavar="NAME[=GLOB,...]")] = field(
+        default_factory=list
+    )
+    #: Replace a non-empty --export-dir.
     overwrite: bool = False
-    #: Save the final HF export (``last_save_in_hf``). Measurement-only runs skip the write.
+    #: Save the final HF export (``last_save_in_hf``); measurement-only runs skip the write.
     export: bool = True
 
     @property
@@ -56,29 +89,19 @@ class RunOptions:
         def absolute(p: Path | None) -> Path | None:
             return Path(p).expanduser().resolve() if p is not None else None
 
-        return RunOptions(
-            recipe=self.recipe,
-            tier=self.tier,
+        return replace(
+            self,
             nproc=self.nproc or tier.nproc,
-            nnodes=self.nnodes,
-            node_rank=self.node_rank,
-            rdzv_endpoint=self.rdzv_endpoint,
             steps=self.steps or tier.steps,
             seq_len=self.seq_len or tier.seq_len,
             local_batch_size=self.local_batch_size or tier.local_batch_size,
-            layers=self.layers,
-            init=self.init,
             model_dir=absolute(model_dir),
             dataset_dir=absolute(self.dataset_dir or tier.dataset_path),
-            tokenizer_dir=absolute(self.tokenizer_dir or model_dir or tier.tokenizer_dir),
-            rope_theta=self.rope_theta,
-            allow_mismatch=list(self.allow_mismatch),
+            tokenizer_dir=absolute(self.tokenizer_dir or tier.tokenizer_for(model_dir)),
             export_dir=absolute(self.export_dir),
             run_dir=absolute(self.run_dir),
-            seed=self.seed,
+            allow_mismatch=list(self.allow_mismatch),
             overrides=list(self.overrides),
-            overwrite=self.overwrite,
-            export=self.export,
         )
 
     def recipe_inputs(self) -> RecipeInputs:
@@ -93,7 +116,39 @@ class RunOptions:
     def from_json(cls, text: str) -> "RunOptions":
         data = json.loads(text)
         paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"run options {unknown} are not fields of RunOptions (a run.json from another version?)")
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})
+
+
+def flag(name: str) -> str:
+    """The CLI flag tyro derives for the ``RunOptions`` field ``name`` (its ``tyro.conf.arg(name=...)`` if any)."""
+    hint = typing.get_type_hints(RunOptions, include_extras=True)[name]
+    renamed = [m.name for m in getattr(hint, "__metadata__", ()) if getattr(m, "name", None)]
+    return "--" + (renamed[0] if renamed else name).replace("_", "-")
+
+
+def command_line(opts: RunOptions) -> list[str]:
+    """``python -m harness run`` arguments that give ``opts`` back: the recipe, then every field not at its default.
+
+    For showing a run as a command (the dry run); the ranks never parse it. Fields tyro
+    does not expose (``run_dir``) are left out.
+    """
+    default = RunOptions()
+    hints = typing.get_type_hints(RunOptions, include_extras=True)
+    args = [opts.recipe]
+    for f in fields(RunOptions):
+        value = getattr(opts, f.name)
+        suppressed = any(m is tyro.conf.Suppress for m in getattr(hints[f.name], "__metadata__", ()))
+        if f.name == "recipe" or suppressed or value == getattr(default, f.name):
+            continue
+        if isinstance(value, bool):
+            args.append(flag(f.name) if value else "--no-" + flag(f.name)[2:])
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            args += [flag(f.name), str(item)]
+    return args
 
 
 def apply_run_options(config, opts: RunOptions):

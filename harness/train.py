@@ -1,19 +1,19 @@
-"""The one entry torchrun starts on every tier.
+"""The one entry torchrun starts on every rank, on every tier.
 
-    torchrun --nproc_per_node=N -m harness.train --recipe native_qwen3 --tier cpu \\
-        [--init hf|random] [--model-dir DIR] [--steps N] ... [torchtitan CLI overrides]
+    torchrun --nproc_per_node=N -m harness.train --run-dir DIR [torchtitan CLI overrides]
 
-Arguments this module does not know (``--training.steps 3``, ``--parallelism.…``)
-go to torchtitan's own CLI parser on top of the recipe's config, exactly as with
-``torchtitan.train``.
+The run's options are the ``RunOptions`` that ``python -m harness run`` resolved,
+checked and wrote to ``DIR/run.json`` before starting torchrun (``harness.launch``);
+the rank reads them from there. Every other argument (``--training.steps 3``,
+``--parallelism.…``) goes to torchtitan's own CLI parser on top of the recipe's
+config, exactly as with ``torchtitan.train``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
-import io
+import dataclasses
 import json
 import os
 import signal
@@ -26,73 +26,6 @@ from harness.options import RunOptions
 STEPS_FILE = "steps.jsonl"
 PROVENANCE_FILE = "provenance.json"
 RUN_FILE = "run.json"
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options shared by ``harness.train`` and ``python -m harness run``."""
-    parser.add_argument("--tier", default="cpu", help="cpu or trn2 (default: cpu)")
-    parser.add_argument("--nproc", type=int, help="processes (default: the tier's: cpu 2, trn2 64)")
-    parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node run (c10d rendezvous)")
-    parser.add_argument("--node-rank", type=int, default=0, help="this node's index; node 0 hosts the rendezvous")
-    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous store on node 0 (multi-node)")
-    parser.add_argument("--steps", type=int, help="training steps (default: the tier's)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the tier's)")
-    parser.add_argument("--local-batch-size", type=int, help="sequences per rank per step")
-    parser.add_argument(
-        "--layers", type=int, help="keep the first N layers of the real model (cpu: real 4B width, not tiny)"
-    )
-    parser.add_argument("--init", default="hf", help="hf (load --model-dir weights) or random")
-    parser.add_argument("--model-dir", type=Path, help="local Hugging Face model dir (weights, config, tokenizer)")
-    parser.add_argument("--dataset-dir", type=Path, help="local dir of *.jsonl {'text': ...} (default: the tier's)")
-    parser.add_argument("--tokenizer-dir", type=Path, help="tokenizer dir (default: --model-dir's own)")
-    parser.add_argument("--rope-theta", type=float, help="replace the recipe's RoPE theta")
-    parser.add_argument(
-        "--allow-mismatch",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="accept a tokenizer/weights/model mismatch as a warning (tokenizer, vocab, rope_theta, seq_len, ...)",
-    )
-    parser.add_argument("--export-dir", type=Path, help="where the final HF export is published")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="NAME[=GLOB,...]",
-        help="kernel override, all matching modules or scoped by model-relative fqn globs",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --export-dir")
-    parser.add_argument(
-        "--no-export", dest="export", action="store_false", help="skip the final HF export (measurement-only runs)"
-    )
-
-
-def options_from_args(args: argparse.Namespace, recipe: str, run_dir: Path | None) -> RunOptions:
-    return RunOptions(
-        recipe=recipe,
-        tier=args.tier,
-        nproc=args.nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        steps=args.steps,
-        seq_len=args.seq_len,
-        local_batch_size=args.local_batch_size,
-        layers=args.layers,
-        init=args.init,
-        model_dir=args.model_dir,
-        dataset_dir=args.dataset_dir,
-        tokenizer_dir=args.tokenizer_dir,
-        rope_theta=args.rope_theta,
-        allow_mismatch=args.allow_mismatch,
-        export_dir=args.export_dir,
-        run_dir=run_dir,
-        seed=args.seed,
-        overrides=args.override,
-        overwrite=args.overwrite,
-        export=args.export,
-    )
 
 
 def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
@@ -126,39 +59,11 @@ def finish_config(config, opts: RunOptions, cli_overrides: list[str] = ()):
         from recipes.overrides import apply_override_specs
 
         apply_override_specs(config, opts.overrides)
+    from harness.titan_cli import apply_cli_overrides
+
     config = apply_cli_overrides(config, cli_overrides)
     check_kernel_constraints(config, opts.tier)
     return config
-
-
-def apply_cli_overrides(config, cli_overrides: list[str]):
-    """``config`` with torchtitan's own CLI parser applied (``--training.steps 3``).
-
-    torchtitan's tyro parser prints an error box and exits 2 on a bad option;
-    that becomes one ``PreflightError`` line naming the option, so the parent
-    refuses it once, before any rank starts, instead of once per rank.
-    """
-    from harness.preflight import cli_override_error
-    from recipes.titan import ConfigManager
-
-    class _RecipeConfig(ConfigManager):
-        # The one place that touches torchtitan's private state: torchtitan 0.3.0's
-        # ConfigManager.parse_args (torchtitan/config/manager.py) has no public way
-        # to start from a config object; it asks ``_load_config`` for one.
-        def _load_config(self, args):
-            return config, args
-
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            parsed = _RecipeConfig().parse_args(list(cli_overrides))
-    except SystemExit as e:
-        if e.code in (0, None):  # --help: show it, as torchtitan.train would
-            sys.stdout.write(printed.getvalue())
-            raise
-        raise cli_override_error(printed.getvalue(), list(cli_overrides)) from None
-    sys.stderr.write(printed.getvalue())
-    return parsed
 
 
 def tier_lnc(tier: str) -> int:
@@ -177,12 +82,14 @@ def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
     A kernel's nodes can only be in the config if its module was imported (its
     override made them), so a config without kernels imports no kernel module.
     rope_hf's seq_len rule is checked on every tier (``enforce_kernel_constraints``);
-    the grouped-experts shapes where nkilib runs them (trn2).
+    the grouped-experts shapes where nkilib runs them (``Tier.runs_nki_kernels``: trn2).
 
     Sources: rope_hf asserts ``seq_len % (128 * LNC) == 0`` in ``_validate_apply_rope_inputs``
     (aws-neuron/nki-library src/nkilib_src/nkilib/core/embeddings/rope_hf.py); the MoE
     kernels' rules and their sources are ``recipes.kernels.grouped_experts.MOE_CONSTRAINTS``.
     """
+    from recipes.tiers import TIERS
+
     checked = []
     rope = sys.modules.get("recipes.kernels.rope")
     if rope is not None:
@@ -192,7 +99,7 @@ def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
             rope.check_seq_len(config.training.seq_len, lnc)
             checked.append(f"rope_hf: seq_len {config.training.seq_len} % (128 x LNC {lnc}) == 0 ({len(ropes)} nodes)")
     experts = sys.modules.get("recipes.kernels.grouped_experts")
-    if experts is not None and tier == "trn2":
+    if experts is not None and TIERS[tier].runs_nki_kernels:
         nodes = [cfg for _, cfg, _, _ in config.traverse(experts.TrnGroupedExperts.Config)]
         lnc = tier_lnc(tier)
         for shape in sorted({(cfg.dim, cfg.hidden_dim) for cfg in nodes}):
@@ -353,26 +260,44 @@ def main(argv: list[str] | None = None) -> int:
     return record(_main, error_handler=handler)(argv, handler)
 
 
+def read_run_options(run_dir: Path) -> RunOptions:
+    """The resolved options the launcher wrote to ``run_dir/run.json``, with this launch's own world.
+
+    Under torchrun the launch itself says how many processes and nodes there are.
+    """
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        from harness.preflight import PreflightError
+
+        raise PreflightError(
+            f"{path} does not exist: harness.train runs the options `python -m harness run` resolved and wrote there; "
+            "start runs with `python -m harness run` (or torchtitan's own entry: `-m torchtitan.train --module "
+            "recipes.<recipe> --config <recipe>_<tier>`)"
+        )
+    opts = RunOptions.from_json(path.read_text())
+    if "LOCAL_WORLD_SIZE" not in os.environ:
+        return opts
+    nproc = int(os.environ["LOCAL_WORLD_SIZE"])
+    return dataclasses.replace(
+        opts,
+        run_dir=run_dir,
+        nproc=nproc,
+        nnodes=int(os.environ["WORLD_SIZE"]) // nproc,
+        node_rank=int(os.environ.get("GROUP_RANK", "0")),
+        rdzv_endpoint=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+    )
+
+
 def _main(argv: list[str] | None, errors) -> int:
     parser = argparse.ArgumentParser(prog="harness.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", required=True)
-    parser.add_argument("--run-dir", type=Path, help="dump folder of this run (checkpoints, steps.jsonl)")
-    add_run_arguments(parser)
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run's directory, holding its run.json")
     args, cli_overrides = parser.parse_known_args(argv)
 
     from recipes import platform
     from recipes.errors import RecipeError
-    from harness.preflight import preflight
 
-    # Under torchrun the launch itself says how many processes and nodes there are
-    # (torchrun would take a --nproc/--nnodes after the script name for its own).
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        args.nproc = int(os.environ["LOCAL_WORLD_SIZE"])
-        args.nnodes = int(os.environ["WORLD_SIZE"]) // args.nproc
-        args.node_rank = int(os.environ.get("GROUP_RANK", "0"))
-        args.rdzv_endpoint = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     try:
-        opts = preflight(options_from_args(args, args.recipe, args.run_dir))
+        opts = read_run_options(args.run_dir.resolve())
         platform.install(opts.tier)
         train(opts, cli_overrides)
     except RecipeError as e:

@@ -90,13 +90,6 @@ NAMES: tuple[TitanName, ...] = (
         "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config",
     ),
     TitanName(
-        "ConfigManager._load_config",
-        "torchtitan.config.manager",
-        "the hook harness/train.py overrides to hand ConfigManager the recipe's config; if it is renamed "
-        "the override is never called and the recipe's config would be silently ignored",
-        attr="ConfigManager._load_config",
-    ),
-    TitanName(
         "TORCH_DTYPE_MAP",
         "torchtitan.config",
         "the dtype the dry run builds the model in (training.dtype), as the trainer does",

@@ -17,7 +17,6 @@ import pytest
 from harness.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 TRN2_UNSET = ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")
 
@@ -102,11 +101,20 @@ def test_moe_recipe_builds_30b_a3b_shrunk_as_the_tutorial(all_recipes):
 
 @pytest.mark.parametrize("name", ["native_qwen3-trn2-hf", "hf_backend-trn2-hf", "nki_moe-trn2-random"])
 def test_command_is_the_tutorials_64_rank_data_parallel_launch(all_recipes, name):
+    """The user's command for this run, the torchrun it starts, and the run.json its 64 ranks read."""
     result = report(all_recipes[1], name)
-    assert result["command"].startswith("torchrun --standalone --nproc_per_node=64 ")
-    assert result["argv"][1:3] == ["-m", "torch.distributed.run"]
+    recipe, _, init = name.split("-")
+    assert result["command"].startswith(f"python -m harness run {recipe} --tier trn2 --nproc 64 ")
+    assert (f"--init {init}" in result["command"]) == (init != "hf")  # hf is RunOptions' default
     assert '--model-dir "$QWEN3_4B_DIR"' in result["command"]
     assert '--dataset-dir "$QWEN3_DATASET_DIR"' in result["command"]
+    assert result["torchrun"].startswith("torchrun --standalone --nproc_per_node=64 ")
+    assert result["argv"][1:3] == ["-m", "torch.distributed.run"]
+    run_dir = result["run_json"]["run_dir"]
+    assert result["argv"][-4:] == ["-m", "harness.train", "--run-dir", run_dir]
+    run_json = result["run_json"]
+    assert (run_json["nproc"], run_json["init"]) == (64, init)
+    assert (run_json["model_dir"], run_json["dataset_dir"]) == ("$QWEN3_4B_DIR", "$QWEN3_DATASET_DIR")
     parallelism = result["config"]["parallelism"]
     assert (parallelism["data_parallel_shard_degree"], parallelism["tensor_parallel_degree"]) == (-1, 1)
     assert result["env"]["set"]["NEURON_LOGICAL_NC_CONFIG"] == "2"
