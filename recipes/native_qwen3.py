@@ -8,7 +8,7 @@ attn_backend="sdpa")``. The cpu tier keeps that structure with tiny dims.
 from __future__ import annotations
 
 from recipes.specs import qwen3_spec, sized_spec, truncated_spec
-from recipes.tiers import TINY_DENSE
+from recipes.tiers import TIERS, TINY_DENSE
 from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
 #: The model the tutorial trains, and the one its published numbers are about.
@@ -23,7 +23,7 @@ def model_spec(tier: str, layers: int | None = None):
     """
     if layers is not None:
         return truncated_spec(FLAVOR, layers, attn_backend="sdpa")
-    if tier == "trn2":
+    if TIERS[tier].full_size_models:
         return qwen3_spec(FLAVOR, attn_backend="sdpa")
     return sized_spec(FLAVOR, TINY_DENSE, name="cpu-tiny")
 

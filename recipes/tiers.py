@@ -83,7 +83,21 @@ class Tier:
     param_dtype: str
     #: Wall-clock limit of one launch (harness.launch) and of a shared test run (conftest).
     launch_timeout_s: float
+    #: The tutorial's full-size models (4B, 30B-A3B shrunk to 4 layers); else the tiny fixture dims.
+    full_size_models: bool
+    #: Whether a recipe's ``compile.enable`` stands; cpu runs eager (compile time would dwarf
+    #: the tiny runs, and the goldens were measured eager).
+    compile_allowed: bool
+    #: The HF export's dtype: fp32 on cpu so export and trained state compare bitwise,
+    #: bf16 on trn2 like the published weights.
+    export_dtype: str
+    #: Whether enabled NKI kernels run here (their shape rules are then checked before launch).
+    runs_nki_kernels: bool
     extra_env: dict[str, str] = field(default_factory=dict)
+
+    def tokenizer_for(self, model_dir: Path | None) -> Path:
+        """The tokenizer a run uses unless told otherwise: its weights' own, else the tier's."""
+        return model_dir or self.tokenizer_dir
 
 
 def _env_path(name: str) -> Path | None:
@@ -106,6 +120,10 @@ CPU = Tier(
     # Tiny models: startup 20-40 s per torchrun launch, well under a second per step; on a
     # shared 2-core machine several launches may run at once.
     launch_timeout_s=900,
+    full_size_models=False,
+    compile_allowed=False,
+    export_dtype="float32",
+    runs_nki_kernels=False,
     extra_env={"OMP_NUM_THREADS": "1"},
 )
 
@@ -126,6 +144,10 @@ TRN2 = Tier(
     # cache a 64-rank run spends many minutes compiling before step 1, then loads a 4B
     # checkpoint on every rank. Two hours bounds a hung collective without failing a cold run.
     launch_timeout_s=7200,
+    full_size_models=True,
+    compile_allowed=True,
+    export_dtype="bfloat16",
+    runs_nki_kernels=True,
     extra_env={"NEURON_LOGICAL_NC_CONFIG": "2"},
 )
 

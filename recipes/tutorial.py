@@ -50,7 +50,7 @@ class RecipeInputs:
         for value, env in ((preset.model_dir, "QWEN3_4B_DIR"), (preset.dataset_path, "QWEN3_DATASET_DIR")):
             if value is None:
                 raise RecipeError(f"--tier {tier} reads its weights and data from the environment: set {env}")
-        return cls(tier, init, preset.model_dir, preset.model_dir or preset.tokenizer_dir, preset.dataset_path)
+        return cls(tier, init, preset.model_dir, preset.tokenizer_for(preset.model_dir), preset.dataset_path)
 
 
 def tutorial_settings(config, inputs: RecipeInputs):
@@ -97,7 +97,7 @@ def tutorial_settings(config, inputs: RecipeInputs):
 
     config.debug.seed = 0
     config.debug.deterministic = tier.deterministic
-    config.compile.enable = False if tier.name == "cpu" else config.compile.enable
+    config.compile.enable = config.compile.enable and tier.compile_allowed
 
     load_hf = inputs.init == "hf"
     config.checkpoint = CheckpointManager.Config(
@@ -109,7 +109,7 @@ def tutorial_settings(config, inputs: RecipeInputs):
         initial_load_model_only=load_hf,
         last_save_model_only=True,
         last_save_in_hf=True,
-        export_dtype="float32" if tier.name == "cpu" else "bfloat16",
+        export_dtype=tier.export_dtype,
         keep_latest_k=2,
         load_only=False,
     )

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from recipes.errors import RecipeError
+from recipes.platform import on_neuron
 from recipes.platform.neuron import logical_neuron_cores
 from recipes.titan import derive, GroupedExperts, override
 
@@ -329,7 +330,7 @@ def moe_blockwise_op(
     block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_cte → (output [R+1, H], gate/up activations [N, 2, I, B], down activations [N, B, H])."""
-    if hidden.device.type != "neuron":
+    if not on_neuron(hidden):
         raise RuntimeError(
             f"{MOE_OP_NAME} runs nkilib kernels and needs tensors on the neuron device, got "
             f"{hidden.device}; off the device TrnGroupedExperts uses expert_loop."
@@ -430,7 +431,7 @@ class TrnGroupedExperts(GroupedExperts):
         num_tokens_per_expert_E: torch.Tensor,
     ) -> torch.Tensor:
         weights = _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
-        if x_RD.device.type == "neuron":  # the kernels or an error: no silent cpu loop here
+        if on_neuron(x_RD):  # the kernels or an error: no silent cpu loop here
             return nki_grouped_experts(x_RD, num_tokens_per_expert_E, *weights)
         if x_RD.device.type != "cpu":
             raise RuntimeError(

@@ -30,6 +30,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from recipes.errors import RecipeError
+from recipes.platform import on_neuron
 from recipes.platform.neuron import LNCError, VALID_LNC, logical_neuron_cores
 from recipes.titan import _maybe_check_max_pos, _yarn_inv_freq, CosSinRoPE, derive, override
 
@@ -183,7 +184,7 @@ def rope_hf_op(
 
     ``backward=True`` applies the transposed rotation: the gradient of the forward.
     """
-    if q.device.type == "neuron":
+    if on_neuron(q):
         return _rope_nki(q, k, positions, inv_freq, backward)
     return _rope_torch(q, k, positions, inv_freq, backward)
 
@@ -272,7 +273,7 @@ class NKIRoPE(CosSinRoPE):
                 "those layers or keep the stock CosSinRoPE."
             )
         seq_len = query.shape[1]
-        if self.config.enforce_kernel_constraints or query.device.type == "neuron":
+        if self.config.enforce_kernel_constraints or on_neuron(query):
             check_seq_len(seq_len, logical_neuron_cores())
         if positions is None or self.config.drop_positions:
             positions = torch.arange(seq_len, device=query.device).unsqueeze(0)

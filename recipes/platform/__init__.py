@@ -34,6 +34,11 @@ def tier_unavailable(tier: str) -> str | None:
     return f"--tier trn2 cannot run on this machine: {status.reason()} Use --tier cpu here, or run on a trn2.48xlarge."
 
 
+def on_neuron(tensor) -> bool:
+    """Whether ``tensor`` lives on a NeuronCore (torch-neuronx's ``neuron`` device), where kernels run nkilib."""
+    return tensor.device.type == "neuron"
+
+
 def install(tier: str) -> None:
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
