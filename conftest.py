@@ -42,20 +42,31 @@ def pytest_configure(config):
     )
 
 
+#: The tier of every test, by the folder it lives in.
+TIER_FOLDERS = {"cpu": Path(__file__).parent / "tests" / "cpu", "neuron": Path(__file__).parent / "tests" / "neuron"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m cpu`` / ``-m neuron`` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Every test carries exactly one tier marker; a test with none or both is an error."""
+    """Each test gets its folder's tier marker; a test outside both folders, or marked otherwise, is an error."""
     from recipes.tiers import TRN2
 
     bad = []
     for item in items:
-        tiers = [m for m in TIER_MARKERS if item.get_closest_marker(m)]
-        if len(tiers) != 1:
-            bad.append(f"{item.nodeid}: tier markers {tiers or 'none'}")
-        elif tiers == ["neuron"] and not item.get_closest_marker("timeout"):
+        path = Path(str(item.path))
+        tiers = [tier for tier, folder in TIER_FOLDERS.items() if path.is_relative_to(folder)]
+        marked = [m for m in TIER_MARKERS if item.get_closest_marker(m)]
+        if len(tiers) != 1 or not set(marked) <= set(tiers):
+            bad.append(f"{item.nodeid}: in {tiers or 'no tier folder'}, marked {marked or 'nothing'}")
+            continue
+        item.add_marker(tiers[0])
+        if tiers == ["neuron"] and not item.get_closest_marker("timeout"):
             # pytest.ini's 900 s fits the cpu tier; a trn2 test may wait for a cold-cache launch.
             item.add_marker(pytest.mark.timeout(TRN2.launch_timeout_s + 600))
     if bad:
-        raise pytest.UsageError("each test needs exactly one of @pytest.mark.cpu / @pytest.mark.neuron:\n" + "\n".join(bad))
+        raise pytest.UsageError(
+            "a test's tier is its folder (tests/cpu or tests/neuron), not a marker of another tier:\n" + "\n".join(bad)
+        )
 
 
 @pytest.fixture(scope="session")

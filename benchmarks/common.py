@@ -8,6 +8,7 @@ import re
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -88,18 +89,6 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
-    """Terminate our child's process group (torchrun forwards it to its ranks), then kill it."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
 def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s: float) -> ProcessRun:
     """Run ``cmd`` from the repo root, output to ``log_path``; time it and read its peak RSS.
 
@@ -126,7 +115,9 @@ def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s:
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:  # Ctrl-C does not reach a child in its own session: stop it here
-            stop_group(proc)
+            from harness.launch import end_run
+
+            end_run(proc)
             raise
         finally:
             timer.cancel()
@@ -196,6 +187,34 @@ def parse_titan_steps(text: str) -> list[TitanStep]:
             )
         )
     return steps
+
+
+def titan_train_command(module: str, config: str, nproc: int, log_dir: Path, *overrides: str) -> list[str]:
+    """torchtitan's own entry on a config function, under the torchrun options ``harness.launch`` uses.
+
+    ``torchrun --standalone --nproc_per_node=N -m torchtitan.train --module M --config F [overrides]``:
+    the README's way to run a recipe without the harness; rank logs go to ``log_dir``.
+    """
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", f"--nproc_per_node={nproc}",
+        "--log-dir", str(log_dir), "--redirects", "3",
+        "-m", "torchtitan.train", "--module", module, "--config", config, *overrides,
+    ]  # fmt: skip
+
+
+def run_titan_train(module: str, config: str, nproc: int, work_dir: Path, *overrides: str, timeout_s: float):
+    """One ``titan_train_command`` launch from the repository root; rank 0's printed steps.
+
+    Raises RuntimeError with the launcher's and rank 0's log tails when the launch fails.
+    """
+    log_dir = work_dir / "logs"
+    cmd = titan_train_command(module, config, nproc, log_dir, "--dump_folder", str(work_dir / "out"), *overrides)
+    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
+    text = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log")))
+    if out.returncode != 0:
+        raise RuntimeError(f"torchtitan.train exited {out.returncode}:\n{out.stderr[-3000:]}\nrank 0:\n{text[-3000:]}")
+    return parse_titan_steps(text)
 
 
 def rank_log(run_dir: Path, rank: int = 0, stream: str = "stdout") -> Path | None:

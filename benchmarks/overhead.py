@@ -30,6 +30,7 @@ from benchmarks.common import (
     parse_titan_steps,
     rank_log,
     run_timed,
+    titan_train_command,
 )
 from harness.launch import child_env, read_steps
 from harness.options import RunOptions
@@ -90,13 +91,7 @@ def recipes_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
 
 def bare_torchrun_command(opts: RunOptions) -> list[str]:
     """torchtitan's own entry under the same torchrun options ``harness.launch`` uses."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={opts.nproc}",
-        "--log-dir", str(opts.run_dir / "logs"), "--redirects", "3",
-        "-m", "torchtitan.train",
-        "--module", "benchmarks.titan_entry", "--config", "bench_config",
-    ]  # fmt: skip
+    return titan_train_command("benchmarks.titan_entry", "bench_config", opts.nproc, opts.run_dir / "logs")
 
 
 def new_sample(path: str, rep: int, proc) -> Sample:

@@ -15,7 +15,6 @@ import pytest
 
 from harness import band, goldens
 
-pytestmark = pytest.mark.cpu
 
 RUNS = [
     [6.50, 6.40, 6.30],

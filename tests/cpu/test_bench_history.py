@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from benchmarks.__main__ import append_history
-
-pytestmark = pytest.mark.cpu
 
 
 def test_each_benchmark_run_appends_one_line_with_goals_versions_and_machine(tmp_path):

@@ -19,7 +19,6 @@ from harness.lockcheck import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
 
-pytestmark = pytest.mark.cpu
 
 NO_CHANGE = [f"transformers=={pins(bump.LOCK)['transformers']}"]
 

@@ -14,7 +14,6 @@ import yaml
 from harness import ci, goldens, published
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 NIGHTLY = REPO_ROOT / ".github" / "workflows" / "nightly-trn2.yml"
 

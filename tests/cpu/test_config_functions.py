@@ -11,14 +11,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-import subprocess
-import sys
 
 import pytest
 
-from recipes.tiers import REPO_ROOT
-
-pytestmark = pytest.mark.cpu
 
 #: (module, config function, recipe, tier, init)
 CONFIG_FUNCTIONS = [
@@ -71,21 +66,13 @@ def test_trn2_config_functions_refuse_in_one_line_without_a_device(module, funct
 
 def test_torchtitan_train_runs_config_2_to_the_golden_step1_loss(tmp_path, record_property):
     """torchtitan's own entry, no harness launcher or rank entry: the same step-1 loss as the golden."""
-    from benchmarks.common import parse_titan_steps
+    from benchmarks.common import run_titan_train
     from harness import goldens
 
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
-        "-m", "torchtitan.train", "--module", "recipes.native_qwen3", "--config", "native_qwen3_cpu",
-        "--training.steps", "1", "--dump_folder", str(tmp_path / "out"),
-    ]  # fmt: skip
-    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    logs = sorted((tmp_path / "logs").glob("*/attempt_0/0/stdout.log"))
-    text = "".join(p.read_text(errors="replace") for p in logs)
-    assert out.returncode == 0, (out.stderr[-3000:], text[-2000:])
-    steps = parse_titan_steps(text)
-    assert [s.step for s in steps] == [1], text[-2000:]
+    steps = run_titan_train(
+        "recipes.native_qwen3", "native_qwen3_cpu", 2, tmp_path, "--training.steps", "1", timeout_s=600
+    )
+    assert [s.step for s in steps] == [1], steps
     _, values = goldens.load("native_qwen3", "cpu")
     golden = values["step1_loss_hf"].value
     record_property("torchtitan_train_step1_loss", steps[0].loss)

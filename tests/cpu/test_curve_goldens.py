@@ -13,7 +13,6 @@ import pytest
 
 from harness import goldens
 
-pytestmark = pytest.mark.cpu
 
 CURVE = [2.0, 1.5, 1.25, 1.0]
 EXACT = {"value": CURVE, "tolerance": 0.0, "lane": "exact", "reason": "deterministic", "portable_rtol": 1e-5}

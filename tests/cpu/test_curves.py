@@ -28,7 +28,6 @@ import pytest
 import curve_runs
 from curve_runs import STEPS
 
-pytestmark = pytest.mark.cpu
 
 DENSE_PORTABLE_RTOL = 1e-5
 MOE_PORTABLE_RTOL = 2e-2

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from recipes.tiers import FIXTURES
 
-pytestmark = pytest.mark.cpu
 
 MODEL_DIR = FIXTURES / "qwen3-tiny"
 

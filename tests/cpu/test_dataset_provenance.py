@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
 from harness.options import RunOptions
 from harness.preflight import preflight
 from harness.provenance import dataset_info, provenance
 from recipes.tiers import FIXTURES
 from harness.train import build_config
 
-pytestmark = pytest.mark.cpu
 
 CORPUS = FIXTURES / "corpus"
 

@@ -14,7 +14,6 @@ from recipes.tiers import FIXTURES
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 
-pytestmark = pytest.mark.cpu
 
 #: What the fixture checkpoint holds; a run that wrote into it would add or change files.
 SOURCE_FILES = (

@@ -10,8 +10,6 @@ import pytest
 from harness import export
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
-
 
 def make_export(path, marker: str):
     path.mkdir(parents=True)

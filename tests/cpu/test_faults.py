@@ -18,7 +18,6 @@ from harness.launch import LaunchError, launch
 from harness.options import RunOptions
 from harness.preflight import preflight
 
-pytestmark = pytest.mark.cpu
 
 #: The header harness.launch.rank_log_tails puts before each rank's log tail.
 RANK_HEADER = re.compile(r"^--- rank (\S+): last \d+ lines of .*$", re.MULTILINE)

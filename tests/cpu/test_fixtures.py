@@ -21,7 +21,6 @@ from tokenizers import Tokenizer
 
 from fixtures import build_fixtures as bf
 
-pytestmark = pytest.mark.cpu
 
 FIXTURES = bf.FIXTURES_DIR
 REPO_ROOT = FIXTURES.parent

@@ -14,8 +14,6 @@ import yaml
 from harness import goldens
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
-
 
 def write(path: Path, values: dict, metadata: dict | None = None) -> Path:
     path.write_text(json.dumps({"metadata": metadata or {}, "values": values}))

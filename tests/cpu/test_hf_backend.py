@@ -23,7 +23,6 @@ from harness.preflight import PreflightError, preflight
 from harness.published import CLAIMS
 from recipes.tiers import CPU, FIXTURES, REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 DENSE_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"

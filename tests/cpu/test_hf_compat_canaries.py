@@ -16,7 +16,6 @@ from transformers.modeling_utils import PreTrainedModel
 
 from recipes.tiers import FIXTURES
 
-pytestmark = pytest.mark.cpu
 
 DENSE_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"

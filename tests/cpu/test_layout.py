@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import ast
 
-import pytest
-
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 #: Packages whose code only the harness and the tests may import.
 HARNESS_PACKAGES = ("harness", "benchmarks", "tests", "conftest")
@@ -58,3 +55,30 @@ def test_torchtitan_entry_builds_a_recipe_without_importing_the_harness():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[-2] == "5 True []", out.stdout[-2000:]
+
+
+def test_trn2_tests_name_each_requirement_with_its_decorator():
+    """One decorator per requirement (tests/neuron/requires.py), as transformers' testing_utils has."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("requires", REPO_ROOT / "tests" / "neuron" / "requires.py")
+    requires = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(requires)
+    decorated = {
+        mark.args[0]
+        for name, mark in vars(requires).items()
+        if name.startswith("requires_") and getattr(mark, "name", None) == "requires"
+    }
+    assert decorated == set(requires.REQUIREMENTS)
+    raw = [p.name for p in sorted((REPO_ROOT / "tests" / "neuron").glob("test_*.py")) if "mark.requires(" in p.read_text()]
+    assert raw == [], f"use the requires_* decorators of tests/neuron/requires.py instead of pytest.mark.requires: {raw}"
+
+
+def test_a_tests_tier_is_its_folder():
+    """The root conftest marks tests/cpu as cpu and tests/neuron as neuron; no file marks itself."""
+    marked = [
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in sorted((REPO_ROOT / "tests").rglob("test_*.py"))
+        if any(f"pytest.mark.{tier}" in p.read_text() for tier in ("cpu", "neuron"))
+    ]
+    assert marked == []

@@ -25,7 +25,6 @@ from harness import report
 from harness.launch import GRACE_S
 from recipes.tiers import FIXTURES, REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 #: Seconds from the signal to the last process of the run gone (GRACE_S + margin).
 NO_ORPHANS_WITHIN_S = GRACE_S + 20

@@ -10,14 +10,10 @@ from __future__ import annotations
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 import curve_runs
 from harness.launch import launch
 from harness.options import RunOptions
 from harness.preflight import preflight
-
-pytestmark = pytest.mark.cpu
 
 
 def free_port() -> int:

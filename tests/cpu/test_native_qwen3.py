@@ -9,7 +9,6 @@ import torch
 
 from recipes.tiers import TINY_DENSE
 
-pytestmark = pytest.mark.cpu
 
 STEPS = 5
 

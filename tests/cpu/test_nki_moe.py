@@ -10,8 +10,6 @@ import pytest
 
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
-
 
 @pytest.fixture(scope="module")
 def moe_config():

@@ -36,7 +36,6 @@ from recipes.overrides import (
     parse_override_spec,
 )
 
-pytestmark = pytest.mark.cpu
 
 N_LAYERS = 24
 

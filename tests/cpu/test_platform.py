@@ -17,8 +17,6 @@ import pytest
 from recipes.platform import neuron
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
-
 
 def run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(

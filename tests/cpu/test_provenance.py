@@ -14,7 +14,6 @@ from harness.provenance import MismatchError, mismatches
 from recipes.tiers import FIXTURES
 from harness.train import build_config
 
-pytestmark = pytest.mark.cpu
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 BASELINE = dict(recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", seed=7)

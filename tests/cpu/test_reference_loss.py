@@ -31,7 +31,6 @@ from harness.options import RunOptions
 from harness.preflight import preflight
 from recipes.tiers import FIXTURES, REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 MODEL_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"
@@ -340,7 +339,6 @@ def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch
     (inv,) = [s for s in result.suspects if s.name == "inv_freq"]
     if math.isfinite(result.measured):
         assert inv.reference_with_fault == pytest.approx(result.measured, abs=CPU_TOL)
-
 
 
 def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):

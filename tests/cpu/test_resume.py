@@ -24,7 +24,6 @@ import pytest
 import curve_runs
 from curve_runs import NATIVE, STEPS
 
-pytestmark = pytest.mark.cpu
 
 STOP, SAVED = 50, 25
 #: Both weights-only resumes train this many steps: the first is the "next-step loss" (a

@@ -17,7 +17,6 @@ from recipes.kernels import rope as rope_module
 from recipes.kernels.rope import NKIRoPE, SeqLenError, check_seq_len, rope_hf, rope_hf_op
 from recipes.platform.neuron import LNCError
 
-pytestmark = pytest.mark.cpu
 
 # Pinned: Qwen3 head_dim 128, theta 1e6, GQA 4 q heads / 2 kv heads, seq 256 (valid at LNC=2).
 B, L, NQ, NKV, H = 2, 256, 4, 2, 128

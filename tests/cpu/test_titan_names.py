@@ -14,14 +14,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from recipes import titan
 from recipes.tiers import REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 VERSION = importlib.metadata.version("torchtitan")
 ALL_TAGS = {tag for entry in titan.NAMES for tag in entry.used_by}

@@ -15,8 +15,6 @@ import torch
 
 from recipes.upstream_shape import MARKER, UpstreamShapeError, installed_version
 
-pytestmark = pytest.mark.cpu
-
 
 def assert_one_line(err: pytest.ExceptionInfo, package: str, workaround: str, *mentions: str) -> None:
     message = str(err.value)

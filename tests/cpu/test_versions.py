@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from harness import lockcheck
-
-pytestmark = pytest.mark.cpu
 
 
 def test_installed_packages_match_the_lock(record_property):

@@ -13,10 +13,17 @@ from __future__ import annotations
 import pytest
 
 from harness import band, goldens
+from requires import (
+    requires_dataset,
+    requires_neuron_device,
+    requires_nkilib,
+    requires_qwen3_4b_weights,
+    requires_torch_neuronx,
+)
 
-pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "weights", "dataset")]
+pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_dataset]
 
-RECIPES = ("native_qwen3", "hf_backend", pytest.param("nki_moe", marks=pytest.mark.requires("nkilib")))
+RECIPES = ("native_qwen3", "hf_backend", pytest.param("nki_moe", marks=requires_nkilib))
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from requires import requires_dataset, requires_neuron_device, requires_qwen3_4b_weights, requires_torch_neuronx
+
 MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 NPROC = 64
 
-pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "weights", "dataset")]
+pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_dataset]
 
 
 @pytest.fixture(scope="module")

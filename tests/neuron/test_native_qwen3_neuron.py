@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "weights", "dataset")]
+from requires import requires_dataset, requires_neuron_device, requires_qwen3_4b_weights, requires_torch_neuronx
+
+pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_dataset]
 
 MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 
@@ -66,22 +68,11 @@ def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(trn2_hf_run,
     Same config, weights and first batch; the tolerance allows bf16 reduction-order
     differences between two launches (not measured yet on trn2: record and tighten).
     """
-    import subprocess
-    import sys
+    from benchmarks.common import run_titan_train
 
-    from benchmarks.common import parse_titan_steps
-    from recipes.tiers import REPO_ROOT
-
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=64",
-        "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
-        "-m", "torchtitan.train", "--module", "recipes.native_qwen3", "--config", "native_qwen3_trn2",
-        "--training.steps", "1", "--dump_folder", str(tmp_path / "out"),
-    ]  # fmt: skip
-    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=7200)
-    text = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*/attempt_0/0/std*.log")))
-    assert out.returncode == 0, (out.stderr[-3000:], text[-3000:])
-    steps = parse_titan_steps(text)
-    assert [s.step for s in steps] == [1], text[-2000:]
+    steps = run_titan_train(
+        "recipes.native_qwen3", "native_qwen3_trn2", 64, tmp_path, "--training.steps", "1", timeout_s=7200
+    )
+    assert [s.step for s in steps] == [1], steps
     record_property("torchtitan_train_trn2_step1_loss", steps[0].loss)
     assert abs(steps[0].loss - trn2_hf_run["losses"][0]) <= 1e-2

@@ -14,7 +14,13 @@ import math
 import pytest
 import torch
 
-pytestmark = pytest.mark.neuron
+from requires import (
+    requires_dataset,
+    requires_neuron_device,
+    requires_nkilib,
+    requires_qwen3_4b_weights,
+    requires_torch_neuronx,
+)
 
 H, I = 2048, 768  # Qwen3-30B-A3B hidden_size and moe_intermediate_size
 EXPERTS, ROWS = 16, 1024  # rows = tokens × top-k, already sorted by expert as torchtitan hands them
@@ -94,7 +100,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-@pytest.mark.requires("device", "torch_neuronx", "nkilib")
+@requires_neuron_device
+@requires_torch_neuronx
+@requires_nkilib
 def test_nki_grouped_experts_match_stock_on_one_neuroncore(device, kernel_calls, record_property):
     from recipes.kernels.grouped_experts import TrnGroupedExperts
 
@@ -119,7 +127,9 @@ def test_nki_grouped_experts_match_stock_on_one_neuroncore(device, kernel_calls,
     assert max(backward.values()) <= BACKWARD_RTOL, backward
 
 
-@pytest.mark.requires("device", "torch_neuronx", "nkilib")
+@requires_neuron_device
+@requires_torch_neuronx
+@requires_nkilib
 def test_no_cpu_fallback_for_shapes_the_kernels_refuse(device):
     """On the device a shape moe_cte cannot take is an error, never the cpu loop."""
     from recipes.kernels.grouped_experts import MoEShapeError, grouped_experts
@@ -131,7 +141,11 @@ def test_no_cpu_fallback_for_shapes_the_kernels_refuse(device):
 
 
 # "weights": random init, but the trn2 tokenizer is Qwen3-4B's own, read from $QWEN3_4B_DIR.
-@pytest.mark.requires("device", "torch_neuronx", "nkilib", "weights", "dataset")
+@requires_neuron_device
+@requires_torch_neuronx
+@requires_nkilib
+@requires_qwen3_4b_weights
+@requires_dataset
 def test_nki_moe_trains_in_eager_mode_on_64_ranks(recipe_run, record_property):
     run = recipe_run("trn2-nki-moe", recipe="nki_moe", tier="trn2", nproc=64, steps=5, init="random", seed=0)
     losses = run["losses"]
@@ -153,7 +167,11 @@ ROPE_HF_SEQ_LEN = 2048
 
 
 # "weights": the trn2 tier reads the tokenizer from $QWEN3_4B_DIR even for a random-init run.
-@pytest.mark.requires("device", "torch_neuronx", "nkilib", "weights", "dataset")
+@requires_neuron_device
+@requires_torch_neuronx
+@requires_nkilib
+@requires_qwen3_4b_weights
+@requires_dataset
 def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(recipe_run, record_property):
     from recipes.kernels import ROPE_DESCRIPTIONS
 

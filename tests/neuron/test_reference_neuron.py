@@ -55,6 +55,7 @@ import pytest
 from harness import reference
 from harness.published import CLAIMS
 from recipes.tiers import TRN2
+from requires import requires_dataset, requires_neuron_device, requires_qwen3_4b_weights, requires_torch_neuronx
 
 MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 NPROC = 64
@@ -66,8 +67,10 @@ PUBLISHED_ATOL = 0.02
 LANE_TIMEOUT_S = TRN2.launch_timeout_s + 3 * 3600
 
 pytestmark = [
-    pytest.mark.neuron,
-    pytest.mark.requires("device", "torch_neuronx", "weights", "dataset"),
+    requires_neuron_device,
+    requires_torch_neuronx,
+    requires_qwen3_4b_weights,
+    requires_dataset,
     pytest.mark.timeout(LANE_TIMEOUT_S),
 ]
 

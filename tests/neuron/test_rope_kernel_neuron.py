@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from recipes.platform.neuron import logical_neuron_cores
+from requires import requires_neuron_device, requires_nkilib, requires_torch_neuronx
 
-pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx", "nkilib")]
+pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_nkilib]
 
 B, NQ, NKV, H = 2, 32, 8, 128  # Qwen3-4B attention: 32 q heads, 8 kv heads, head_dim 128
 SEQ_LEN = 512  # a multiple of 128 × LNC for LNC 1 and 2

@@ -14,8 +14,9 @@ import pytest
 
 from recipes.platform import neuron_versions
 from recipes.platform.neuron_versions import normalize
+from requires import requires_neuron_device, requires_torch_neuronx
 
-pytestmark = [pytest.mark.neuron, pytest.mark.requires("device", "torch_neuronx")]
+pytestmark = [requires_neuron_device, requires_torch_neuronx]
 
 EXPECTED = neuron_versions.expected()
 
