@@ -38,6 +38,7 @@ from pathlib import Path
 
 from recipes.errors import RecipeError
 from harness.lockcheck import normalize, pins
+from harness.report import md_table
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import MARKER
 
@@ -713,33 +714,33 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
     if code_changed(meta):
         lines += ["**The code (recipes/, harness/, tests/, fixtures/) changed between the two runs**: a verdict that changed "
                   "may be the code's doing, not the bump's.", ""]
-    lines += [
-        "| test | lock | candidate | change | why (candidate's failure) |",
-        "|---|---|---|---|---|",
-    ]
     order = {change: i for i, change in enumerate(CHANGE_ORDER)}
-    for row in sorted(c.rows, key=lambda r: (order.get(r.change, order["same"] - 0.5), r.test)):
-        lines.append(f"| {row.test} | {row.lock} | {row.candidate} | {row.change} | {_cell(row.message)} |")
+    rows = sorted(c.rows, key=lambda r: (order.get(r.change, order["same"] - 0.5), r.test))
+    lines += md_table(
+        ["test", "lock", "candidate", "change", "why (candidate's failure)"],
+        [[row.test, row.lock, row.candidate, row.change, _cell(row.message)] for row in rows],
+    )
     lines += ["", "## What moved in the lock", ""]
     lines += [f"- {m.line()}" for m in moved] or ["- nothing (the candidate is the lock)"]
     lines += ["", "## Canaries that flipped", ""]
     lines += [f"- `{f.test}`: {f.lock} → {f.candidate}: {f.meaning}. {_cell(f.message)}" for f in c.canaries] or [
         "- none: every upstream defect a workaround exists for is in the same state on the candidate"]
     lines += ["", "## Goldens that moved", ""]
-    header = ["| recipe | tier | value | lane | lock | candidate | difference (new − old) | candidate verdict |",
-              "|---|---|---|---|---|---|---|---|"]
-
-    def golden_rows(moves: list[GoldenMove]) -> list[str]:
-        return [f"| {g.recipe} | {g.tier} | {g.key} | {g.lane or '–'} | {_golden_cell(g.old)} | "
-                f"{_golden_cell(g.new)} | {_fmt(g.difference)} | {g.verdict or 'not measured'} |" for g in moves]
+    def golden_table(moves: list[GoldenMove]) -> list[str]:
+        header = ["recipe", "tier", "value", "lane", "lock", "candidate", "difference (new − old)", "candidate verdict"]
+        return md_table(header, [
+            [g.recipe, g.tier, g.key, g.lane or "–", _golden_cell(g.old), _golden_cell(g.new), _fmt(g.difference),
+             g.verdict or "not measured"]
+            for g in moves
+        ])  # fmt: skip
 
     moved_goldens = [g for g in c.goldens if g.old is not None and g.new is not None]
     one_sided = [g for g in c.goldens if g.old is None or g.new is None]
-    lines += header + golden_rows(moved_goldens) if moved_goldens else [
+    lines += golden_table(moved_goldens) if moved_goldens else [
         "- none: every golden value measured in both runs is bitwise the same"]
     if one_sided:
         lines += ["", "Measured in one run only (– : not measured there; a new test, a test that failed first, "
-                  "or the code changed between the runs):", ""] + header + golden_rows(one_sided)
+                  "or the code changed between the runs):", ""] + golden_table(one_sided)
     lines += ["", "## Workarounds that broke", ""]
     lines += [f"- {_cell(w.message)} ({len(w.tests)} test(s): {', '.join(w.tests[:3])}"
               f"{', …' if len(w.tests) > 3 else ''})" for w in c.workarounds] or [

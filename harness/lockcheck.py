@@ -31,7 +31,6 @@ KEY_MODULES = {
 }
 
 
-
 def installed() -> dict[str, str]:
     """Name → version of the first distribution of each name on ``sys.path`` (what metadata.version reports)."""
     found: dict[str, str] = {}

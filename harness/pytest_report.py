@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from harness.report import md_table
 from recipes.tiers import REPO_ROOT
 
 VERDICT_SUFFIX = ".verdict"
@@ -114,28 +115,27 @@ def markdown(records: list[dict], rows: list[dict], warnings: list[dict] = ()) -
     lines = ["# qwen3-trn-repro test report", ""]
     if warnings:
         lines += ["## Warnings (deprecations are the first sign of version drift)", ""]
-        lines += ["| category | message | where | tests |", "|---|---|---|---|"]
-        for w in warnings:
-            message = w["message"].replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| {w['category']} | {message} | {w['where']} | {len(w['tests'])} |")
-        lines.append("")
-    if rows:
-        lines += [
-            "| recipe | tier | value | lane | published (tutorial) | golden (this lock) | measured | tolerance | verdict |",
-            "|---|---|---|---|---|---|---|---|---|",
+        cells = [
+            [w["category"], w["message"].replace("|", "\\|").replace("\n", " "), w["where"], len(w["tests"])]
+            for w in warnings
         ]
-        for r in rows:
-            lines.append(
-                f"| {r['recipe']} | {r['tier']} | {r['key']} | {r['lane'] or '–'} | {_fmt(r['published'])} | "
-                f"{_fmt(r['golden'])} | {_fmt(r['measured'])} | {_fmt(r['tolerance'])} | {r['verdict']} |"
-            )
-        lines.append("")
-    lines += ["| test | outcome | s | recorded values |", "|---|---|---|---|"]
+        lines += md_table(["category", "message", "where", "tests"], cells) + [""]
+    if rows:
+        header = ["recipe", "tier", "value", "lane", "published (tutorial)", "golden (this lock)", "measured",
+                  "tolerance", "verdict"]  # fmt: skip
+        cells = [
+            [r["recipe"], r["tier"], r["key"], r["lane"] or "–", _fmt(r["published"]), _fmt(r["golden"]),
+             _fmt(r["measured"]), _fmt(r["tolerance"]), r["verdict"]]
+            for r in rows
+        ]  # fmt: skip
+        lines += md_table(header, cells) + [""]
+    tests = []
     for record in sorted(records, key=lambda r: r["test"]):
         values = ", ".join(
             f"{k}={_fmt(v)}" for k, v in record["properties"].items() if not k.endswith(VERDICT_SUFFIX)
         )
-        lines.append(f"| {record['test']} | {record['outcome']} | {record['duration_s']} | {values} |")
+        tests.append([record["test"], record["outcome"], record["duration_s"], values])
+    lines += md_table(["test", "outcome", "s", "recorded values"], tests)
     return "\n".join(lines) + "\n"
 
 

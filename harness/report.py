@@ -230,31 +230,40 @@ def reference_section(runs: list[dict]) -> list[str]:
         "transformers' `AutoModelForCausalLM` from the same weights directory, fp32, on the host CPU, outside "
         "torchtitan. Plausible: at most ½ ln V for weights that were trained.",
         "",
-        "| recipe | tier | weights | measured | reference | measured − reference | tolerance | ½ ln V | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    notes, reasons = [], {}
+    rows, notes, reasons = [], [], {}
     for r in checked:
         ref = r["reference"]
         name = f"{r['recipe']} ({r['tier']}, {r['nproc']} proc)"
         if ref.get("error"):
             verdict = ref["summary"] if ref.get("passed") is None else f"**FAIL: {ref['summary']}**"
-            lines.append(f"| {r['recipe']} | {r['tier']} | – | {_fmt(r['losses'][0] if r.get('losses') else None)} "
-                         f"| – | – | – | – | {verdict} |")
+            measured = _fmt(r["losses"][0] if r.get("losses") else None)
+            rows.append([r["recipe"], r["tier"], "–", measured, "–", "–", "–", "–", verdict])
             continue
         verdict = ref["verdict"] if ref["passed"] else f"**FAIL: {ref['verdict']}**"
-        lines.append(
-            f"| {r['recipe']} | {r['tier']} | {ref['model_dir']} | {_fmt(ref['measured'])} | {_fmt(ref['reference'])} | "
-            f"{ref['difference']:+.3g} | {_fmt(ref['tolerance'])} | {ref['plausible_bound']:.3f} | {verdict} |"
-        )
+        rows.append([
+            r["recipe"], r["tier"], ref["model_dir"], _fmt(ref["measured"]), _fmt(ref["reference"]),
+            f"{ref['difference']:+.3g}", _fmt(ref["tolerance"]), f"{ref['plausible_bound']:.3f}", verdict,
+        ])  # fmt: skip
         reasons[ref["tolerance"]] = ref["tolerance_reason"]
         if ref.get("diagnosis"):
             notes.append(f"- diagnosis of {name}: {ref['diagnosis']}")
+    header = ["recipe", "tier", "weights", "measured", "reference", "measured − reference", "tolerance", "½ ln V", "verdict"]
+    lines += md_table(header, rows)
     lines.append("")
     lines += [f"- tolerance {_fmt(value)}: {reason}" for value, reason in reasons.items()]
     lines += notes
     lines.append("")
     return lines
+
+
+def md_table(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines (header, separator, rows) from cells already formatted as text."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
+    ]
 
 
 def markdown(report: dict) -> str:
@@ -267,39 +276,37 @@ def markdown(report: dict) -> str:
             "measurement standing in for a tutorial number (its reason says how it differs); **exact**, this "
             "lock's own value on the cpu tier (a regression check, not a tutorial number).",
             "",
-            "| check | lane | published (tutorial) | golden (this lock) | measured | tolerance | verdict |",
-            "|---|---|---|---|---|---|---|",
         ]
+        rows = []
         for c in report["checks"]:
             name = f"{c['key']} ({c['claim']})" if c.get("claim") else c["key"]
             verdict = c.get("verdict") or {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
             verdict = verdict if c["passed"] else f"**FAIL: {verdict}**"
-            lines.append(
-                f"| {name} | {c.get('lane', '–')} | {_fmt(c.get('published'))} | {_fmt(c.get('golden'))} | "
-                f"{_fmt(c['measured'])} | {_fmt(c['tolerance'])} | {verdict} |"
-            )
+            rows.append([
+                name, c.get("lane", "–"), _fmt(c.get("published")), _fmt(c.get("golden")), _fmt(c["measured"]),
+                _fmt(c["tolerance"]), verdict,
+            ])  # fmt: skip
+        header = ["check", "lane", "published (tutorial)", "golden (this lock)", "measured", "tolerance", "verdict"]
+        lines += md_table(header, rows)
         lines.append("")
         reasons = [(c["key"], c["reason"]) for c in report["checks"] if c.get("reason")]
         lines += [f"- `{key}`: {reason}" for key, reason in reasons] + ([""] if reasons else [])
     lines += reference_section(report.get("runs", []))
     if report.get("runs"):
-        lines += [
-            "## Runs",
-            "",
-            "| recipe | tier | init | procs | seq×batch | step-1 loss | last loss | steps | tokens/s | s/step | status |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
+        rows = []
         for r in report["runs"]:
             steps = r.get("steps") or []
             tps = [s["tokens_per_s"] for s in steps[1:]] or [s["tokens_per_s"] for s in steps]
             times = [s["step_time_s"] for s in steps[1:]] or [s["step_time_s"] for s in steps]
-            lines.append(
-                f"| {r['recipe']} | {r['tier']} | {r['init']} | {r['nproc']} | "
-                f"{r['seq_len']}×{r['local_batch_size']} | {_fmt(r['losses'][0] if r['losses'] else None)} | "
-                f"{_fmt(r['losses'][-1] if r['losses'] else None)} | {len(steps)} | "
-                f"{sum(tps) / len(tps) if tps else 0:,.0f} | {sum(times) / len(times) if times else 0:.3f} | "
-                f"{_status(r)} |"
-            )
+            rows.append([
+                r["recipe"], r["tier"], r["init"], r["nproc"], f"{r['seq_len']}×{r['local_batch_size']}",
+                _fmt(r["losses"][0] if r["losses"] else None), _fmt(r["losses"][-1] if r["losses"] else None),
+                len(steps), f"{sum(tps) / len(tps) if tps else 0:,.0f}",
+                f"{sum(times) / len(times) if times else 0:.3f}", _status(r),
+            ])  # fmt: skip
+        header = ["recipe", "tier", "init", "procs", "seq×batch", "step-1 loss", "last loss", "steps", "tokens/s",
+                  "s/step", "status"]  # fmt: skip
+        lines += ["## Runs", ""] + md_table(header, rows)
         lines.append("")
     if report.get("loss_curves"):
         lines += ["## Loss curves", ""]
@@ -307,23 +314,20 @@ def markdown(report: dict) -> str:
         lines.append("")
     runs_with_provenance = [r for r in report.get("runs", []) if r.get("provenance")]
     if runs_with_provenance:
-        lines += [
-            "## Provenance",
-            "",
-            "| recipe | init | tokenizer (V, sha256) | weights (headers sha256) | model d/L/H/KV/V/θ/tied | data seq×local (global) | seed | dtype | allowed mismatches |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+        rows = []
         for r in runs_with_provenance:
             p = r["provenance"]
             t, w, m, d = p["tokenizer"], p.get("weights"), p["model"], p["data"]
-            lines.append(
-                f"| {r['recipe']} | {r['init']} | {t['path']} ({t['vocab_size']}, {t['sha256'][:12]}) | "
-                f"{_weights_cell(w)} | "
+            rows.append([
+                r["recipe"], r["init"], f"{t['path']} ({t['vocab_size']}, {t['sha256'][:12]})", _weights_cell(w),
                 f"{m['hidden_size']}/{m['num_hidden_layers']}/{m['num_attention_heads']}/{m['num_key_value_heads']}/"
-                f"{m['vocab_size']}/{m['rope_theta']:g}/{m['tie_word_embeddings']} | "
-                f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']}) | {p['seed']} | "
-                f"{p['dtype']['params']} | {'; '.join(p['allowed_mismatches']) or '–'} |"
-            )
+                f"{m['vocab_size']}/{m['rope_theta']:g}/{m['tie_word_embeddings']}",
+                f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']})", p["seed"],
+                p["dtype"]["params"], "; ".join(p["allowed_mismatches"]) or "–",
+            ])  # fmt: skip
+        header = ["recipe", "init", "tokenizer (V, sha256)", "weights (headers sha256)", "model d/L/H/KV/V/θ/tied",
+                  "data seq×local (global)", "seed", "dtype", "allowed mismatches"]  # fmt: skip
+        lines += ["## Provenance", ""] + md_table(header, rows)
         lines.append("")
     v = report.get("versions", {})
     lines += ["Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val), ""]
