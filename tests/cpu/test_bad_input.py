@@ -1,7 +1,13 @@
-"""Bad input stops before any rank starts: one message naming the value and the fix, exit 2, nothing written."""
+"""Bad input stops before any rank starts: one message naming the value and the fix, exit 2, nothing written.
+
+Most refusals call ``python -m harness``'s ``main`` in this process (the same code, without
+importing torch again for every case); ``IN_A_FRESH_PROCESS`` cases run the real command line.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -12,21 +18,28 @@ import pytest
 
 from recipes.tiers import FIXTURES, REPO_ROOT
 
-pytestmark = pytest.mark.cpu
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 
 
-def run_main(*args: str, report_dir) -> tuple[subprocess.CompletedProcess, float]:
+def run_main(*args: str, report_dir, fresh_process: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    """``python -m harness run ARGS --report-dir DIR``: its exit code, stdout and stderr, and how long it took."""
+    argv = ["run", *args, "--report-dir", str(report_dir)]
     started = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", *args, "--report-dir", str(report_dir)],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
-    return out, time.perf_counter() - started
+    if fresh_process:
+        out = subprocess.run(
+            [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+        )
+        return out, time.perf_counter() - started
+    from harness.__main__ import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # the CLI parser's own refusals
+            code = e.code
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue()), time.perf_counter() - started
 
 
 def assert_refused(out: subprocess.CompletedProcess, elapsed: float, report_dir, *fragments: str) -> None:
@@ -81,7 +94,7 @@ def test_export_dir_equal_to_source_dir(tmp_path):
 
 
 def test_unknown_recipe(tmp_path):
-    out, elapsed = run_main("qwen9_native", report_dir=tmp_path / "r")
+    out, elapsed = run_main("qwen9_native", report_dir=tmp_path / "r", fresh_process=True)
     assert_refused(out, elapsed, tmp_path / "r", "qwen9_native", "native_qwen3")
 
 
@@ -91,7 +104,7 @@ def test_unknown_tier(tmp_path):
 
 
 def test_trn2_tier_without_a_neuron_device(tmp_path):
-    out, elapsed = run_main("native_qwen3", "--tier", "trn2", report_dir=tmp_path / "r")
+    out, elapsed = run_main("native_qwen3", "--tier", "trn2", report_dir=tmp_path / "r", fresh_process=True)
     assert_refused(out, elapsed, tmp_path / "r", "--tier trn2", "no Neuron device", "--tier cpu")
 
 
