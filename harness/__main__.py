@@ -21,6 +21,8 @@ from harness.options import RunOptions
 from recipes.tiers import REPO_ROOT, TIERS
 
 DEFAULT_REPORT_DIR = REPO_ROOT / "report"
+#: The job's own wall time (``make repro`` reports it) counts from this module's start.
+STARTED = time.perf_counter()
 
 USAGE = """usage: python -m harness {list,run} ...
 
@@ -224,6 +226,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
         return 2
 
     failed = False
+    finished_runs = []
     with stop_signals_raise():
         for opts in resolved:
             try:
@@ -244,6 +247,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                 failed = True
                 if e.result is not None:
                     report_mod.update(args.report_dir, runs=[{**e.result.to_dict(), "error": e.summary}])
+                    finished_runs.append(e.result.to_dict())
                 continue
             checks = []
             verdict = judge(opts, result)
@@ -260,10 +264,13 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                     print(f"FAILED check: reference: {reference['summary']}", file=sys.stderr)
                     failed = True
             report_mod.update(args.report_dir, runs=[run], checks=checks)
-    report_mod.update(args.report_dir)
+            finished_runs.append(run)
+    timing = report_mod.run_timing(time.perf_counter() - STARTED, finished_runs)
+    report_mod.update(args.report_dir, timing=timing)
     print()
     print((args.report_dir / report_mod.RESULTS_MD).read_text())
     print(f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}")
+    print(report_mod.timing_line(timing))
     return 1 if failed else 0
 
 

@@ -149,7 +149,9 @@ def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
 LOCK_FILE = ".results.lock"
 
 
-def update(report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = ()) -> dict:
+def update(
+    report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = (), timing: dict | None = None
+) -> dict:
     """Add ``runs`` and ``checks`` (key, ``goldens.Verdict``) to the report in ``report_dir``; return it.
 
     Read, extend and rewrite happen under one file lock (filelock), so several
@@ -165,6 +167,8 @@ def update(report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, obje
             add_run(report, run)
         for key, verdict in checks:
             add_check(report, key, verdict)
+        if timing is not None:
+            report["timing"] = timing
         save(report_dir, report)
     return report
 
@@ -257,6 +261,27 @@ def reference_section(runs: list[dict]) -> list[str]:
     return lines
 
 
+def run_timing(wall_s: float, runs: list[dict]) -> dict:
+    """Where one ``python -m harness run`` spent its time: training steps, launches around them, and the rest."""
+    launches_s = sum(r.get("wall_s") or 0.0 for r in runs)
+    steps_s = sum(s.get("step_time_s") or 0.0 for r in runs for s in r.get("steps") or [])
+    return {
+        "wall_s": round(wall_s, 1),
+        "launches_s": round(launches_s, 1),
+        "training_steps_s": round(steps_s, 1),
+        "outside_training_share": round(1 - steps_s / wall_s, 3) if wall_s > 0 else None,
+    }
+
+
+def timing_line(t: dict) -> str:
+    share = t["outside_training_share"]
+    return (
+        f"Time of the last `python -m harness run`: {t['wall_s']:.0f} s wall; training steps {t['training_steps_s']:.0f} s; "
+        f"torchrun launches {t['launches_s']:.0f} s (start-up, checkpoint load and save included); outside training "
+        f"{'–' if share is None else f'{share:.0%}'} (imports, refusals, launches' start-up and exit, reference, report)."
+    )
+
+
 def md_table(header: list[str], rows: list[list]) -> list[str]:
     """A markdown table's lines (header, separator, rows) from cells already formatted as text."""
     return [
@@ -330,5 +355,7 @@ def markdown(report: dict) -> str:
         lines += ["## Provenance", ""] + md_table(header, rows)
         lines.append("")
     v = report.get("versions", {})
+    if report.get("timing"):
+        lines += [timing_line(report["timing"]), ""]
     lines += ["Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val), ""]
     return "\n".join(lines)

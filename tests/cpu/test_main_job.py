@@ -12,8 +12,6 @@ import pytest
 
 from recipes.tiers import FIXTURES, REPO_ROOT
 
-pytestmark = pytest.mark.cpu
-
 
 def test_a_failing_check_fails_the_main_job_and_is_reported(tmp_path):
     """A launch that succeeds but misses its golden exits 1, and the report keeps the measured value."""
@@ -38,3 +36,9 @@ def test_a_failing_check_fails_the_main_job_and_is_reported(tmp_path):
     assert check["measured"] == pytest.approx(1.548, abs=1e-3)
     markdown = (report_dir / "results.md").read_text()
     assert "**FAIL:" in markdown and "Josh Longenecker" in markdown and "shared/seed" not in markdown
+    # the job reports its own wall time and the share spent outside training steps
+    timing = results["timing"]
+    assert timing["wall_s"] >= timing["launches_s"] >= timing["training_steps_s"] > 0, timing
+    assert 0 < timing["outside_training_share"] < 1, timing
+    assert "Time of the last `python -m harness run`:" in markdown
+    assert f"{timing['wall_s']:.0f} s wall" in out.stdout
