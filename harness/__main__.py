@@ -177,13 +177,6 @@ def reference_of(opts: RunOptions, result) -> dict | None:
     return {**check.to_dict(), "summary": summary}
 
 
-def require_torchtitan_names(opts: RunOptions) -> None:
-    """Refuse in one line, before any rank starts, a torchtitan without a name this run uses (recipes.titan)."""
-    from recipes import titan
-
-    titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
-
-
 def as_configured(opts: RunOptions, config) -> RunOptions:
     """``opts`` with the sizes the built config really holds (after ``--training.*`` CLI overrides).
 
@@ -204,8 +197,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     from harness import report as report_mod
     from recipes.errors import RecipeError
     from harness.launch import Interrupted, LaunchError, launch, stop_signals_raise
-    from harness.preflight import preflight
-    from harness.train import build_config
+    from harness.preflight import check_run
 
     names = _recipe_names(args.recipe)
     plan = [opts for name in names for opts in _runs_for(args, name)]
@@ -215,11 +207,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     try:
         resolved = []
         for opts in plan:
-            require_torchtitan_names(opts)
-            opts = preflight(opts)
-            # The recipe's own checks (sizes vs config.json) and torchtitan's CLI parser
-            # on the overrides, once, before any rank: a bad option is refused here.
-            config = build_config(opts, cli_overrides)
+            opts, config = check_run(opts, cli_overrides)  # once, before any rank
             resolved.append(as_configured(opts, config))
     except RecipeError as e:
         print(f"python -m harness run: error: {e}", file=sys.stderr)

@@ -107,12 +107,10 @@ def plan_run(opts: RunOptions) -> Plan:
     Runs the device-free preflight checks (names, sizes, nodes, mismatch names); the
     device, weights, tokenizer and dataset checks need the instance and its files.
     """
-    from recipes import titan
-    from harness.preflight import check_mismatch_names, check_names, check_nodes, check_sizes
+    from harness.preflight import OPTION_CHECKS
 
-    for check in (check_names, check_sizes, check_nodes, check_mismatch_names):
+    for check in OPTION_CHECKS:
         check(opts)
-    titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
     placeholders = []
     model_dir = opts.model_dir or opts.tier_preset.model_dir
     if model_dir is None and opts.recipe in UPSTREAM and opts.tier == "trn2":

@@ -353,12 +353,21 @@ def check_hf_model(opts: RunOptions) -> None:
         )
 
 
+def check_torchtitan_names(opts: RunOptions) -> None:
+    """The installed torchtitan has every name this run uses (``recipes.titan``), else one line naming it."""
+    from recipes import titan
+
+    titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
+
+
+#: What can be checked from the options alone, on any machine (the dry run runs these too).
+OPTION_CHECKS = (check_names, check_sizes, check_nodes, check_mismatch_names, check_torchtitan_names)
+
+
 def preflight(opts: RunOptions) -> RunOptions:
-    """Every check that needs no device; returns the resolved options."""
-    check_names(opts)
-    check_sizes(opts)
-    check_nodes(opts)
-    check_mismatch_names(opts)
+    """Every check of the options and the files they name; returns the resolved options."""
+    for check in OPTION_CHECKS:
+        check(opts)
     resolved = opts.resolved()
     check_tier(resolved)  # no device at all is the first thing a user on the wrong machine must hear
     check_trn2_dataset(resolved)
@@ -368,3 +377,18 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_dataset_dir(resolved)
     check_export_dir(resolved)
     return resolved
+
+
+def check_run(opts: RunOptions, cli_overrides: list[str] = ()):
+    """Every refusal before launch, in one order; returns the resolved options and the config the ranks build.
+
+    The options and their files (``preflight``), then the built config: weights, tokenizer
+    and sizes against the model (``harness.provenance``, the checkpoint's tensors), kernel
+    overrides, torchtitan's own parser on the CLI overrides, kernel shape rules
+    (``harness.train.build_config``). Each refusal is a ``RecipeError`` (``PreflightError``
+    here) with one line naming the value and the fix.
+    """
+    from harness.train import build_config
+
+    resolved = preflight(opts)
+    return resolved, build_config(resolved, cli_overrides)
