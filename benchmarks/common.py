@@ -93,7 +93,7 @@ def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s:
     """Run ``cmd`` from the repo root, output to ``log_path``; time it and read its peak RSS.
 
     ``os.wait4`` returns the child's rusage including every descendant it reaped
-    (torchrun reaps its ranks, ``recipes run`` reaps torchrun), so ``ru_maxrss``
+    (torchrun reaps its ranks, ``harness run`` reaps torchrun), so ``ru_maxrss``
     is the peak RSS of the largest *single* process of the launch, not a sum.
     The process gets its own session so a timeout can stop its whole group.
     """

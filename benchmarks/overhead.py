@@ -1,7 +1,7 @@
 """Harness overhead: ``python -m harness run`` vs a bare ``torchrun -m torchtitan.train`` of the same config.
 
 Both paths start the same torchrun (``--standalone``, same nproc, log dir and
-redirects) with the same environment; only the launcher (``recipes run``: its
+redirects) with the same environment; only the launcher (``harness run``: its
 preflight, ``build_config`` in the parent, progress polling, report) and the
 rank entry (``harness.train`` vs ``torchtitan.train`` with
 ``benchmarks.titan_entry``) differ. Repetitions are interleaved (a, b, a, b, …)
@@ -36,9 +36,9 @@ from harness.launch import child_env, read_steps
 from harness.options import RunOptions
 from harness.preflight import preflight
 
-GOAL_RATIO = 1.05
+GOAL_RATIO = 1.10  # issue 17: python -m harness run within 1.10x a bare torchtitan launch
 RECIPE = "native_qwen3"
-#: ``recipes run native_qwen3 --init random`` on cpu also queues the full-width 4B random-init
+#: ``python -m harness run native_qwen3 --init random`` on cpu also queues the full-width 4B random-init
 #: run (harness/__main__.py, ``wants_full_width``), a second 30–90 s launch the bare baseline
 #: would not have; ``--init hf`` (the fixture checkpoint, loaded by both paths) keeps it one launch.
 INIT = "hf"
@@ -59,13 +59,13 @@ class Sample:
     peak_rss_gib: float
     steady_step_s: float | None
     losses: list[str] = field(default_factory=list)
-    #: recipes-run only: seconds inside ``harness.launch.launch`` (torchrun start to exit).
+    #: harness-run only: seconds inside ``harness.launch.launch`` (torchrun start to exit).
     launch_wall_s: float | None = None
     error: str | None = None
 
 
 def run_options(args) -> RunOptions:
-    """The one configuration both paths train (resolved like ``recipes run`` resolves it)."""
+    """The one configuration both paths train (resolved like ``harness run`` resolves it)."""
     return preflight(
         RunOptions(
             recipe=RECIPE,
@@ -79,7 +79,7 @@ def run_options(args) -> RunOptions:
     )
 
 
-def recipes_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
+def harness_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
     return [
         sys.executable, "-m", "harness", "run", opts.recipe,
         "--tier", opts.tier, "--init", opts.init, "--no-export",
@@ -107,12 +107,12 @@ def run_recipes_path(opts: RunOptions, work: Path, rep: int) -> Sample:
     """(a) ``python -m harness run``; steps from its steps.jsonl, launch time from its results.json."""
     report_dir = work / f"a{rep}"
     proc = run_timed(
-        recipes_run_command(opts, report_dir),
+        harness_run_command(opts, report_dir),
         env=child_env(opts),
         log_path=report_dir / "console.log",
         timeout_s=LAUNCH_TIMEOUT_S[opts.tier],
     )
-    sample = new_sample("recipes run", rep, proc)
+    sample = new_sample("harness run", rep, proc)
     results = report_dir / "results.json"
     runs = json.loads(results.read_text())["runs"] if results.exists() else []
     if proc.returncode != 0 or len(runs) != 1:
@@ -167,6 +167,8 @@ class PathStats:
     label: str
     launches: int
     wall_s: float | None
+    #: (fastest, slowest) launch: the spread around the median.
+    wall_range_s: tuple[float, float] | None
     cpu_s: float | None
     steady_step_s: float | None
     launch_wall_s: float | None
@@ -180,6 +182,7 @@ class PathStats:
             label=label,
             launches=len(ok),
             wall_s=median([s.wall_s for s in ok]),
+            wall_range_s=(min(s.wall_s for s in ok), max(s.wall_s for s in ok)) if ok else None,
             cpu_s=median([s.cpu_s for s in ok]),
             steady_step_s=median([s.steady_step_s for s in ok]),
             launch_wall_s=median([s.launch_wall_s for s in ok if s.launch_wall_s is not None]),
@@ -188,7 +191,8 @@ class PathStats:
         )
 
     def row(self) -> list:
-        return [self.label, self.wall_s, self.launch_wall_s or self.wall_s, self.cpu_s,
+        spread = f"{self.wall_range_s[0]:.1f}-{self.wall_range_s[1]:.1f}" if self.wall_range_s else None
+        return [self.label, self.wall_s, spread, self.launch_wall_s or self.wall_s, self.cpu_s,
                 self.steady_step_s, self.step1_loss, self.peak_rss_gib]  # fmt: skip
 
 
@@ -198,10 +202,16 @@ def ratio(x: float | None, y: float | None) -> float | None:
 
 def summarize(samples: list[Sample], opts: RunOptions) -> Section:
     section = Section("overhead")
-    a, b = PathStats.of("recipes run", samples), PathStats.of("bare torchtitan", samples)
+    a, b = PathStats.of("harness run", samples), PathStats.of("bare torchtitan", samples)
     ok = [s for s in samples if not s.error]
     same_config = bool(a.launches and b.launches) and len({tuple(s.losses) for s in ok}) == 1
     wall_ratio = ratio(a.wall_s, b.wall_s)
+    # launches run a,b,a,b: each rep's pair gives one ratio, whose range is the ratio's spread
+    pairs = [
+        ratio(x.wall_s, y.wall_s)
+        for x, y in zip([s for s in samples if s.path == "harness run"], [s for s in samples if s.path != "harness run"])
+        if not x.error and not y.error
+    ]
     section.figures = {
         "recipe": opts.recipe,
         "tier": opts.tier,
@@ -212,21 +222,22 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         "local_batch_size": opts.local_batch_size,
         "reps_per_path": len(samples) // 2,
         "wall_ratio": wall_ratio,
+        "wall_ratio_per_rep": pairs,
         "cpu_ratio": ratio(a.cpu_s, b.cpu_s),
         "steady_step_ratio": ratio(a.steady_step_s, b.steady_step_s),
         "torchrun_part_ratio": ratio(a.launch_wall_s, b.wall_s),
-        "recipes_run_parent_s": a.wall_s - a.launch_wall_s if a.wall_s and a.launch_wall_s else None,
+        "harness_run_parent_s": a.wall_s - a.launch_wall_s if a.wall_s and a.launch_wall_s else None,
         "others_cpu_s_total": sum(s.others_cpu_s for s in samples),
         "identical_losses_all_steps": same_config,
-        "paths": {"recipes_run": asdict(a), "bare_torchtitan": asdict(b)},
+        "paths": {"harness_run": asdict(a), "bare_torchtitan": asdict(b)},
         "samples": [asdict(s) for s in samples],
     }
-    section.header = ["path", "wall s", "torchrun part s", "CPU s", "steady s/step", "step-1 loss", "peak RSS GiB"]
+    section.header = ["path", "wall s (median)", "wall s (min-max)", "torchrun part s", "CPU s", "steady s/step", "step-1 loss", "peak RSS GiB"]
     section.rows = [a.row(), b.row()]
     section.goals.append(
         Goal(
             "harness overhead",
-            f"recipes-run / bare-torchrun wall ≤ {GOAL_RATIO}",
+            f"harness-run / bare-torchrun wall ≤ {GOAL_RATIO}",
             wall_ratio,
             None if wall_ratio is None else wall_ratio <= GOAL_RATIO,
             "" if same_config else "configs NOT proven identical: losses differ or a path failed",
@@ -238,16 +249,16 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         f"{a.launches}+{b.launches} launches interleaved a,b,a,b; medians.",
         f"same config: printed losses ({LOSS_DECIMALS} decimals) identical on every step of every launch: "
         f"{'yes' if same_config else 'NO'} (step 1: {a.step1_loss} vs {b.step1_loss}).",
-        f"ratios recipes-run/bare: wall {fmt(f['wall_ratio'])}, CPU {fmt(f['cpu_ratio'])}, "
+        f"ratios harness-run/bare: wall {fmt(f['wall_ratio'])} (per rep: {', '.join(fmt(r) for r in pairs) or '–'}), CPU {fmt(f['cpu_ratio'])}, "
         f"torchrun part {fmt(f['torchrun_part_ratio'])}, steady step {fmt(f['steady_step_ratio'])}; "
-        f"recipes-run parent process {fmt(f['recipes_run_parent_s'], 1)} s.",
-        "torchrun part = time inside harness.launch.launch; the rest of recipes-run's wall is its parent process "
+        f"harness-run parent process {fmt(f['harness_run_parent_s'], 1)} s.",
+        "torchrun part = time inside harness.launch.launch; the rest of harness-run's wall is its parent process "
         "(imports of torch/torchtitan, preflight, build_config, report). CPU s = user+sys of all processes "
         "(less sensitive to other users than wall). Steady s/step excludes step 1.",
         f"others' CPU during these launches: {f['others_cpu_s_total']:.0f} CPU s (0 = the machine was ours).",
         "torchtitan.train also starts torchtitan's structured per-rank trace logger (debug.enable_structured_logging, "
         "default on; harness.train never initialises it), so the bare path's steps do a little more work.",
-        f"init {INIT}: `recipes run native_qwen3 --init random` on cpu would add the full-width 4B run.",
+        f"init {INIT}: `python -m harness run native_qwen3 --init random` on cpu would add the full-width 4B run.",
     ]
     for s in samples:
         if s.error:
