@@ -11,16 +11,10 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated
 
-import tyro
-
-from harness.options import RunOptions
-from recipes.tiers import REPO_ROOT, TIERS
-
-DEFAULT_REPORT_DIR = REPO_ROOT / "report"
+from harness.options import RunCommand, RunOptions, parse_run_command
+from recipes.tiers import TIERS
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
 STARTED = time.perf_counter()
 
@@ -29,29 +23,6 @@ USAGE = """usage: python -m harness {list,run} ...
   list   list recipes, tiers and kernel overrides
   run    run recipes under torchrun and write the report (python -m harness run --help)"""
 
-
-@dataclass
-class RunCommand(RunOptions):
-    """Run recipes under torchrun and write the report; options tyro does not know go to torchtitan's parser."""
-
-    #: A recipe name (see `python -m harness list`) or 'all'.
-    recipe: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RECIPE")] = tyro.MISSING
-    #: hf (load --model-dir's weights) or random; default: every init the recipe supports.
-    init: str | None = None
-    #: Where results.json, results.md and the run directories go.
-    report_dir: Path = DEFAULT_REPORT_DIR
-    #: Build and check every run's full-size config and model on the meta device, write the launch
-    #: command, environment and resolved config to REPORT_DIR/dry-run/; start nothing (no device needed).
-    dry_run: bool = False
-
-    def options(self, **changes) -> RunOptions:
-        """The ``RunOptions`` part of this command, with ``changes``."""
-        return dataclasses.replace(RunOptions(**{f.name: getattr(self, f.name) for f in fields(RunOptions)}), **changes)
-
-
-def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
-    """``run``'s arguments: the command (from ``RunCommand``'s fields, via tyro) and the torchtitan overrides left over."""
-    return tyro.cli(RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
 
 #: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
 #: the cpu tier can reproduce: one layer, 2048 tokens, one step, one process.

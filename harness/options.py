@@ -17,10 +17,12 @@ from typing import Annotated
 
 import tyro
 
-from recipes.tiers import TIERS, Tier
+from recipes.tiers import REPO_ROOT, TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
 
-__all__ = ["INITS", "RunOptions", "apply_run_options", "command_line"]
+__all__ = ["INITS", "RunCommand", "RunOptions", "apply_run_options", "command_line", "parse_run_command"]
+
+DEFAULT_REPORT_DIR = REPO_ROOT / "report"
 
 #: A list flag given once per value (``--override a --override b``), as before tyro.
 Repeated = tyro.conf.UseAppendAction
@@ -120,6 +122,30 @@ class RunOptions:
         if unknown:
             raise ValueError(f"run options {unknown} are not fields of RunOptions (a run.json from another version?)")
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})
+
+
+@dataclass
+class RunCommand(RunOptions):
+    """Run recipes under torchrun and write the report; options tyro does not know go to torchtitan's parser."""
+
+    #: A recipe name (see `python -m harness list`) or 'all'.
+    recipe: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RECIPE")] = tyro.MISSING
+    #: hf (load --model-dir's weights) or random; default: every init the recipe supports.
+    init: str | None = None
+    #: Where results.json, results.md and the run directories go.
+    report_dir: Path = DEFAULT_REPORT_DIR
+    #: Build and check every run's full-size config and model on the meta device, write the launch
+    #: command, environment and resolved config to REPORT_DIR/dry-run/; start nothing (no device needed).
+    dry_run: bool = False
+
+    def options(self, **changes) -> RunOptions:
+        """The ``RunOptions`` part of this command, with ``changes``."""
+        return replace(RunOptions(**{f.name: getattr(self, f.name) for f in fields(RunOptions)}), **changes)
+
+
+def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
+    """``run``'s arguments: the command (from ``RunCommand``'s fields, via tyro) and the torchtitan overrides left over."""
+    return tyro.cli(RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
 
 
 def flag(name: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.__main__ import RunCommand, parse_run_command
+from harness.options import RunCommand, parse_run_command
 from harness.options import RunOptions, command_line, flag
 from harness.train import RUN_FILE, read_run_options
 from recipes.errors import RecipeError
