@@ -20,7 +20,7 @@ repro: venv
 
 # The cpu test tier, in parallel on every core.
 test: venv
-	$(PY) -m pytest -m cpu -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -m cpu -n auto --dist loadgroup $(PYTEST_ARGS)
 
 # Figures, not tests: harness overhead, per-recipe step time/tokens/s/memory, suite wall time
 # (report/bench/*.json; several minutes). E.g. BENCH_ARGS="overhead --reps 6" or "recipes --tier trn2".
@@ -49,7 +49,7 @@ lock: venv
 # List every exact-lane cpu golden a real run would change (old → new); ACCEPT=1 writes them.
 # Published and proxy values (the tutorial's claims) are never touched.
 goldens: venv
-	$(PY) -m pytest -m cpu -n auto --update-goldens $(if $(ACCEPT),--accept-goldens)
+	$(PY) -m pytest -m cpu -n auto --dist loadgroup --update-goldens $(if $(ACCEPT),--accept-goldens)
 
 # Rehearse a version bump: PKGS="transformers==5.23.0 [torch==2.15.0 ...]" in a separate .venv-bump-<hash>,
 # cpu tier there and on the lock; report/bump/<name>.md + .json; exit 1 if a published-number check breaks.

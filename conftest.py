@@ -108,6 +108,8 @@ def recipe_run(shared_dir):
                 opts = preflight(RunOptions(run_dir=run_dir, **options))
                 # A real-width run (--layers: the 151936 x 2560 embedding, ~7-9 GiB resident) takes
                 # the machine's memory: two side by side under xdist were OOM-killed on a 24 GiB runner.
+                # The tests that need one share the xdist group "real-4b-width" (make test runs
+                # --dist loadgroup), so one worker runs them in turn and no worker idles on this lock.
                 heavy = FileLock(str(shared_dir / "real-width.lock")) if options.get("layers") else nullcontext()
                 with heavy:
                     try:

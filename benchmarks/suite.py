@@ -38,7 +38,7 @@ class PerTest:
 def suite_command(tier: str, report_dir: Path) -> list[str]:
     # "--opt=value": a detached value outside the repo would be taken for a test path and move pytest's rootdir.
     return [
-        sys.executable, "-m", "pytest", "-m", MARKERS[tier], "-n", "auto", "-q",
+        sys.executable, "-m", "pytest", "-m", MARKERS[tier], "-n", "auto", "--dist", "loadgroup", "-q",
         f"--report-dir={report_dir}", f"--junitxml={report_dir / 'junit.xml'}",
     ]  # fmt: skip
 

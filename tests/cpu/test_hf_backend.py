@@ -347,6 +347,7 @@ def test_random_init_step1_loss_is_explained_from_first_principles(
     assert not hasattr(torch.cpu, "set_rng_state"), "DTensor random ops may now shard on cpu: re-derive the 2-rank value"
 
 
+@pytest.mark.xdist_group("real-4b-width")  # one worker runs both real-width runs: none waits on the lock
 def test_random_init_at_real_4b_width_reproduces_published_12_43(hf_backend_random_4b_width_run, golden, record_property):
     """Config 1's published random-init loss without a chip: the backend at the real 4B width and vocab.
 
