@@ -271,10 +271,26 @@ def exit_now(code: int) -> None:
     12.2 s to 5.9 s). By then every child is reaped, the report and its lock file are
     closed, and nothing else needs finalizing.
     """
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
     sys.stderr.flush()
     os._exit(code)
 
 
+def main_for_a_pipe() -> int:
+    """``main()``, quiet when stdout's reader leaves early (``python -m harness list | head``).
+
+    Python's advice for SIGPIPE: point stdout at /dev/null so the interpreter's last
+    flush cannot fail again, and exit 1.
+    """
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
 if __name__ == "__main__":
-    exit_now(main())
+    exit_now(main_for_a_pipe())

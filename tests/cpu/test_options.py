@@ -90,3 +90,13 @@ def test_run_json_from_another_version_names_the_unknown_fields():
 def test_the_command_options_are_run_options_plus_the_commands_own():
     own = {f.name for f in fields(RunCommand)} - {f.name for f in fields(RunOptions)}
     assert own == {"report_dir", "dry_run"}
+
+
+def test_listing_into_a_pipe_that_closes_early_is_quiet():
+    """``python -m harness list | head -1``: the first line, no BrokenPipeError traceback."""
+    out = subprocess.run(
+        f"{sys.executable} -m harness list | head -1", shell=True, cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert out.stdout == "recipes:\n"
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
