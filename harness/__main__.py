@@ -205,8 +205,9 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                 print(f"FAILED: {e}", file=sys.stderr)
                 failed = True
                 if e.result is not None:
-                    report_mod.update(args.report_dir, runs=[{**e.result.to_dict(), "error": e.summary}])
-                    finished_runs.append(e.result.to_dict())
+                    failed_run = {**e.result.to_dict(), "error": e.summary}
+                    report_mod.update(args.report_dir, runs=[failed_run])
+                    finished_runs.append(failed_run)
                 continue
             checks = []
             verdict = judge(opts, result)

@@ -292,8 +292,7 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
     if timeout_s is None:
         timeout_s = opts.tier_preset.launch_timeout_s
     run_dir = opts.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_run_file(opts)
+    write_run_file(opts)  # creates run_dir
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
     cmd = torchrun_command(opts, cli_overrides)
     env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE)}

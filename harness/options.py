@@ -9,6 +9,7 @@ so no option is turned back into flags and parsed again.
 
 from __future__ import annotations
 
+import functools
 import json
 import typing
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -148,10 +149,16 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
     return tyro.cli(RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
 
 
+@functools.cache
+def _field_markers() -> dict[str, tuple]:
+    """Each ``RunOptions`` field's ``Annotated`` metadata (tyro's markers), resolved once."""
+    hints = typing.get_type_hints(RunOptions, include_extras=True)
+    return {name: getattr(hint, "__metadata__", ()) for name, hint in hints.items()}
+
+
 def flag(name: str) -> str:
     """The CLI flag tyro derives for the ``RunOptions`` field ``name`` (its ``tyro.conf.arg(name=...)`` if any)."""
-    hint = typing.get_type_hints(RunOptions, include_extras=True)[name]
-    renamed = [m.name for m in getattr(hint, "__metadata__", ()) if getattr(m, "name", None)]
+    renamed = [m.name for m in _field_markers()[name] if getattr(m, "name", None)]
     return "--" + (renamed[0] if renamed else name).replace("_", "-")
 
 
@@ -162,11 +169,10 @@ def command_line(opts: RunOptions) -> list[str]:
     does not expose (``run_dir``) are left out.
     """
     default = RunOptions()
-    hints = typing.get_type_hints(RunOptions, include_extras=True)
     args = [opts.recipe]
     for f in fields(RunOptions):
         value = getattr(opts, f.name)
-        suppressed = any(m is tyro.conf.Suppress for m in getattr(hints[f.name], "__metadata__", ()))
+        suppressed = any(m is tyro.conf.Suppress for m in _field_markers()[f.name])
         if f.name == "recipe" or suppressed or value == getattr(default, f.name):
             continue
         if isinstance(value, bool):

@@ -154,7 +154,8 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
 
     try:
         with safe_open(str(path), "pt") as f:
-            return {key: (f.get_slice(key).get_dtype(), f.get_slice(key).get_shape()) for key in f.keys()}
+            slices = {key: f.get_slice(key) for key in f.keys()}
+            return {key: (s.get_dtype(), s.get_shape()) for key, s in slices.items()}
     except SafetensorError as e:
         what = "is truncated" if "not fully covered" in str(e) else "has a corrupt safetensors header"
         raise PreflightError(f"{path} {what} ({e}); re-copy or re-download the model directory") from None

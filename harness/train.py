@@ -280,7 +280,6 @@ def read_run_options(run_dir: Path) -> RunOptions:
     nproc = int(os.environ["LOCAL_WORLD_SIZE"])
     return dataclasses.replace(
         opts,
-        run_dir=run_dir,
         nproc=nproc,
         nnodes=int(os.environ["WORLD_SIZE"]) // nproc,
         node_rank=int(os.environ.get("GROUP_RANK", "0")),
