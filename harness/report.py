@@ -102,31 +102,48 @@ def load(report_dir: Path) -> dict:
     return {"source": SOURCE, "runs": [], "checks": []}
 
 
-def save(report_dir: Path, report: dict) -> Path:
+def save(report_dir: Path, report: dict, replot: bool = True) -> Path:
+    """Write results.json, the loss plots (unless ``replot`` is False: no run changed) and results.md."""
     report_dir.mkdir(parents=True, exist_ok=True)
     report["versions"] = versions()
     path = report_dir / RESULTS_JSON
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
-    report["loss_curves"] = plot_loss_curves(report_dir, report["runs"])
+    report["loss_curves"] = plot_loss_curves(report_dir, report["runs"]) if replot else curve_files(report["runs"])
     (report_dir / RESULTS_MD).write_text(markdown(report))
     return path
 
 
-def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
-    """One PNG per recipe and tier: every run's loss per step (pretrained vs random init)."""
+def curve_groups(runs: list[dict]) -> dict[str, list[dict]]:
+    """The runs of each loss plot (one per recipe and tier), by plot name."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if run.get("losses"):
+            groups.setdefault(f"{run['recipe']}-{run['tier']}", []).append(run)
+    return dict(sorted(groups.items()))
+
+
+def curve_files(runs: list[dict]) -> dict[str, str]:
+    """Each loss plot's file name, by plot name."""
+    return {name: f"loss-{name}.png" for name in curve_groups(runs)}
+
+
+def import_plotting():
+    """matplotlib with its file-only backend (Agg): ``pyplot``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups: dict[str, list[dict]] = {}
-    for run in runs:
-        if run.get("losses"):
-            groups.setdefault(f"{run['recipe']}-{run['tier']}", []).append(run)
+    return plt
+
+
+def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
+    """One PNG per recipe and tier: every run's loss per step (pretrained vs random init)."""
+    plt = import_plotting()
     written = {}
-    for name, group in sorted(groups.items()):
+    for name, group in curve_groups(runs).items():
         fig, ax = plt.subplots(figsize=(6, 4))
         for run in group:
             width = f", {run.get('provenance', {}).get('model', {}).get('hidden_size', '?')}-wide"
@@ -139,7 +156,7 @@ def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
         ax.set_title(name)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = report_dir / f"loss-{name}.png"
+        path = report_dir / curve_files(group)[name]
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written[name] = path.name
@@ -169,7 +186,7 @@ def update(
             add_check(report, key, verdict)
         if timing is not None:
             report["timing"] = timing
-        save(report_dir, report)
+        save(report_dir, report, replot=bool(runs))
     return report
 
 
