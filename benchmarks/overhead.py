@@ -1,10 +1,15 @@
 """Harness overhead: ``python -m harness run`` vs a bare ``torchrun -m torchtitan.train`` of the same config.
 
-Both paths start the same torchrun (``--standalone``, same nproc, log dir and
-redirects) with the same environment; only the launcher (``harness run``: its
-preflight, ``build_config`` in the parent, progress polling, report) and the
-rank entry (``harness.train`` vs ``torchtitan.train`` with
-``benchmarks.titan_entry``) differ. Repetitions are interleaved (a, b, a, b, …)
+Both paths take the same torchrun options (``--standalone``, same nproc, log dir
+and redirects) and environment. They differ in the launcher (``harness run``: its
+preflight, ``build_config`` in the parent, progress polling, reference loss,
+report), the rank entry (``harness.train`` vs ``torchtitan.train`` with
+``benchmarks.titan_entry``), and how ranks start on the cpu tier: the bare path
+is the tutorial's ``torchrun`` (each rank a fresh interpreter), ``harness run``
+uses the tier's ``rank_start`` ("preloaded": ``harness.elastic``, torchrun's
+parser and torch elastic with ranks forked from a forkserver that imports while
+the parent checks). That start is part of what the harness costs or saves, so
+it is measured, not equalised. Repetitions are interleaved (a, b, a, b, …)
 so drifting load from other users hits both alike; medians are compared.
 Identical printed losses on every step prove both trained the same config.
 """
@@ -253,7 +258,8 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         f"torchrun part {fmt(f['torchrun_part_ratio'])}, steady step {fmt(f['steady_step_ratio'])}; "
         f"harness-run parent process {fmt(f['harness_run_parent_s'], 1)} s.",
         "torchrun part = time inside harness.launch.launch; the rest of harness-run's wall is its parent process "
-        "(imports of torch/torchtitan, preflight, build_config, report). CPU s = user+sys of all processes "
+        "(imports of torch/torchtitan, preflight, build_config, reference, report), side by side with the "
+        "forkserver's imports on a \"preloaded\" tier. CPU s = user+sys of all processes "
         "(less sensitive to other users than wall). Steady s/step excludes step 1.",
         f"others' CPU during these launches: {f['others_cpu_s_total']:.0f} CPU s (0 = the machine was ours).",
         "torchtitan.train also starts torchtitan's structured per-rank trace logger (debug.enable_structured_logging, "

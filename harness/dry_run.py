@@ -392,6 +392,7 @@ def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
             plan.placeholders,
         ),
         "torchrun": shell_command(argv, plan.placeholders),
+        "rank_start": opts.tier_preset.rank_start,
         "argv": argv,
         "run_json": json.loads(opts.to_json()),
         "env": launch_env(opts),
@@ -425,7 +426,8 @@ def summary(result: dict, path: Path) -> str:
         f"{head} ok: {model['class']} on {model['device']}, {model['parameters']:,} parameters, "
         + ", ".join(f"{k} {dims[k]}" for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in dims),
         f"  command: {result['command']}",
-        f"  starts:  {result['torchrun']}",
+        f"  starts:  {result['torchrun']}"
+        + (" (as harness.elastic: ranks forked preloaded)" if result["rank_start"] == "preloaded" else ""),
     ]
     upstream = model.get("upstream")
     if upstream:

@@ -8,10 +8,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 from harness.options import RunOptions
 from recipes.platform import offline_env
@@ -19,6 +21,9 @@ from recipes.tiers import REPO_ROOT
 from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
 
 LOG_TAIL_LINES = 40
+#: Set in the environment of a run's launcher process (and so of its forkserver and ranks):
+#: which run a process belongs to, when its command line does not say.
+RUN_DIR_ENV = "QWEN3_RUN_DIR"
 #: Where torchrun's own ``@record`` copies the first failed rank's error file.
 ERROR_FILE = "error.json"
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
@@ -185,6 +190,8 @@ def _progress(step: dict, total: int) -> str:
 
 NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 GRACE_S = 10
+#: How often the launcher shows new steps while torchrun runs.
+POLL_S = 0.5
 
 
 def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
@@ -216,9 +223,9 @@ def first_failure(run_dir: Path) -> str | None:
     return f"rank {rank} failed first: {text[-1] if text else 'no message'}"
 
 
-def ranks_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (torchrun's ranks run in sessions of their own)."""
-    children = []
+def descendants_of(pid: int) -> list[int]:
+    """Every process below ``pid``: torchrun's ranks (in sessions of their own), or harness.elastic's forkserver and its ranks."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -226,9 +233,13 @@ def ranks_of(pid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            children.append(int(entry))
-    return children
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -239,8 +250,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start_torchrun(cmd: list[str], env: dict, console) -> subprocess.Popen:
-    """torchrun in a session of its own, SIGTERMed by the kernel if this process dies.
+def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
+    """torchrun (or harness.elastic) in a session of its own, SIGTERMed by the kernel if this process dies.
 
     PR_SET_PDEATHSIG (harness.train.die_with_parent) is set in the child before exec,
     so even a SIGKILLed launcher (the OOM killer) leaves no torchrun behind; its ranks
@@ -253,9 +264,101 @@ def _start_torchrun(cmd: list[str], env: dict, console) -> subprocess.Popen:
         die_with_parent(TORCHRUN_DEATH_SIGNAL, parent=launcher)
 
     return subprocess.Popen(
-        cmd, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        cmd, env=env, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
         start_new_session=True, preexec_fn=preexec,
     )  # fmt: skip
+
+
+#: What every rank imports before its first step, whatever the recipe: torchtitan's own entry module
+#: (torch, torchtitan's trainer, datasets, ...), the rank entry and what it imports lazily.
+RANK_IMPORTS = (
+    "torchtitan.train",
+    "harness.train",
+    "harness.titan_cli",
+    "harness.provenance",
+    "harness.preflight",
+    "harness.reference",
+    "harness.faults",
+    "harness.export",
+    "recipes.registry",
+    "recipes.overrides",
+    "recipes.titan",
+)
+
+
+def preload_modules(recipe: str) -> list[str]:
+    """What a "preloaded" rank imports before it knows its run: ``RANK_IMPORTS`` and the recipe's module."""
+    from recipes.registry import RECIPES
+
+    return list(RANK_IMPORTS) + ([RECIPES[recipe].module] if recipe in RECIPES else [])
+
+
+@dataclass
+class Prestarted:
+    """``harness.elastic`` started ahead of its run: its forkserver imports while the launcher checks.
+
+    Until ``launch`` sends it torchrun's argv it has started no rank and written
+    nothing; its output goes to ``output`` (an unnamed file) until the run has a
+    directory. ``cancel`` ends it for a run that was refused.
+    """
+
+    proc: subprocess.Popen
+    output: IO[bytes]
+    #: How much of ``output`` is already in the run's console.log (the child shares the file offset).
+    copied: int = 0
+
+    def cancel(self) -> None:
+        try:
+            self.proc.stdin.close()  # end of input without a run: it exits 0
+        except OSError:
+            pass
+        end_run(self.proc)
+        self.output.close()
+
+
+def prestart(opts: RunOptions) -> Prestarted | None:
+    """Start ``harness.elastic`` for a tier whose ranks start "preloaded"; None for "exec" tiers."""
+    from recipes.tiers import TIERS
+
+    tier = TIERS.get(opts.tier)
+    if tier is None or tier.rank_start != "preloaded":
+        return None
+    output = tempfile.TemporaryFile()
+    cmd = [sys.executable, "-m", "harness.elastic", "--preload", ",".join(preload_modules(opts.recipe))]
+    proc = _start(cmd, {**child_env(opts), RUN_DIR_ENV: str(opts.run_dir)}, output, stdin=subprocess.PIPE)
+    return Prestarted(proc, output)
+
+
+#: ``python -m torch.distributed.run``: what ``torchrun_command`` starts with and harness.elastic does not need.
+TORCHRUN_PREFIX = 3
+
+
+def _go(prestarted: Prestarted, torchrun_argv: list[str], env: dict, console) -> subprocess.Popen:
+    """Hand a prestarted ``harness.elastic`` its run: what it printed so far into ``console``, then torchrun's argv."""
+    _copy_output(prestarted, console)
+    message = {"argv": torchrun_argv, "console": console.name, "env": {k: env[k] for k in GO_ENV}}
+    try:
+        prestarted.proc.stdin.write((json.dumps(message) + "\n").encode())
+        prestarted.proc.stdin.close()
+    except BrokenPipeError:  # it died before its run came: its exit code and output tell why
+        pass
+    return prestarted.proc
+
+
+#: Run-specific variables a prestarted harness.elastic sets when its run arrives (its forkserver's
+#: environment, and so the ranks', was fixed when it started: ``child_env``, the same for any run of the tier).
+GO_ENV = ("TORCHELASTIC_ERROR_FILE", RUN_DIR_ENV)
+
+
+def _copy_output(prestarted: Prestarted, console) -> None:
+    """Append what the prestarted process wrote to its unnamed file since the last copy."""
+    if prestarted.output.closed:
+        return
+    fd = prestarted.output.fileno()
+    while chunk := os.pread(fd, 1 << 16, prestarted.copied):
+        console.write(chunk)
+        prestarted.copied += len(chunk)
+    console.flush()
 
 
 def end_run(proc: subprocess.Popen) -> None:
@@ -265,7 +368,7 @@ def end_run(proc: subprocess.Popen) -> None:
     is SIGKILLed, and the ranks (not in torchrun's process group: torch elastic starts
     each with ``start_new_session``, subprocess_handler.py) die by their own death signal.
     """
-    ranks = ranks_of(proc.pid)
+    ranks = descendants_of(proc.pid)
     deadline = time.monotonic() + GRACE_S
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:  # reaped: its pid may already be another process's
@@ -281,31 +384,48 @@ def end_run(proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_s: float | None = None) -> RunResult:
+def launch(
+    opts: RunOptions,
+    cli_overrides: list[str] = (),
+    echo=print,
+    timeout_s: float | None = None,
+    prestarted: Prestarted | None = None,
+) -> RunResult:
     """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
 
     However the launch ends (success, failure, timeout, an exception, Ctrl-C, or a
     signal turned into ``Interrupted`` by ``stop_signals_raise``), torchrun and every
     rank are ended before it returns; an interrupt re-raises with what was measured.
     ``timeout_s`` defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
+    ``prestarted``: this run's ``harness.elastic``, started while the run was checked
+    (a "preloaded" tier starts one here otherwise).
     """
     if timeout_s is None:
         timeout_s = opts.tier_preset.launch_timeout_s
     run_dir = opts.run_dir
     write_run_file(opts)  # creates run_dir
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    cmd = torchrun_command(opts, cli_overrides)
-    env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE)}
+    (run_dir / "console.log").unlink(missing_ok=True)  # appended to: a prestarted harness.elastic writes there too
+    argv = torchrun_command(opts, cli_overrides)
+    env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE), RUN_DIR_ENV: str(run_dir)}
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
     started = time.perf_counter()
     shown = 0
     timed_out = False
     stopped: BaseException | None = None
-    with (run_dir / "console.log").open("w") as console:
-        proc = _start_torchrun(cmd, env, console)
+    if prestarted is None:
+        prestarted = prestart(opts)
+    with (run_dir / "console.log").open("ab") as console:
+        if prestarted is None:
+            proc = _start(argv, env, console)
+        else:
+            proc = _go(prestarted, argv[TORCHRUN_PREFIX:], env, console)
         try:
             while proc.poll() is None:
-                time.sleep(0.5)
+                try:
+                    proc.wait(timeout=POLL_S)  # returns as soon as torchrun exits
+                except subprocess.TimeoutExpired:
+                    pass
                 steps = read_steps(run_dir)
                 for step in steps[shown:]:
                     echo(_progress(step, opts.steps))
@@ -317,6 +437,9 @@ def launch(opts: RunOptions, cli_overrides: list[str] = (), echo=print, timeout_
             stopped = stop
         finally:
             end_run(proc)
+            if prestarted is not None:
+                _copy_output(prestarted, console)
+                prestarted.output.close()
     steps = read_steps(run_dir)
     for step in steps[shown:]:
         echo(_progress(step, opts.steps))

@@ -139,10 +139,18 @@ class StepRecorder:
 
 
 def write_provenance(opts: RunOptions, config, path: Path) -> None:
+    """The run's provenance (harness.provenance), and how this rank started (``rank_start``)."""
     from harness import provenance
 
     allowed = [m for m in provenance.mismatches(opts, config) if m.name in opts.allow_mismatch]
-    path.write_text(json.dumps(provenance.provenance(opts, config, allowed), indent=2, default=str) + "\n")
+    record = {**provenance.provenance(opts, config, allowed), "rank_start": RANK_START}
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+#: How this rank's process started, as seen at its entry: "preloaded" when torchtitan's trainer
+#: was already imported (forked from harness.elastic's forkserver), else "exec" (a fresh interpreter).
+RANK_START = "exec"
+PRELOAD_MARKER = "torchtitan.trainer"
 
 
 def record_steps(trainer, path: Path) -> None:
@@ -252,6 +260,8 @@ def _error_handler():
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RANK_START
+    RANK_START = "preloaded" if PRELOAD_MARKER in sys.modules else "exec"
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: end with torchrun, however it ends
         die_with_parent(RANK_DEATH_SIGNAL)
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -93,6 +93,10 @@ class Tier:
     export_dtype: str
     #: Whether enabled NKI kernels run here (their shape rules are then checked before launch).
     runs_nki_kernels: bool
+    #: How torchrun's ranks start: "exec" (torchrun itself: each rank a fresh interpreter that
+    #: imports torch and torchtitan) or "preloaded" (harness.elastic: torchrun's parser and torch
+    #: elastic, ranks forked from a forkserver that imported them once, while the launcher checks).
+    rank_start: str = "exec"
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def tokenizer_for(self, model_dir: Path | None) -> Path:
@@ -124,6 +128,9 @@ CPU = Tier(
     compile_allowed=False,
     export_dtype="float32",
     runs_nki_kernels=False,
+    # A tiny run is mostly start-up: nproc imports of torch+torchtitan (~9 s of CPU each) cost
+    # more than its steps; forked from one preloaded server they cost one.
+    rank_start="preloaded",
     extra_env={"OMP_NUM_THREADS": "1"},
 )
 
@@ -148,6 +155,9 @@ TRN2 = Tier(
     compile_allowed=True,
     export_dtype="bfloat16",
     runs_nki_kernels=True,
+    # The tutorial's own launch: forking ranks after a Neuron import is unverified, and a
+    # 64-rank run's start-up is small beside its NEFF compiles.
+    rank_start="exec",
     extra_env={"NEURON_LOGICAL_NC_CONFIG": "2"},
 )
 

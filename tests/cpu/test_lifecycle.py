@@ -31,17 +31,22 @@ NO_ORPHANS_WITHIN_S = GRACE_S + 20
 
 
 def processes_of(run_root: Path) -> list[int]:
-    """Live (non-zombie) processes whose command line names ``run_root`` (torchrun and its ranks)."""
+    """Live (non-zombie) processes whose command line or environment names ``run_root``.
+
+    The launcher and torchrun name it on their command lines; harness.elastic, its
+    forkserver and the ranks forked from it carry it in their environment (RUN_DIR_ENV).
+    """
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if str(run_root) in cmdline and state != "Z":
+        if (str(run_root) in cmdline or str(run_root) in environ) and state != "Z":
             found.append(int(pid))
     return found
 
@@ -79,7 +84,7 @@ def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, record_proper
     report_dir = tmp_path / "report"
     parent = start_long_run(report_dir)
     wait_for_training(report_dir, parent)
-    assert len(processes_of(report_dir)) >= 3, "torchrun and two ranks should be running"
+    assert len(processes_of(report_dir)) >= 4, "the launcher, torchrun (harness.elastic) and two ranks should be running"
     signalled = time.monotonic()
     parent.send_signal(signal.SIGTERM)
     out, err = parent.communicate(timeout=NO_ORPHANS_WITHIN_S + 30)
@@ -101,7 +106,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, record_property):
     parent = start_long_run(report_dir)
     wait_for_training(report_dir, parent)
     children = processes_of(report_dir)
-    assert len(children) >= 3, "torchrun and two ranks should be running"
+    assert len(children) >= 4, "the launcher, torchrun (harness.elastic) and two ranks should be running"
     parent.kill()
     parent.communicate(timeout=30)
     gone_after = seconds_until_gone(report_dir, NO_ORPHANS_WITHIN_S)
@@ -127,6 +132,7 @@ def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path):
     assert "--training.stepz" in errors[0] and "--training.steps" in errors[0], errors[0]
     assert "Traceback" not in out.stderr and "╭" not in out.stderr, "tyro's box is turned into one line"
     assert not report_dir.exists(), "nothing may start or be written"
+    assert processes_of(report_dir) == [], "the prestarted harness.elastic (or its forkserver) outlived the refusal"
     assert time.perf_counter() - started < 120
 
 

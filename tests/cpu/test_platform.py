@@ -190,7 +190,8 @@ def test_launch_timeout_comes_from_the_tier(monkeypatch, tmp_path):
     from recipes.tiers import CPU, TRN2
 
     assert TRN2.launch_timeout_s >= 4 * CPU.launch_timeout_s  # cold NEFF compiles of 64 ranks
-    monkeypatch.setitem(options.TIERS, "cpu", dataclasses.replace(CPU, launch_timeout_s=2))
+    # "exec": torchrun_command is what starts (a "preloaded" tier would start harness.elastic)
+    monkeypatch.setitem(options.TIERS, "cpu", dataclasses.replace(CPU, launch_timeout_s=2, rank_start="exec"))
     monkeypatch.setattr(
         launch_module, "torchrun_command", lambda opts, cli: [sys.executable, "-c", "import time; time.sleep(60)"]
     )

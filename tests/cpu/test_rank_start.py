@@ -1,0 +1,46 @@
+"""Both ways ranks start train the same thing, and a run says which way its ranks started.
+
+"preloaded" (the cpu tier): ``harness.elastic``, torchrun's parser and torch elastic,
+ranks forked from a forkserver that imported torch and torchtitan once. "exec" (trn2,
+the tutorial's own launch): torchrun, each rank a fresh interpreter. The exec run here
+is the only real exec launch of the cpu tier, so trn2's start path stays exercised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from harness.launch import launch
+from harness.options import RunOptions
+from harness.preflight import preflight
+from recipes.tiers import CPU, TIERS
+from test_lifecycle import processes_of
+
+
+def test_exec_ranks_train_bitwise_like_the_preloaded_ones(native_random_run, tmp_path, monkeypatch, record_property):
+    assert CPU.rank_start == "preloaded"
+    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="exec"))
+    steps = len(native_random_run["losses"])
+    opts = preflight(
+        RunOptions(recipe="native_qwen3", tier="cpu", nproc=2, steps=steps, init="random", seed=0,
+                   run_dir=tmp_path / "exec")
+    )  # fmt: skip
+    exec_run = launch(opts, echo=lambda line: None)
+    record_property("exec_losses", exec_run.losses)
+    record_property("preloaded_losses", native_random_run["losses"])
+    assert native_random_run["provenance"]["rank_start"] == "preloaded", "the cpu tier's ranks did not start preloaded"
+    assert exec_run.provenance["rank_start"] == "exec"
+    assert steps >= 2 and len(exec_run.losses) == steps
+    assert exec_run.losses == native_random_run["losses"], "the two start paths trained differently"
+
+
+def test_a_refused_run_leaves_no_prestarted_process(tmp_path):
+    """``python -m harness run`` prestarts harness.elastic before its checks; a refusal ends it, rank-less."""
+    from harness.__main__ import main
+
+    report_dir = tmp_path / "report"
+    code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])
+    assert code == 2
+    assert processes_of(report_dir) == [], "the prestarted harness.elastic (or its forkserver) outlived a refusal"
+    assert not report_dir.exists(), "a refused run wrote something"
+
