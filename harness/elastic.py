@@ -34,11 +34,21 @@ START_METHOD = "forkserver"
 
 
 def start_forkserver(modules: list[str]) -> None:
-    """Start the forkserver now, importing ``modules`` (a module that fails to import is left to the rank)."""
-    multiprocessing.set_forkserver_preload(modules)
+    """Start the forkserver now, importing ``modules`` (a module that fails to import is left to the rank).
+
+    ``harness.forkserver_init`` comes first: the forkserver dies with this process even
+    while it is still importing.
+    """
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    from harness.forkserver_init import PARENT_ENV
+
+    multiprocessing.set_forkserver_preload(["harness.forkserver_init", *modules])
+    os.environ[PARENT_ENV] = str(os.getpid())  # for the forkserver alone
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[PARENT_ENV]
 
 
 def rank_entry(argv: list[str]) -> None:

@@ -118,6 +118,42 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, record_property):
     assert gone_after < NO_ORPHANS_WITHIN_S
 
 
+def forkserver_of(run_root: Path) -> int | None:
+    """The pid of the run's prestarted forkserver (multiprocessing's, started by harness.elastic), once it exists."""
+    for pid in processes_of(run_root):
+        try:
+            if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+#: Seconds from SIGKILL of the launcher, while its prestarted forkserver still imports, to no process left:
+#: the kernel's parent-death signals act at once; without them the forkserver would import on (~10 s).
+NO_ORPHANS_WHILE_CHECKING_S = 5
+
+
+def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, record_property):
+    """Killed before its run is checked, the launcher leaves neither harness.elastic nor its importing forkserver."""
+    report_dir = tmp_path / "report"
+    parent = start_long_run(report_dir)
+    deadline = time.monotonic() + 120
+    while forkserver_of(report_dir) is None:
+        assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
+        time.sleep(0.05)
+    assert not report_dir.exists(), "the checks had already passed: this test needs the launcher still checking"
+    parent.kill()
+    parent.communicate(timeout=30)
+    gone_after = seconds_until_gone(report_dir, NO_ORPHANS_WITHIN_S)
+    record_property("sigkill_while_checking_seconds_to_no_process", gone_after)
+    left = processes_of(report_dir)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"{len(left)} process(es) outlived a launcher killed during its checks"
+    assert gone_after < NO_ORPHANS_WHILE_CHECKING_S, f"the forkserver outlived its parent by {gone_after:.1f} s"
+
+
 def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path):
     report_dir = tmp_path / "report"
     started = time.perf_counter()
