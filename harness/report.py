@@ -124,9 +124,14 @@ def curve_groups(runs: list[dict]) -> dict[str, list[dict]]:
     return dict(sorted(groups.items()))
 
 
+def curve_file(name: str) -> str:
+    """The file name of the loss plot ``name``."""
+    return f"loss-{name}.png"
+
+
 def curve_files(runs: list[dict]) -> dict[str, str]:
     """Each loss plot's file name, by plot name."""
-    return {name: f"loss-{name}.png" for name in curve_groups(runs)}
+    return {name: curve_file(name) for name in curve_groups(runs)}
 
 
 def import_plotting():
@@ -156,7 +161,7 @@ def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
         ax.set_title(name)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = report_dir / curve_files(group)[name]
+        path = report_dir / curve_file(name)
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written[name] = path.name
