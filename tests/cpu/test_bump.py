@@ -1,4 +1,4 @@
-"""harness/bump.py: the plan, the resolution bookkeeping and the bump report, without building a venv.
+"""harness/bump/: the plan, the resolution bookkeeping and the bump report, without building a venv.
 
 The rehearsal itself (a venv of several GB and two cpu-tier runs) is run by hand
 (``make bump PKGS=...``) and recorded in the README; here the plan is a bump that
@@ -15,38 +15,39 @@ from pathlib import Path
 import pytest
 
 from harness import bump
+from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, plan, sha256, BumpError, Pin
 from harness.lockcheck import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
 
 
-NO_CHANGE = [f"transformers=={pins(bump.LOCK)['transformers']}"]
+NO_CHANGE = [f"transformers=={pins(LOCK)['transformers']}"]
 
 
 # --- the plan -------------------------------------------------------------------------------------
 
 
 def test_a_bump_to_the_locked_pins_plans_no_resolution(tmp_path):
-    first = bump.plan(NO_CHANGE, reports=tmp_path)
+    first = plan(NO_CHANGE, reports=tmp_path)
     assert first.unchanged()
-    assert first == bump.plan(NO_CHANGE, reports=tmp_path)  # same pins, same venv: a rerun reuses it
-    assert first.venv.parent == REPO_ROOT and first.venv.name.startswith(bump.VENV_PREFIX)
+    assert first == plan(NO_CHANGE, reports=tmp_path)  # same pins, same venv: a rerun reuses it
+    assert first.venv.parent == REPO_ROOT and first.venv.name.startswith(VENV_PREFIX)
     assert first.report_md == tmp_path / f"{first.name}.md" and first.work == tmp_path / first.name
     bump.resolve(first)  # no pip-compile: the candidate lock is the lock
-    assert first.candidate_lock.read_bytes() == bump.LOCK.read_bytes()
-    assert bump.moves(pins(bump.LOCK), pins(first.candidate_lock), first.pins) == []
+    assert first.candidate_lock.read_bytes() == LOCK.read_bytes()
+    assert bump.moves(pins(LOCK), pins(first.candidate_lock), first.pins) == []
 
 
 def test_another_pin_gets_another_venv(tmp_path):
-    a = bump.plan(["transformers==5.23.0"], reports=tmp_path)
-    b = bump.plan(["transformers==5.23.0", "torch==2.15.0"], reports=tmp_path)
+    a = plan(["transformers==5.23.0"], reports=tmp_path)
+    b = plan(["transformers==5.23.0", "torch==2.15.0"], reports=tmp_path)
     assert not a.unchanged() and a.venv != b.venv
     assert b.name == "torch-2.15.0+transformers-5.23.0"  # sorted, so the order asked in does not matter
-    assert b == bump.plan(["torch==2.15.0", "transformers==5.23.0"], reports=tmp_path)
+    assert b == plan(["torch==2.15.0", "transformers==5.23.0"], reports=tmp_path)
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path, capsys):
-    assert bump.main(["--dry-run", "--reports", str(tmp_path), *NO_CHANGE]) == bump.EXIT_OK
+    assert bump.main(["--dry-run", "--reports", str(tmp_path), *NO_CHANGE]) == EXIT_OK
     out = capsys.readouterr().out
     assert "candidate venv  .venv-bump-" in out and "(= the lock: nothing to resolve)" in out
     assert list(tmp_path.iterdir()) == []
@@ -63,15 +64,15 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path, capsys):
     ],
 )
 def test_bad_pins_are_refused_in_one_line(specs, message, capsys):
-    with pytest.raises(bump.BumpError, match=message):
-        bump.plan(specs)
-    assert bump.main(["--dry-run", *specs]) == bump.EXIT_CANNOT_REHEARSE
+    with pytest.raises(BumpError, match=message):
+        plan(specs)
+    assert bump.main(["--dry-run", *specs]) == EXIT_CANNOT_REHEARSE
     assert message in capsys.readouterr().out
 
 
 def test_requirements_in_gets_the_bumped_pins():
     text = "torch==2.14.0   # the tutorial's pin\ntransformers==5.16.0\n# transformers in a comment\nsafetensors\n"
-    out = bump.pinned_requirements_in(text, (bump.Pin("transformers", "5.23.0"), bump.Pin("huggingface-hub", "1.40.0")))
+    out = bump.pinned_requirements_in(text, (Pin("transformers", "5.23.0"), Pin("huggingface-hub", "1.40.0")))
     assert out.splitlines() == [
         "torch==2.14.0   # the tutorial's pin",
         "transformers==5.23.0  # (bump rehearsal)",
@@ -85,15 +86,15 @@ def test_a_pip_cap_refuses_the_pin_by_name(tmp_path):
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("# the releases on this disk\ntorch<=2.14.1\ntorchvision<=0.29.1\n")
     caps = bump.read_caps([constraints])
-    assert bump.cap_refusals((bump.Pin("torch", "2.14.0"), bump.Pin("transformers", "5.23.0")), caps) == []
-    (refusal,) = bump.cap_refusals((bump.Pin("torch", "2.15.0"),), caps)
+    assert bump.cap_refusals((Pin("torch", "2.14.0"), Pin("transformers", "5.23.0")), caps) == []
+    (refusal,) = bump.cap_refusals((Pin("torch", "2.15.0"),), caps)
     assert refusal.startswith(f"torch==2.15.0 is refused by this machine's pip constraint torch<=2.14.1 ({constraints})")
 
 
 def test_what_moved_and_what_the_resolver_released():
     old = {"torch": "2.14.0", "triton": "3.8.0", "nvidia-curand": "10.4.0.35", "numpy": "2.4.6"}
     new = {"torch": "2.15.0", "triton": "3.9.0", "nvidia-cuda-cccl": "13.3.5.0.6", "numpy": "2.4.6"}
-    moved = bump.moves(old, new, (bump.Pin("torch", "2.15.0"),))
+    moved = bump.moves(old, new, (Pin("torch", "2.15.0"),))
     assert [m.line() for m in moved] == [
         "torch 2.14.0 → 2.15.0 (asked)",
         "nvidia-cuda-cccl (none) → 13.3.5.0.6 (moved by the resolver)",
@@ -109,15 +110,15 @@ def test_a_baseline_is_reused_only_while_lock_code_and_age_fit(tmp_path):
     (tmp_path / "tests.json").write_text("{}")
     now = dt.datetime(2026, 12, 3, 12, tzinfo=dt.timezone.utc)
     run = bump.TierRun(python="p", report_dir=str(tmp_path), finished=(now - dt.timedelta(hours=2)).isoformat(),
-                       lock_sha256=bump.sha256(bump.LOCK), code_sha256=bump.code_sha256())
-    assert bump.baseline_is_current(run, bump.LOCK, 24, now)
-    assert not bump.baseline_is_current(run, bump.LOCK, 1, now)
+                       lock_sha256=sha256(LOCK), code_sha256=bump.code_sha256())
+    assert bump.baseline_is_current(run, LOCK, 24, now)
+    assert not bump.baseline_is_current(run, LOCK, 1, now)
     other = tmp_path / "other-lock.txt"
     other.write_text("torch==2.15.0\n")
     assert not bump.baseline_is_current(run, other, 24, now)
     run.code_sha256 = "0" * 64
-    assert not bump.baseline_is_current(run, bump.LOCK, 24, now)
-    assert not bump.baseline_is_current(None, bump.LOCK, 24, now)
+    assert not bump.baseline_is_current(run, LOCK, 24, now)
+    assert not bump.baseline_is_current(None, LOCK, 24, now)
 
 
 # --- the report, from recorded runs ---------------------------------------------------------------
@@ -192,7 +193,7 @@ def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded
     (broken,) = c.workarounds
     assert broken.message == shape and broken.tests == (HF_TEST,)
     assert [(b.key, b.verdict) for b in c.published] == [("step1_loss_random", "regression")]
-    assert c.exit_code == bump.EXIT_PUBLISHED_BROKEN
+    assert c.exit_code == EXIT_PUBLISHED_BROKEN
     assert next(r for r in c.rows if r.test == HF_TEST).message == shape
 
 
@@ -223,25 +224,25 @@ def test_a_bump_that_changes_nothing_reports_nothing(recorded_runs):
     lock, _, _, _ = recorded_runs
     c = bump.compare(lock, lock, [])
     assert {r.change for r in c.rows} == {"same"}
-    assert (c.canaries, c.goldens, c.workarounds, c.published, c.exit_code) == ([], [], [], [], bump.EXIT_OK)
+    assert (c.canaries, c.goldens, c.workarounds, c.published, c.exit_code) == ([], [], [], [], EXIT_OK)
 
 
 def test_the_report_starts_with_the_table(tmp_path, recorded_runs, capsys):
     """End to end on recorded runs: --report-only with a given baseline writes .md and .json."""
     lock_dir, cand_dir = tmp_path / "baseline", tmp_path / "candidate"
-    plan = bump.plan(NO_CHANGE, reports=tmp_path / "bump")
-    bump.resolve(plan)
-    cand_dir.rename(plan.candidate_report)
+    rehearsal = plan(NO_CHANGE, reports=tmp_path / "bump")
+    bump.resolve(rehearsal)
+    cand_dir.rename(rehearsal.candidate_report)
     code = bump.main(["--report-only", "--reports", str(tmp_path / "bump"), "--baseline", str(lock_dir), *NO_CHANGE])
-    assert code == bump.EXIT_PUBLISHED_BROKEN
-    text = plan.report_md.read_text().splitlines()
+    assert code == EXIT_PUBLISHED_BROKEN
+    text = rehearsal.report_md.read_text().splitlines()
     assert text[0] == f"# Bump rehearsal: {NO_CHANGE[0]}"
     assert text[4] == "| test | lock | candidate | change | why (candidate's failure) |"
     assert text[6].startswith(f"| {CANARY} | passed | failed | canary flipped |")
     sections = [line for line in text if line.startswith("## ")]
     assert sections == ["## What moved in the lock", "## Canaries that flipped", "## Goldens that moved",
                         "## Workarounds that broke", "## Published-number checks the candidate breaks", "## Runs"]
-    data = json.loads(plan.report_json.read_text())
+    data = json.loads(rehearsal.report_json.read_text())
     assert data["exit_code"] == 1 and data["candidate_versions"] == "torch 2.14.0, transformers 5.23.0, torchtitan 0.3.0"
     assert [w["tests"] for w in data["workarounds_broke"]] == [[HF_TEST]]
     assert "BROKEN published check: native_qwen3 step1_loss_random: regression" in capsys.readouterr().out
