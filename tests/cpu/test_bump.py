@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness import bump
-from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, plan, sha256, BumpError, Pin
+from harness.bump.candidate import Move, cap_refusals, discarded, moves, pinned_requirements_in, read_caps, resolve
+from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, BumpError, Pin, plan, sha256
 from harness.lockcheck import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
@@ -33,9 +34,9 @@ def test_a_bump_to_the_locked_pins_plans_no_resolution(tmp_path):
     assert first == plan(NO_CHANGE, reports=tmp_path)  # same pins, same venv: a rerun reuses it
     assert first.venv.parent == REPO_ROOT and first.venv.name.startswith(VENV_PREFIX)
     assert first.report_md == tmp_path / f"{first.name}.md" and first.work == tmp_path / first.name
-    bump.resolve(first)  # no pip-compile: the candidate lock is the lock
+    resolve(first)  # no pip-compile: the candidate lock is the lock
     assert first.candidate_lock.read_bytes() == LOCK.read_bytes()
-    assert bump.moves(pins(LOCK), pins(first.candidate_lock), first.pins) == []
+    assert moves(pins(LOCK), pins(first.candidate_lock), first.pins) == []
 
 
 def test_another_pin_gets_another_venv(tmp_path):
@@ -72,7 +73,7 @@ def test_bad_pins_are_refused_in_one_line(specs, message, capsys):
 
 def test_requirements_in_gets_the_bumped_pins():
     text = "torch==2.14.0   # the tutorial's pin\ntransformers==5.16.0\n# transformers in a comment\nsafetensors\n"
-    out = bump.pinned_requirements_in(text, (Pin("transformers", "5.23.0"), Pin("huggingface-hub", "1.40.0")))
+    out = pinned_requirements_in(text, (Pin("transformers", "5.23.0"), Pin("huggingface-hub", "1.40.0")))
     assert out.splitlines() == [
         "torch==2.14.0   # the tutorial's pin",
         "transformers==5.23.0  # (bump rehearsal)",
@@ -85,16 +86,16 @@ def test_requirements_in_gets_the_bumped_pins():
 def test_a_pip_cap_refuses_the_pin_by_name(tmp_path):
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("# the releases on this disk\ntorch<=2.14.1\ntorchvision<=0.29.1\n")
-    caps = bump.read_caps([constraints])
-    assert bump.cap_refusals((Pin("torch", "2.14.0"), Pin("transformers", "5.23.0")), caps) == []
-    (refusal,) = bump.cap_refusals((Pin("torch", "2.15.0"),), caps)
+    caps = read_caps([constraints])
+    assert cap_refusals((Pin("torch", "2.14.0"), Pin("transformers", "5.23.0")), caps) == []
+    (refusal,) = cap_refusals((Pin("torch", "2.15.0"),), caps)
     assert refusal.startswith(f"torch==2.15.0 is refused by this machine's pip constraint torch<=2.14.1 ({constraints})")
 
 
 def test_what_moved_and_what_the_resolver_released():
     old = {"torch": "2.14.0", "triton": "3.8.0", "nvidia-curand": "10.4.0.35", "numpy": "2.4.6"}
     new = {"torch": "2.15.0", "triton": "3.9.0", "nvidia-cuda-cccl": "13.3.5.0.6", "numpy": "2.4.6"}
-    moved = bump.moves(old, new, (Pin("torch", "2.15.0"),))
+    moved = moves(old, new, (Pin("torch", "2.15.0"),))
     assert [m.line() for m in moved] == [
         "torch 2.14.0 → 2.15.0 (asked)",
         "nvidia-cuda-cccl (none) → 13.3.5.0.6 (moved by the resolver)",
@@ -103,7 +104,7 @@ def test_what_moved_and_what_the_resolver_released():
     ]
     output = ("Discarding triton==3.8.0 (from -r cand.txt (line 2540)) to proceed the resolution\n"
               "Discarding nvidia_cublas==13.1.1.3 (from -r cand.txt (line 1507)) to proceed the resolution\n")
-    assert bump.discarded(output) == ["nvidia-cublas", "triton"]
+    assert discarded(output) == ["nvidia-cublas", "triton"]
 
 
 def test_a_baseline_is_reused_only_while_lock_code_and_age_fit(tmp_path):
@@ -154,7 +155,7 @@ def write_run(directory: Path, outcomes: dict[str, str], goldens: list[dict], fa
 
 @pytest.fixture
 def recorded_runs(tmp_path):
-    moved = [bump.Move("transformers", "5.16.0", "5.23.0", True)]
+    moved = [Move("transformers", "5.16.0", "5.23.0", True)]
     shape = shape_message("transformers", "recipes.hf_compat.init_rotary_embeddings", "X.compute_default_rope_parameters(config)")
     lock = write_run(
         tmp_path / "baseline",
@@ -204,13 +205,13 @@ def test_lock_coupled_unit_tests_are_expected_to_fail_when_they_name_a_moved_pac
     message = '>       assert not any(p.startswith("transformers") for p in problems)\nE       assert not True'
     candidate = ({**cand_results, coupled: bump.Result("failed", message)}, cand_goldens, cand_versions)
     assert {r.test: r.change for r in bump.compare(lock, candidate, moved).rows}[coupled] == "expected (the bump)"
-    torch_only = [bump.Move("torch", "2.14.0", "2.15.0", True)]
+    torch_only = [Move("torch", "2.14.0", "2.15.0", True)]
     assert {r.test: r.change for r in bump.compare(lock, candidate, torch_only).rows}[coupled] == "broke"
 
 
 def test_drift_in_a_package_the_bump_did_not_move_is_not_expected(recorded_runs):
     lock, candidate, _, _ = recorded_runs
-    c = bump.compare(lock, candidate, [bump.Move("torch", "2.14.0", "2.15.0", True)])
+    c = bump.compare(lock, candidate, [Move("torch", "2.14.0", "2.15.0", True)])
     assert {r.test: r.change for r in c.rows}[bump.LOCK_DRIFT_TEST] == "broke"
 
 
@@ -231,7 +232,7 @@ def test_the_report_starts_with_the_table(tmp_path, recorded_runs, capsys):
     """End to end on recorded runs: --report-only with a given baseline writes .md and .json."""
     lock_dir, cand_dir = tmp_path / "baseline", tmp_path / "candidate"
     rehearsal = plan(NO_CHANGE, reports=tmp_path / "bump")
-    bump.resolve(rehearsal)
+    resolve(rehearsal)
     cand_dir.rename(rehearsal.candidate_report)
     code = bump.main(["--report-only", "--reports", str(tmp_path / "bump"), "--baseline", str(lock_dir), *NO_CHANGE])
     assert code == EXIT_PUBLISHED_BROKEN
