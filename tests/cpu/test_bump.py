@@ -17,6 +17,7 @@ import pytest
 from harness import bump
 from harness.bump.candidate import Move, cap_refusals, discarded, moves, pinned_requirements_in, read_caps, resolve
 from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, BumpError, Pin, plan, sha256
+from harness.bump.tier import TierRun, baseline_is_current, code_sha256, tier_env
 from harness.lockcheck import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
@@ -110,16 +111,16 @@ def test_what_moved_and_what_the_resolver_released():
 def test_a_baseline_is_reused_only_while_lock_code_and_age_fit(tmp_path):
     (tmp_path / "tests.json").write_text("{}")
     now = dt.datetime(2026, 12, 3, 12, tzinfo=dt.timezone.utc)
-    run = bump.TierRun(python="p", report_dir=str(tmp_path), finished=(now - dt.timedelta(hours=2)).isoformat(),
-                       lock_sha256=sha256(LOCK), code_sha256=bump.code_sha256())
-    assert bump.baseline_is_current(run, LOCK, 24, now)
-    assert not bump.baseline_is_current(run, LOCK, 1, now)
+    run = TierRun(python="p", report_dir=str(tmp_path), finished=(now - dt.timedelta(hours=2)).isoformat(),
+                       lock_sha256=sha256(LOCK), code_sha256=code_sha256())
+    assert baseline_is_current(run, LOCK, 24, now)
+    assert not baseline_is_current(run, LOCK, 1, now)
     other = tmp_path / "other-lock.txt"
     other.write_text("torch==2.15.0\n")
-    assert not bump.baseline_is_current(run, other, 24, now)
+    assert not baseline_is_current(run, other, 24, now)
     run.code_sha256 = "0" * 64
-    assert not bump.baseline_is_current(run, LOCK, 24, now)
-    assert not bump.baseline_is_current(None, LOCK, 24, now)
+    assert not baseline_is_current(run, LOCK, 24, now)
+    assert not baseline_is_current(None, LOCK, 24, now)
 
 
 # --- the report, from recorded runs ---------------------------------------------------------------
@@ -270,7 +271,7 @@ def test_a_run_sees_the_environment_make_test_would(tmp_path):
     """Under `make bump`, make's variables must not reach the tests (a test's `make -n` would print make[1])."""
     python = tmp_path / "venv" / "bin" / "python"
     base = {"PATH": "/usr/bin", "MAKELEVEL": "1", "MAKEFLAGS": "w", "MFLAGS": "-w", "VIRTUAL_ENV": "/x", "HOME": "/root"}
-    env = bump.tier_env(python, tmp_path / "report", base)
+    env = tier_env(python, tmp_path / "report", base)
     assert env == {"PATH": f"{python.parent}:/usr/bin", "HOME": "/root", "QWEN3_REPRO_REPORT_DIR": str(tmp_path / "report")}
 
 
