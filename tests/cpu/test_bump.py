@@ -17,6 +17,7 @@ import pytest
 from harness import bump
 from harness.bump.candidate import Move, cap_refusals, discarded, moves, pinned_requirements_in, read_caps, resolve
 from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, BumpError, Pin, plan, sha256
+from harness.bump.results import Result, first_line, junit_key, load_run
 from harness.bump.tier import TierRun, baseline_is_current, code_sha256, tier_env
 from harness.lockcheck import pins
 from recipes.tiers import REPO_ROOT
@@ -147,7 +148,7 @@ def write_run(directory: Path, outcomes: dict[str, str], goldens: list[dict], fa
     (directory / "tests.json").write_text(json.dumps(data))
     cases = []
     for test in outcomes:
-        classname, name = bump.junit_key(test)
+        classname, name = junit_key(test)
         inner = f'<failure message="{failures[test]}">traceback\nE   {failures[test]}</failure>' if test in failures else ""
         cases.append(f'<testcase classname="{classname}" name="{name}" time="1">{inner}</testcase>')
     (directory / "junit.xml").write_text(f'<testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>')
@@ -178,7 +179,7 @@ def recorded_runs(tmp_path):
         properties={bump.LOCK_DRIFT_TEST: {"lock_drift": ["transformers: pinned 5.16.0 in requirements-lock.txt, installed 5.23.0"]}},
         versions={"torch": "2.14.0", "transformers": "5.23.0", "torchtitan": "0.3.0"},
     )
-    return bump.load_run(lock), bump.load_run(candidate), moved, shape
+    return load_run(lock), load_run(candidate), moved, shape
 
 
 def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded_runs):
@@ -202,9 +203,9 @@ def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded
 def test_lock_coupled_unit_tests_are_expected_to_fail_when_they_name_a_moved_package(recorded_runs):
     (lock_results, goldens, versions), (cand_results, cand_goldens, cand_versions), moved, _ = recorded_runs
     coupled = bump.LOCK_COUPLED_TESTS[0]
-    lock = ({**lock_results, coupled: bump.Result("passed")}, goldens, versions)
+    lock = ({**lock_results, coupled: Result("passed")}, goldens, versions)
     message = '>       assert not any(p.startswith("transformers") for p in problems)\nE       assert not True'
-    candidate = ({**cand_results, coupled: bump.Result("failed", message)}, cand_goldens, cand_versions)
+    candidate = ({**cand_results, coupled: Result("failed", message)}, cand_goldens, cand_versions)
     assert {r.test: r.change for r in bump.compare(lock, candidate, moved).rows}[coupled] == "expected (the bump)"
     torch_only = [Move("torch", "2.14.0", "2.15.0", True)]
     assert {r.test: r.change for r in bump.compare(lock, candidate, torch_only).rows}[coupled] == "broke"
@@ -251,20 +252,20 @@ def test_the_report_starts_with_the_table(tmp_path, recorded_runs, capsys):
 
 
 def test_junit_names_map_to_test_ids():
-    assert bump.junit_key(CLASS_TEST) == ("tests.cpu.test_x.TestThing", "test_param[1]")
-    assert bump.junit_key(CANARY) == ("tests.cpu.test_hf_compat_canaries", "test_canary_rope_inv_freq_still_left_uninitialised")
+    assert junit_key(CLASS_TEST) == ("tests.cpu.test_x.TestThing", "test_param[1]")
+    assert junit_key(CANARY) == ("tests.cpu.test_hf_compat_canaries", "test_canary_rope_inv_freq_still_left_uninitialised")
 
 
 def test_the_telling_line_of_a_failure():
     launcher = ("failed on setup with \"Failed: shared run 'hf-backend-2proc' failed (see its rank logs below):\n"
                 "hf_backend on cpu failed after 23 s: torchrun exited 1; rank 0 failed first: TypeError: boom.\n"
                 "[rank0]: TypeError: boom")
-    assert bump.first_line(launcher) == "TypeError: boom."
+    assert first_line(launcher) == "TypeError: boom."
     in_a_subprocess = "E       AssertionError: Config field value\nE         [rank0]: KeyError: 'rope_theta'\nE       assert 1 == 0"
-    assert bump.first_line(in_a_subprocess) == "KeyError: 'rope_theta'"
-    assert bump.first_line("traceback\nE   assert 12.6 == 12.43\nE    +  where") == "assert 12.6 == 12.43"
+    assert first_line(in_a_subprocess) == "KeyError: 'rope_theta'"
+    assert first_line("traceback\nE   assert 12.6 == 12.43\nE    +  where") == "assert 12.6 == 12.43"
     shape = shape_message("torch", "recipes.platform.cpu._patch_fsdp_sum_reduction", "FSDPModule.x")
-    assert bump.first_line(f"E   recipes.upstream_shape.UpstreamShapeError: {shape}\n[rank0]: TypeError: x") == shape
+    assert first_line(f"E   recipes.upstream_shape.UpstreamShapeError: {shape}\n[rank0]: TypeError: x") == shape
 
 
 def test_a_run_sees_the_environment_make_test_would(tmp_path):
