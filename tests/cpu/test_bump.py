@@ -16,6 +16,7 @@ import pytest
 
 from harness import bump
 from harness.bump.candidate import Move, cap_refusals, discarded, moves, pinned_requirements_in, read_caps, resolve
+from harness.bump.comparison import LOCK_COUPLED_TESTS, LOCK_DRIFT_TEST, compare, difference
 from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, BumpError, Pin, plan, sha256
 from harness.bump.results import Result, first_line, junit_key, load_run
 from harness.bump.tier import TierRun, baseline_is_current, code_sha256, tier_env
@@ -162,21 +163,21 @@ def recorded_runs(tmp_path):
     lock = write_run(
         tmp_path / "baseline",
         {CANARY: "passed", HF_TEST: "passed", CLASS_TEST: "passed", RANDOM_INIT: "passed", EXACT: "passed",
-         bump.LOCK_DRIFT_TEST: "passed"},
+         LOCK_DRIFT_TEST: "passed"},
         [golden_row("step1_loss_random", "proxy", 12.4431, "pass", RANDOM_INIT, published=12.43),
          golden_row("step1_loss_hf", "exact", 1.5480120182037354, "pass", EXACT, golden=1.5480120182037354)],
     )
     candidate = write_run(
         tmp_path / "candidate",
         {CANARY: "failed", HF_TEST: "failed", CLASS_TEST: "passed", RANDOM_INIT: "failed", EXACT: "failed",
-         bump.LOCK_DRIFT_TEST: "failed"},
+         LOCK_DRIFT_TEST: "failed"},
         [golden_row("step1_loss_random", "proxy", 12.6, "regression", RANDOM_INIT, published=12.43),
          golden_row("step1_loss_hf", "exact", 1.5480124950408936, "stale golden", EXACT, golden=1.5480120182037354)],
         failures={CANARY: "AssertionError: upstream now initialises inv_freq after to_empty(): drop init_rotary_embeddings",
                   HF_TEST: f"shared run failed: rank 0 failed first: UpstreamShapeError: {shape}",
                   RANDOM_INIT: "AssertionError: regression: step1_loss_random", EXACT: "AssertionError: stale golden",
-                  bump.LOCK_DRIFT_TEST: "installed packages drifted"},
-        properties={bump.LOCK_DRIFT_TEST: {"lock_drift": ["transformers: pinned 5.16.0 in requirements-lock.txt, installed 5.23.0"]}},
+                  LOCK_DRIFT_TEST: "installed packages drifted"},
+        properties={LOCK_DRIFT_TEST: {"lock_drift": ["transformers: pinned 5.16.0 in requirements-lock.txt, installed 5.23.0"]}},
         versions={"torch": "2.14.0", "transformers": "5.23.0", "torchtitan": "0.3.0"},
     )
     return load_run(lock), load_run(candidate), moved, shape
@@ -184,10 +185,10 @@ def recorded_runs(tmp_path):
 
 def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded_runs):
     lock, candidate, moved, shape = recorded_runs
-    c = bump.compare(lock, candidate, moved)
+    c = compare(lock, candidate, moved)
     changes = {r.test: r.change for r in c.rows}
     assert changes == {CANARY: "canary flipped", HF_TEST: "broke", CLASS_TEST: "same", RANDOM_INIT: "broke",
-                       EXACT: "broke", bump.LOCK_DRIFT_TEST: "expected (the bump)"}
+                       EXACT: "broke", LOCK_DRIFT_TEST: "expected (the bump)"}
     (flip,) = c.canaries
     assert flip.test == CANARY and "workaround can go" in flip.meaning and "drop init_rotary_embeddings" in flip.message
     assert {g.key: (g.old, g.new) for g in c.goldens} == {
@@ -202,30 +203,30 @@ def test_the_comparison_names_flips_moves_broken_workarounds_and_claims(recorded
 
 def test_lock_coupled_unit_tests_are_expected_to_fail_when_they_name_a_moved_package(recorded_runs):
     (lock_results, goldens, versions), (cand_results, cand_goldens, cand_versions), moved, _ = recorded_runs
-    coupled = bump.LOCK_COUPLED_TESTS[0]
+    coupled = LOCK_COUPLED_TESTS[0]
     lock = ({**lock_results, coupled: Result("passed")}, goldens, versions)
     message = '>       assert not any(p.startswith("transformers") for p in problems)\nE       assert not True'
     candidate = ({**cand_results, coupled: Result("failed", message)}, cand_goldens, cand_versions)
-    assert {r.test: r.change for r in bump.compare(lock, candidate, moved).rows}[coupled] == "expected (the bump)"
+    assert {r.test: r.change for r in compare(lock, candidate, moved).rows}[coupled] == "expected (the bump)"
     torch_only = [Move("torch", "2.14.0", "2.15.0", True)]
-    assert {r.test: r.change for r in bump.compare(lock, candidate, torch_only).rows}[coupled] == "broke"
+    assert {r.test: r.change for r in compare(lock, candidate, torch_only).rows}[coupled] == "broke"
 
 
 def test_drift_in_a_package_the_bump_did_not_move_is_not_expected(recorded_runs):
     lock, candidate, _, _ = recorded_runs
-    c = bump.compare(lock, candidate, [Move("torch", "2.14.0", "2.15.0", True)])
-    assert {r.test: r.change for r in c.rows}[bump.LOCK_DRIFT_TEST] == "broke"
+    c = compare(lock, candidate, [Move("torch", "2.14.0", "2.15.0", True)])
+    assert {r.test: r.change for r in c.rows}[LOCK_DRIFT_TEST] == "broke"
 
 
 def test_a_claim_no_longer_measured_breaks_it(recorded_runs):
     lock, (results, goldens, versions), moved, _ = recorded_runs
-    c = bump.compare(lock, (results, [g for g in goldens if g["key"] != "step1_loss_random"], versions), moved)
+    c = compare(lock, (results, [g for g in goldens if g["key"] != "step1_loss_random"], versions), moved)
     assert [(b.key, b.verdict) for b in c.published] == [("step1_loss_random", "not measured on the candidate")]
 
 
 def test_a_bump_that_changes_nothing_reports_nothing(recorded_runs):
     lock, _, _, _ = recorded_runs
-    c = bump.compare(lock, lock, [])
+    c = compare(lock, lock, [])
     assert {r.change for r in c.rows} == {"same"}
     assert (c.canaries, c.goldens, c.workarounds, c.published, c.exit_code) == ([], [], [], [], EXIT_OK)
 
@@ -278,6 +279,6 @@ def test_a_run_sees_the_environment_make_test_would(tmp_path):
 
 def test_a_moved_curve_reads_as_its_length_ends_and_largest_step():
     old, new = [1.5, 1.4, 1.3, 1.2, 1.1], [1.5, 1.4, 1.3002, 1.2, 1.1001]
-    assert bump.difference(old, new) == pytest.approx(2e-4)
-    assert bump.difference(old, new[:4]) is None and bump.difference(1.0, None) is None
+    assert difference(old, new) == pytest.approx(2e-4)
+    assert difference(old, new[:4]) is None and difference(1.0, None) is None
     assert bump._golden_cell(new) == "5 steps: 1.5 … 1.1001"
