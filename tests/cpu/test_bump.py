@@ -18,6 +18,7 @@ from harness import bump
 from harness.bump.candidate import Move, cap_refusals, discarded, moves, pinned_requirements_in, read_caps, resolve
 from harness.bump.comparison import LOCK_COUPLED_TESTS, LOCK_DRIFT_TEST, compare, difference
 from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, BumpError, Pin, plan, sha256
+from harness.bump.report import _golden_cell
 from harness.bump.results import Result, first_line, junit_key, load_run
 from harness.bump.tier import TierRun, baseline_is_current, code_sha256, tier_env
 from harness.lockcheck import pins
@@ -281,4 +282,4 @@ def test_a_moved_curve_reads_as_its_length_ends_and_largest_step():
     old, new = [1.5, 1.4, 1.3, 1.2, 1.1], [1.5, 1.4, 1.3002, 1.2, 1.1001]
     assert difference(old, new) == pytest.approx(2e-4)
     assert difference(old, new[:4]) is None and difference(1.0, None) is None
-    assert bump._golden_cell(new) == "5 steps: 1.5 … 1.1001"
+    assert _golden_cell(new) == "5 steps: 1.5 … 1.1001"
