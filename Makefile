@@ -53,7 +53,7 @@ goldens: venv
 
 # Rehearse a version bump: PKGS="transformers==5.23.0 [torch==2.15.0 ...]" in a separate .venv-bump-<hash>,
 # cpu tier there and on the lock; report/bump/<name>.md + .json; exit 1 if a published-number check breaks.
-# BUMP_ARGS="--dry-run" prints the plan only (harness/bump.py).
+# BUMP_ARGS="--dry-run" prints the plan only (harness/bump/).
 bump: venv
 	$(PY) -m harness.bump $(PKGS) $(BUMP_ARGS)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import bump
+from harness.bump.__main__ import main
 from harness.bump.candidate import Move, cap_refusals, discarded, moves, pinned_requirements_in, read_caps, resolve
 from harness.bump.comparison import LOCK_COUPLED_TESTS, LOCK_DRIFT_TEST, compare, difference
 from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROKEN, LOCK, VENV_PREFIX, BumpError, Pin, plan, sha256
@@ -52,7 +52,7 @@ def test_another_pin_gets_another_venv(tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path, capsys):
-    assert bump.main(["--dry-run", "--reports", str(tmp_path), *NO_CHANGE]) == EXIT_OK
+    assert main(["--dry-run", "--reports", str(tmp_path), *NO_CHANGE]) == EXIT_OK
     out = capsys.readouterr().out
     assert "candidate venv  .venv-bump-" in out and "(= the lock: nothing to resolve)" in out
     assert list(tmp_path.iterdir()) == []
@@ -71,7 +71,7 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path, capsys):
 def test_bad_pins_are_refused_in_one_line(specs, message, capsys):
     with pytest.raises(BumpError, match=message):
         plan(specs)
-    assert bump.main(["--dry-run", *specs]) == EXIT_CANNOT_REHEARSE
+    assert main(["--dry-run", *specs]) == EXIT_CANNOT_REHEARSE
     assert message in capsys.readouterr().out
 
 
@@ -238,7 +238,7 @@ def test_the_report_starts_with_the_table(tmp_path, recorded_runs, capsys):
     rehearsal = plan(NO_CHANGE, reports=tmp_path / "bump")
     resolve(rehearsal)
     cand_dir.rename(rehearsal.candidate_report)
-    code = bump.main(["--report-only", "--reports", str(tmp_path / "bump"), "--baseline", str(lock_dir), *NO_CHANGE])
+    code = main(["--report-only", "--reports", str(tmp_path / "bump"), "--baseline", str(lock_dir), *NO_CHANGE])
     assert code == EXIT_PUBLISHED_BROKEN
     text = rehearsal.report_md.read_text().splitlines()
     assert text[0] == f"# Bump rehearsal: {NO_CHANGE[0]}"
