@@ -15,6 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+
 from harness.bump.plan import BumpError, Pin, Plan, rel
 from harness.lockcheck import normalize
 
@@ -31,8 +34,8 @@ def pinned_requirements_in(text: str, bump: tuple[Pin, ...]) -> str:
     wanted = {p.name: p for p in bump}
     out, seen = [], set()
     for line in text.splitlines():
-        match = re.match(r"^\s*([A-Za-z0-9_.\-]+)", line)
-        name = normalize(match.group(1)) if match and not line.lstrip().startswith("#") else None
+        req = requirement(line)
+        name = normalize(req.name) if req else None
         if name in wanted:
             comment = line[line.index("#"):] if "#" in line else "#"
             out.append(f"{wanted[name]}  {comment} (bump rehearsal)")
@@ -41,6 +44,14 @@ def pinned_requirements_in(text: str, bump: tuple[Pin, ...]) -> str:
             out.append(line)
     out += [f"{p}  # bump rehearsal: pinned by the bump" for p in bump if p.name not in seen]
     return "\n".join(out) + "\n"
+
+
+def requirement(line: str) -> Requirement | None:
+    """What a line of a requirements or constraints file asks for; None for a comment, an option or a blank."""
+    try:
+        return Requirement(line.split("#", 1)[0])
+    except InvalidRequirement:
+        return None
 
 
 # --- what this machine's pip refuses ------------------------------------------------------------
@@ -64,26 +75,17 @@ def pip_constraint_files(python: str = sys.executable) -> list[Path]:
 
 
 def read_caps(files: list[Path]) -> list[Cap]:
-    from packaging.requirements import InvalidRequirement, Requirement
-
     caps = []
     for path in files:
         for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:
-                continue
-            caps.append(Cap(normalize(req.name), str(req.specifier), str(path)))
+            req = requirement(line)
+            if req:
+                caps.append(Cap(normalize(req.name), str(req.specifier), str(path)))
     return caps
 
 
 def cap_refusals(bump: tuple[Pin, ...], caps: list[Cap]) -> list[str]:
     """One line per bumped pin a pip constraint refuses (pip-compile would only say "no stable configuration")."""
-    from packaging.specifiers import SpecifierSet
-
     return [
         f"{pin} is refused by this machine's pip constraint {cap.name}{cap.specifier} ({cap.source}); "
         f"lifting it (`rm -r {Path(cap.source).parent}`) is a machine-wide decision, and the build is several GB"

@@ -11,6 +11,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from harness.lockcheck import normalize, pins
 from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
@@ -37,10 +39,16 @@ class Pin:
 
     @classmethod
     def parse(cls, text: str) -> "Pin":
-        name, sep, version = text.strip().partition("==")
-        if not sep or not name or not version or any(c in version for c in "<>=!~*, "):
+        """``name==version`` read as pip reads a requirement; a range, a wildcard, extras or a marker is refused."""
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:  # no name, or a version PEP 440 cannot read
+            req = None
+        specs = list(req.specifier) if req else []
+        exact = len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version
+        if not exact or req.extras or req.marker:
             raise BumpError(f"{text!r} is not an exact pin: write PKGS=\"name==version ...\" (e.g. transformers==5.23.0)")
-        return cls(normalize(name), version)
+        return cls(normalize(req.name), specs[0].version)
 
     def __str__(self) -> str:
         return f"{self.name}=={self.version}"

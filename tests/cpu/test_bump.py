@@ -64,6 +64,8 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path, capsys):
         ([], "nothing to bump"),
         (["transformers>=5.23"], "is not an exact pin"),
         (["transformers"], "is not an exact pin"),
+        (["transformers==five"], "is not an exact pin"),  # not a version: refused here, not by pip-compile later
+        (["transformers[torch]==5.23.0"], "is not an exact pin"),  # extras: the lock pins the package, not them
         (["no-such-package==1.0"], "no-such-package not in requirements-lock.txt"),
         (["transformers==5.23.0", "Transformers==5.22.0"], "transformers asked for twice"),
     ],
