@@ -117,7 +117,7 @@ def test_a_baseline_is_reused_only_while_lock_code_and_age_fit(tmp_path):
     (tmp_path / "tests.json").write_text("{}")
     now = dt.datetime(2026, 12, 3, 12, tzinfo=dt.timezone.utc)
     run = TierRun(python="p", report_dir=str(tmp_path), finished=(now - dt.timedelta(hours=2)).isoformat(),
-                       lock_sha256=sha256(LOCK), code_sha256=code_sha256())
+                  lock_sha256=sha256(LOCK), code_sha256=code_sha256())
     assert baseline_is_current(run, LOCK, 24, now)
     assert not baseline_is_current(run, LOCK, 1, now)
     other = tmp_path / "other-lock.txt"
