@@ -77,6 +77,7 @@ def measure_rope_hf() -> dict:
     return {
         "lnc": logical_neuron_cores(),
         "grids": counting.grids,
+        "op": rope_module.rope_hf_op.flavour,
         "forward": forward,
         "backward": backward,
     }
@@ -91,6 +92,8 @@ def rope_hf_on_a_neuroncore() -> dict:
 def test_rope_hf_forward_equals_cossinrope(rope_hf_on_a_neuroncore, golden, record_property):
     measured = rope_hf_on_a_neuroncore
     record_property("rope_lnc", measured["lnc"])
+    record_property("rope_op", measured["op"])
+    assert measured["op"] == "torch_neuronx.nki_hop.nki_op", "the tutorial's nki_op, not torch.library.custom_op"
     forward = measured["forward"]
     assert forward["launches"] == 1, "nkilib rope_hf did not run exactly once for the forward (a torch fallback?)"
     assert measured["grids"][0] == [measured["lnc"]], measured["grids"]
