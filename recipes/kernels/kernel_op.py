@@ -9,6 +9,9 @@ body under ``set_wrap_nki_enabled(False)`` ("bypass the HOP outside of torch.com
 registers the body itself as the fake implementation, and adds a
 ``FunctionalTensorMode`` rule (aws-neuron/aws-neuron-sdk torch/guides/how-to-work-with-nki.rst
 documents ``@nki_op`` + ``register_autograd`` as the way). So on trn2 the op is an ``nki_op``.
+Open question: in that public copy ``NKIHOPCaller.__call__`` never reads the flag, so there the
+eager difference is the fake and the functional rule only; what the released torch-neuronx 2.14.3
+does with it is not public.
 
 It cannot be one at import: recipes must import where torch_neuronx is absent (the cpu
 tier) and must not import torch_neuronx merely by being imported (the pytest process on

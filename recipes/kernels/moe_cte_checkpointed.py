@@ -14,6 +14,10 @@ The spec: ``shard_on_i`` with activations checkpointed and affinities applied on
 the kernel returns ``(output [T+1, H], gate_up_activations_T [N, 2, I, B],
 down_activations [N, B, H])`` for ``blockwise_mm_bwd`` (core/moe/moe_cte/bwmm_shard_on_I.py).
 
+Open question (no public torchtitan-neuron or torch-neuronx source decides it): that NKI's
+trace mode takes a kernel defined outside nkilib which calls ``moe_cte`` and constructs its
+spec is shown only by vLLM Neuron's kernel above; the trn2 one-core MoE test is its first run here.
+
 Imports nki and nkilib at module level: imported only by
 ``recipes.kernels.grouped_experts._kernels`` on the neuron device.
 """

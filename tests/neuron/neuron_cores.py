@@ -165,7 +165,13 @@ def on_neuron_cores(body, *args, cores: int = 1, timeout_s: float = DEFAULT_TIME
 
 
 def open_neuron_devices(fd_dir: Path = Path("/proc/self/fd")) -> list[str]:
-    """The ``/dev/neuron*`` files this process holds open: a process holding them holds NeuronCores."""
+    """The ``/dev/neuron*`` files this process holds open: a process holding them holds NeuronCores.
+
+    Open question (checked: the Neuron runtime configuration guide, aws-neuron/aws-neuron-sdk, which
+    says cores stay reserved until the process exits but not how): that the runtime keeps its cores
+    through open ``/dev/neuron*`` descriptors is how a driver-backed device works, not documented;
+    the first trn2 run shows it (an in-process device test would then fail this guard).
+    """
     held = []
     for fd in fd_dir.iterdir() if fd_dir.is_dir() else ():
         try:
