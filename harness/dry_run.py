@@ -370,6 +370,13 @@ def resolved_config(config, plan: Plan) -> dict:
     return tree
 
 
+def torchtitan_neuron() -> dict:
+    """Which TorchTitan Neuron ref and commit this machine's trn2 run would import (none on a laptop)."""
+    from recipes.platform.torchtitan_checkout import checkout_info
+
+    return checkout_info()
+
+
 def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
     """One planned run, checked and described; ``ok`` False with the refusal when it would not start.
 
@@ -398,6 +405,7 @@ def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
         "env": launch_env(opts),
         "placeholders": [dataclasses.asdict(p) | {"shown": p.shown} for p in plan.placeholders],
         "checked": [],
+        **({"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2" else {}),
     }
     try:
         config, result["checked"] = build_config(plan, cli_overrides)
@@ -433,6 +441,10 @@ def summary(result: dict, path: Path) -> str:
     if upstream:
         diffs = ", ".join(f"{k} {v['built']} vs {v['upstream']}" for k, v in upstream["differences"].items())
         lines.append(f"  same parameters as upstream {upstream['spec']}" + (f"; differs in {diffs}" if diffs else ""))
+    if "torchtitan_neuron" in result:
+        from recipes.platform.torchtitan_checkout import describe
+
+        lines.append(f"  TorchTitan Neuron: {describe(result['torchtitan_neuron'])}")
     lines += [f"  placeholder {p['shown']}: {p['note']}" for p in result["placeholders"]]
     lines.append(f"  report: {path}")
     return "\n".join(lines)

@@ -169,7 +169,15 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "seed": config.debug.seed,
         "dtype": {"params": config.training.mixed_precision_param, "export": config.checkpoint.export_dtype},
         "allowed_mismatches": [m.message for m in allowed],
+        **({"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2" else {}),
     }
+
+
+def torchtitan_neuron() -> dict:
+    """The TorchTitan Neuron ref and commit this interpreter runs (recipes/platform/torchtitan_checkout.py)."""
+    from recipes.platform.torchtitan_checkout import checkout_info
+
+    return checkout_info()
 
 
 def mismatches(opts: RunOptions, config) -> list[Mismatch]:

@@ -90,9 +90,18 @@ def versions() -> dict[str, str | None]:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
+    found["torchtitan-neuron"] = torchtitan_neuron()
     found["python"] = _platform.python_version()
     found["machine"] = f"{_platform.machine()} {_platform.system()}"
     return found
+
+
+def torchtitan_neuron() -> str | None:
+    """TorchTitan Neuron's ref and commit as scripts/neuron_venv.sh installed them; None where it did not."""
+    from recipes.platform.torchtitan_checkout import checkout_info, describe
+
+    info = checkout_info()
+    return describe(info) if info["installed"] else None
 
 
 def load(report_dir: Path) -> dict:

@@ -60,8 +60,10 @@ def finish_config(config, opts: RunOptions, cli_overrides: list[str] = ()):
 
         apply_override_specs(config, opts.overrides)
     from harness.titan_cli import apply_cli_overrides
+    from recipes.tutorial import check_compile
 
     config = apply_cli_overrides(config, cli_overrides)
+    check_compile(config, opts.tier)
     check_kernel_constraints(config, opts.tier)
     return config
 

@@ -88,6 +88,8 @@ class Tier:
     #: Whether a recipe's ``compile.enable`` stands; cpu runs eager (compile time would dwarf
     #: the tiny runs, and the goldens were measured eager).
     compile_allowed: bool
+    #: ``compile.backend`` where compile runs: torch.compile's TorchDynamo backend for this device.
+    compile_backend: str
     #: The HF export's dtype: fp32 on cpu so export and trained state compare bitwise,
     #: bf16 on trn2 like the published weights.
     export_dtype: str
@@ -126,6 +128,7 @@ CPU = Tier(
     launch_timeout_s=900,
     full_size_models=False,
     compile_allowed=False,
+    compile_backend="inductor",
     export_dtype="float32",
     runs_nki_kernels=False,
     # A tiny run is mostly start-up: nproc imports of torch+torchtitan (~9 s of CPU each) cost
@@ -153,6 +156,11 @@ TRN2 = Tier(
     launch_timeout_s=7200,
     full_size_models=True,
     compile_allowed=True,
+    # TorchNeuron's TorchDynamo backend; torchtitan's default, inductor, does not target Neuron:
+    # "--compile.enable --compile.backend neuron" (aws-neuron/aws-neuron-sdk
+    # training/torchtitan/about-torchtitan-neuron.rst; torch/compile/reference-torch-compile.rst:
+    # torch.compile(model, backend="neuron")).
+    compile_backend="neuron",
     export_dtype="bfloat16",
     runs_nki_kernels=True,
     # The tutorial's own launch: forking ranks after a Neuron import is unverified, and a

@@ -98,6 +98,7 @@ def tutorial_settings(config, inputs: RecipeInputs):
     config.debug.seed = 0
     config.debug.deterministic = tier.deterministic
     config.compile.enable = config.compile.enable and tier.compile_allowed
+    config.compile.backend = tier.compile_backend  # so a later --compile.enable compiles for this device
 
     load_hf = inputs.init == "hf"
     config.checkpoint = CheckpointManager.Config(
@@ -114,6 +115,24 @@ def tutorial_settings(config, inputs: RecipeInputs):
         load_only=False,
     )
     return config
+
+
+class CompileBackendError(RecipeError):
+    """torch.compile is enabled with a backend that does not compile for the tier's device."""
+
+
+def check_compile(config, tier: str) -> None:
+    """Refuse ``compile.enable`` with a ``compile.backend`` other than the tier's (``neuron`` on trn2).
+
+    Run after torchtitan's CLI overrides, which may enable compile or change the backend.
+    """
+    preset = TIERS[tier]
+    if config.compile.enable and config.compile.backend != preset.compile_backend:
+        raise CompileBackendError(
+            f"compile.enable with compile.backend={config.compile.backend!r} cannot compile for --tier {tier}: "
+            f"use --compile.backend {preset.compile_backend} (TorchNeuron's torch.compile backend on trn2), "
+            "or drop --compile.enable"
+        )
 
 
 def tier_config(recipe: str, tier: str, init: str = "hf"):

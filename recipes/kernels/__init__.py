@@ -5,7 +5,10 @@
 * :mod:`recipes.kernels.grouped_experts` — ``grouped_experts``: routed experts through
   nkilib's blockwise MoE on trn2, an fp32 per-expert loop on cpu.
 
-Neuron packages are imported only inside the functions that run on the device.
+Neuron packages are imported only inside the functions that run on the device (and by
+:mod:`recipes.kernels.moe_cte_checkpointed`, which only such a function imports). Each
+kernel's custom op is a :class:`recipes.kernels.kernel_op.KernelOp`: torch_neuronx's
+``nki_op`` on trn2, defined on first use.
 Users select these by name and scope with :mod:`recipes.overrides`.
 :func:`rope_in_use` names the RoPE of every layer without importing a kernel module.
 """

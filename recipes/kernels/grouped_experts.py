@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from recipes.errors import RecipeError
+from recipes.kernels.kernel_op import KernelOp, require_hashable
 from recipes.platform import on_neuron
 from recipes.platform.neuron import logical_neuron_cores
 from recipes.titan import derive, GroupedExperts, override
@@ -238,44 +239,29 @@ class NkiMissingError(RecipeError):
 def _kernels():
     """(moe_cte, blockwise_mm_bwd) wrapped for torch; imported only on the neuron device.
 
-    Sources (aws-neuron/nki-library, src/nkilib_src/nkilib/...):
-    ``core/moe/moe_cte/__init__.py`` exports ``moe_cte``; ``experimental/moe/bwd/__init__.py``
-    exports nothing, ``blockwise_mm_bwd`` lives in ``experimental/moe/bwd/blockwise_mm_backward.py``
-    (nki-library's own test imports it from there:
-    test/integration/nkilib/experimental/moe/test_bwmm_bwd.py).
+    moe_cte is reached through :mod:`recipes.kernels.moe_cte_checkpointed`, which builds its
+    unhashable ``MoECTESpec`` inside the kernel. Sources (aws-neuron/nki-library,
+    src/nkilib_src/nkilib/...): ``core/moe/moe_cte/__init__.py`` exports ``moe_cte``;
+    ``experimental/moe/bwd/__init__.py`` exports nothing, ``blockwise_mm_bwd`` lives in
+    ``experimental/moe/bwd/blockwise_mm_backward.py`` (nki-library's own test imports it from
+    there: test/integration/nkilib/experimental/moe/test_bwmm_bwd.py).
     """
     try:
-        from nkilib.core.moe.moe_cte import moe_cte
         from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
         from torch_neuronx.nki_hop import wrap_nki
+
+        from recipes.kernels.moe_cte_checkpointed import moe_cte_shard_on_i_checkpointed
     except ImportError as e:
         raise NkiMissingError(
             f"grouped_experts on the neuron device needs nkilib and torch_neuronx ({e}); "
             "install requirements-neuron.txt, or drop the grouped_experts override"
         ) from e
-    return wrap_nki(moe_cte), wrap_nki(blockwise_mm_bwd)
+    return wrap_nki(moe_cte_shard_on_i_checkpointed), wrap_nki(blockwise_mm_bwd)
 
 
 def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """NKI addresses HBM with row-major access patterns: hand kernels contiguous tensors."""
     return [t.contiguous() for t in tensors]
-
-
-def _moe_cte_spec():
-    """shard_on_I with activations checkpointed, so blockwise_mm_bwd has what it reads.
-
-    aws-neuron/nki-library src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte.py: ``MoECTESpec(
-    implementation, shard_on_block=None, shard_on_I=None)``, ``ShardOnIConfig(checkpoint_activation,
-    expert_affinity_multiply_on_I=False, ...)``. With checkpointing and affinities on H, the
-    shard_on_I kernel returns ``(output [T+1, H], gate_up_activations_T [N, 2, I, B],
-    down_activations [N, B, H])`` (core/moe/moe_cte/bwmm_shard_on_I.py).
-    """
-    from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig
-
-    return MoECTESpec(
-        implementation=MoECTEImplementation.shard_on_i,
-        shard_on_I=ShardOnIConfig(checkpoint_activation=True, expert_affinity_multiply_on_I=False),
-    )
 
 
 def _affinity_post_scale():
@@ -286,20 +272,21 @@ def _affinity_post_scale():
 
 
 def launch_moe_cte(kernel, lnc: int, hidden, affinities, gate_up, down, token_ids, block_to_expert, block_size, *,
-                   spec, scaling_mode):
-    """Call ``moe_cte`` on an LNC-wide grid with contiguous inputs, in its argument order.
+                   scaling_mode):
+    """Call moe_cte (``moe_cte_shard_on_i_checkpointed``) on an LNC-wide grid with contiguous inputs, in its order.
 
     ``moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
     token_position_to_id, block_to_expert, block_size, spec, ...,
     expert_affinities_scaling_mode=...)`` (aws-neuron/nki-library
-    src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte.py). The grid is a tuple: a public copy of
-    torch_neuronx/nki_hop.py (parmoham-aws/test-repo-parmoham) does ``tuple(map(int, grid))``
-    in ``NKIHOPCaller.__getitem__``, which an int grid would break.
+    src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte.py); the spec is built inside the kernel and
+    every constant passed here must be hashable (``require_hashable``). The grid is a tuple: a
+    public copy of torch_neuronx/nki_hop.py (parmoham-aws/test-repo-parmoham) does
+    ``tuple(map(int, grid))`` in ``NKIHOPCaller.__getitem__``, which an int grid would break.
     """
     tensors = _contiguous(hidden, affinities, gate_up, down, token_ids, block_to_expert)
-    return kernel[(lnc,)](
-        *tensors, block_size=block_size, spec=spec, expert_affinities_scaling_mode=scaling_mode
-    )
+    constants = {"block_size": block_size, "expert_affinities_scaling_mode": scaling_mode}
+    require_hashable("moe_cte", constants)
+    return kernel[(lnc,)](*tensors, **constants)
 
 
 def launch_blockwise_mm_bwd(kernel, lnc: int, hidden, affinities, gate_up, down, gate_up_act_T, down_act,
@@ -316,11 +303,11 @@ def launch_blockwise_mm_bwd(kernel, lnc: int, hidden, affinities, gate_up, down,
     tensors = _contiguous(
         hidden, affinities, gate_up, down, gate_up_act_T, down_act, token_ids, block_to_expert, grad_out
     )
+    require_hashable("blockwise_mm_bwd", {"block_size": block_size})
     return kernel[(lnc,)](*tensors, block_size=block_size)
 
 
-@torch.library.custom_op(MOE_OP_NAME, mutates_args=())
-def moe_blockwise_op(
+def _moe_blockwise(
     hidden: torch.Tensor,
     affinities: torch.Tensor,
     gate_up: torch.Tensor,
@@ -335,6 +322,7 @@ def moe_blockwise_op(
             f"{MOE_OP_NAME} runs nkilib kernels and needs tensors on the neuron device, got "
             f"{hidden.device}; off the device TrnGroupedExperts uses expert_loop."
         )
+    moe_blockwise_op.require_nki_op()
     moe_cte, _ = _kernels()
     out, gate_up_act_T, down_act = launch_moe_cte(
         moe_cte,
@@ -346,13 +334,11 @@ def moe_blockwise_op(
         token_position_to_id,
         block_to_expert,
         block_size,
-        spec=_moe_cte_spec(),
         scaling_mode=_affinity_post_scale(),
     )
     return out, gate_up_act_T, down_act
 
 
-@moe_blockwise_op.register_fake
 def _moe_blockwise_fake(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size):
     n_blocks, hidden_dim = block_to_expert.shape[0], gate_up.shape[-1]
     return (
@@ -390,7 +376,10 @@ def _moe_backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
     return grad_hidden, None, grad_gate_up, grad_down, None, None, None
 
 
-moe_blockwise_op.register_autograd(_moe_backward, setup_context=_moe_setup_context)
+#: ``qwen3_trn_repro::moe_blockwise``; an ``nki_op`` on trn2 (recipes/kernels/kernel_op.py).
+moe_blockwise_op = KernelOp(
+    MOE_OP_NAME, _moe_blockwise, fake=_moe_blockwise_fake, backward=_moe_backward, setup_context=_moe_setup_context
+)
 
 
 def nki_grouped_experts(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD) -> torch.Tensor:

@@ -2,10 +2,10 @@
 
 The tutorial replaces torchtitan's ``CosSinRoPE`` with nkilib's ``rope_hf`` kernel
 (``wrap_nki`` + ``nki_op`` + ``register_autograd``). This module keeps that shape
-on every tier: ``torch.ops.qwen3_trn_repro.rope_hf`` is a ``torch.library``
-custom op (``torch_neuronx.nki_op`` is a thin wrapper around the same
-``torch.library.custom_op``; using it directly keeps the op defined where
-torch_neuronx is not installed). Its implementation
+on every tier: ``torch.ops.qwen3_trn_repro.rope_hf`` is one custom op, defined on
+first use by :class:`recipes.kernels.kernel_op.KernelOp`: torch_neuronx's ``nki_op``
+on trn2 (which is not the same as ``torch.library.custom_op`` in eager mode, see
+that module), ``torch.library.custom_op`` with the same body elsewhere. Its implementation
 
 * on a ``neuron`` device calls ``rope_hf`` through ``wrap_nki(kernel)[LNC]`` in the
   kernel's layout ``[B, heads, S, D]`` with cos/sin ``[(B,) S, D]``;
@@ -30,6 +30,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from recipes.errors import RecipeError
+from recipes.kernels.kernel_op import KernelOp
 from recipes.platform import on_neuron
 from recipes.platform.neuron import LNCError, VALID_LNC, logical_neuron_cores
 from recipes.titan import _maybe_check_max_pos, _yarn_inv_freq, CosSinRoPE, derive, override
@@ -172,8 +173,7 @@ def _rope_nki(q, k, positions, inv_freq, backward):
     )
 
 
-@torch.library.custom_op(OP_NAME, mutates_args=())
-def rope_hf_op(
+def _rope_hf(
     q: torch.Tensor,
     k: torch.Tensor,
     positions: torch.Tensor,
@@ -185,11 +185,11 @@ def rope_hf_op(
     ``backward=True`` applies the transposed rotation: the gradient of the forward.
     """
     if on_neuron(q):
+        rope_hf_op.require_nki_op()
         return _rope_nki(q, k, positions, inv_freq, backward)
     return _rope_torch(q, k, positions, inv_freq, backward)
 
 
-@rope_hf_op.register_fake
 def _rope_hf_fake(q, k, positions, inv_freq, backward=False):
     return torch.empty_like(q), torch.empty_like(k)
 
@@ -207,7 +207,8 @@ def _backward(ctx, grad_q, grad_k):
     return grad_q, grad_k, None, None, None
 
 
-rope_hf_op.register_autograd(_backward, setup_context=_setup_context)
+#: ``qwen3_trn_repro::rope_hf``: ``rope_hf_op(q, k, positions, inv_freq, backward=False)``.
+rope_hf_op = KernelOp(OP_NAME, _rope_hf, fake=_rope_hf_fake, backward=_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------

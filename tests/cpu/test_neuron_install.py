@@ -7,6 +7,7 @@ interpreters, so nothing is created or fetched.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -76,6 +77,27 @@ def test_version_matching_follows_pep440_equality(pin, installed, ok):
 
 # ---------------------------------------------------------------- scripts/neuron_venv.sh
 
+#: What `git ls-remote --heads --tags` prints for the fake remote: release-2.33 is a branch.
+BRANCH_SHA, TAG_SHA, PEELED_SHA = "1" * 40, "2" * 40, "3" * 40
+REMOTE_REFS = {
+    "refs/heads/main": "a" * 40,
+    "refs/heads/release-2.32": "b" * 40,
+    "refs/heads/release-2.33": BRANCH_SHA,
+    "refs/tags/v0.2.2-neuron.1": TAG_SHA,
+    "refs/tags/v0.2.2-neuron.1^{}": PEELED_SHA,
+}
+
+#: A `git` that only records how it was called and answers ls-remote: the script's commands are observed,
+#: nothing is fetched. Any other git command is refused, so a plan step that would run one shows up.
+FAKE_GIT = """#!/bin/sh
+printf '%s\\n' "$*" >> "$FAKE_GIT_LOG"
+case "$1" in
+  ls-remote) [ -n "$FAKE_GIT_FAIL" ] && { echo "fatal: unable to access remote" >&2; exit 128; }
+             cat "$FAKE_GIT_REFS" ;;
+  *) echo "fake git: unexpected command: $*" >&2; exit 3 ;;
+esac
+"""
+
 
 def fake_python(directory: Path, version: str) -> Path:
     """An 'interpreter' that only reports its version: enough for the script's checks."""
@@ -92,7 +114,25 @@ def os_release(tmp_path: Path, version_id: str, distro: str = "ubuntu") -> Path:
     return path
 
 
-def run_script(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def fake_git(tmp_path: Path, refs: dict[str, str] = REMOTE_REFS) -> dict[str, str]:
+    """PATH and files for the fake git; returns the environment entries to pass."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    git = bin_dir / "git"
+    git.write_text(FAKE_GIT)
+    git.chmod(0o755)
+    refs_file = tmp_path / "remote-refs"
+    refs_file.write_text("".join(f"{sha}\t{ref}\n" for ref, sha in refs.items()))
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_GIT_LOG": str(tmp_path / "git.log"),
+            "FAKE_GIT_REFS": str(refs_file)}  # fmt: skip
+
+
+def git_calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "git.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def run_script(tmp_path: Path, *args: str, refs: dict[str, str] = REMOTE_REFS, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("NEURON_VENV", "TORCHTITAN_NEURON_URL", "TORCHTITAN_NEURON_REF")}
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
@@ -100,8 +140,12 @@ def run_script(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
         text=True,
         timeout=60,
         cwd=tmp_path,
-        env={**base, "VENV": str(tmp_path / "venv"), **env},
+        env={**base, "VENV": str(tmp_path / "venv"), **fake_git(tmp_path, refs), **env},
     )
+
+
+def plan_of(out: subprocess.CompletedProcess) -> list[str]:
+    return [line[2:] for line in out.stdout.splitlines() if line.startswith("+ ")]
 
 
 def test_check_prints_the_documented_install_and_changes_nothing(tmp_path):
@@ -109,8 +153,8 @@ def test_check_prints_the_documented_install_and_changes_nothing(tmp_path):
     out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(python))
     assert out.returncode == 0, out.stderr
     venv = tmp_path / "venv"
-    plan = [line[2:] for line in out.stdout.splitlines() if line.startswith("+ ")]
-    assert plan == [
+    assert plan_of(out) == [
+        f"git ls-remote --heads --tags {neuron_versions.TORCHTITAN_NEURON_URL}",
         f"{python} -m venv {venv}",
         f"{venv}/bin/python -m pip install --upgrade pip",
         f"{venv}/bin/python -m pip install -r {REPO_ROOT}/requirements-neuron.txt",
@@ -120,17 +164,61 @@ def test_check_prints_the_documented_install_and_changes_nothing(tmp_path):
         f"-c {REPO_ROOT}/requirements-neuron.txt",
         f"{venv}/bin/python -m pip install -e {venv}/src/torchtitan-neuron -c {REPO_ROOT}/requirements-neuron.txt",
     ]
+    assert f"TorchTitan Neuron: branch release-2.33 at {BRANCH_SHA} ({neuron_versions.TORCHTITAN_NEURON_URL})" in out.stdout
+    assert f"would record release-2.33 (branch) and the checked-out commit in {venv}/torchtitan-neuron.json" in out.stdout
+    assert git_calls(tmp_path) == [f"ls-remote --heads --tags {neuron_versions.TORCHTITAN_NEURON_URL}"]
     assert not venv.exists()
+
+
+def test_a_release_tag_is_found_and_named_by_its_commit(tmp_path):
+    out = run_script(
+        tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "26.04")),
+        PYTHON=str(fake_python(tmp_path / "py", "3.12")), TORCHTITAN_NEURON_REF="v0.2.2-neuron.1",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"TorchTitan Neuron: tag v0.2.2-neuron.1 at {PEELED_SHA}" in out.stdout  # the commit, not the tag object
+    assert "git clone --depth 1 --branch v0.2.2-neuron.1 " in out.stdout
+
+
+def test_a_missing_release_ref_is_refused_naming_what_exists_and_nothing_falls_back(tmp_path):
+    refs = {k: v for k, v in REMOTE_REFS.items() if "release-2.33" not in k}
+    out = run_script(
+        tmp_path, "--check", refs=refs,
+        OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(fake_python(tmp_path / "py", "3.12")),
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert f"{neuron_versions.TORCHTITAN_NEURON_URL} has no branch or tag 'release-2.33'" in out.stderr
+    assert "it has: branch main, branch release-2.32)" in out.stderr
+    assert "Set TORCHTITAN_NEURON_REF to one that exists" in out.stderr
+    assert not any(step.startswith(("git clone", "git -C")) for step in plan_of(out))
+    assert git_calls(tmp_path) == [f"ls-remote --heads --tags {neuron_versions.TORCHTITAN_NEURON_URL}"]
+
+
+def test_a_ref_that_is_both_a_branch_and_a_tag_is_refused(tmp_path):
+    out = run_script(
+        tmp_path, "--check", refs={**REMOTE_REFS, "refs/tags/release-2.33": TAG_SHA},
+        OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(fake_python(tmp_path / "py", "3.12")),
+    )  # fmt: skip
+    assert out.returncode == 1 and "has both a branch and a tag named 'release-2.33'" in out.stderr
+
+
+def test_an_unreachable_remote_is_refused(tmp_path):
+    out = run_script(
+        tmp_path, "--check", FAKE_GIT_FAIL="1",
+        OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(fake_python(tmp_path / "py", "3.12")),
+    )  # fmt: skip
+    assert out.returncode == 1 and "git ls-remote https://github.com/aws-neuron/torchtitan-neuron.git failed" in out.stderr
 
 
 def test_repository_and_ref_are_overridable(tmp_path):
     out = run_script(
         tmp_path, "--check",
         OS_RELEASE=str(os_release(tmp_path, "26.04")), PYTHON=str(fake_python(tmp_path / "py", "3.13")),
-        TORCHTITAN_NEURON_URL="https://example.invalid/fork.git", TORCHTITAN_NEURON_REF="my-branch",
+        TORCHTITAN_NEURON_URL="https://example.invalid/fork.git", TORCHTITAN_NEURON_REF="main",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "git clone --depth 1 --branch my-branch https://example.invalid/fork.git" in out.stdout
+    assert git_calls(tmp_path) == ["ls-remote --heads --tags https://example.invalid/fork.git"]
+    assert "git clone --depth 1 --branch main https://example.invalid/fork.git" in out.stdout
 
 
 @pytest.mark.parametrize("version", ["3.10", "3.11", "3.15"])
@@ -154,27 +242,67 @@ def test_older_ubuntu_without_neuron_venv_is_sent_to_the_dlami_venv(tmp_path, ve
     assert "Ubuntu 26.04 only" in out.stderr and f"NEURON_VENV={DLAMI_VENV} make neuron-venv" in out.stderr
 
 
-def test_neuron_venv_reuses_a_prebuilt_venv_on_older_ubuntu(tmp_path):
+def test_neuron_venv_is_layered_on_never_installed_into(tmp_path):
     dlami = tmp_path / "dlami"
     fake_python(dlami / "bin", "3.12")
+    (dlami / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
     out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "24.04")), NEURON_VENV=str(dlami))
     assert out.returncode == 0, out.stderr
     venv = tmp_path / "venv"
-    assert f"reusing the prebuilt venv NEURON_VENV={dlami} (Python 3.12)" in out.stdout
-    plan = [line[2:] for line in out.stdout.splitlines() if line.startswith("+ ")]
-    assert plan[0] == f"ln -sfn {dlami} {venv}"
-    assert not any("-m venv" in step or "--upgrade pip" in step for step in plan)  # the DLAMI venv is not rebuilt
-    assert f"{venv}/bin/python -m pip install -r {REPO_ROOT}/requirements-neuron.txt" in plan
+    assert f"layering {venv} on the prebuilt venv NEURON_VENV={dlami} (Python 3.12); nothing is installed into it" in out.stdout
+    plan = plan_of(out)
+    assert plan[1:3] == [
+        f"{dlami}/bin/python -m venv --system-site-packages {venv}",
+        f"echo \"import site; site.addsitedir('{dlami}/lib/python3.12/site-packages')\" > "
+        f"{venv}/lib/python3.12/site-packages/_neuron_venv_base.pth",
+    ]
+    installs = [step for step in plan if " -m pip " in step]
+    assert installs and all(step.startswith(f"{venv}/bin/python -m pip ") for step in installs)
+    assert not any(str(dlami) in step for step in installs + plan[3:]), "nothing runs pip in, or writes to, NEURON_VENV"
+    assert not any(step.startswith("ln ") for step in plan)
     assert not venv.exists()
 
 
-def test_neuron_venv_with_an_old_python_or_no_python_is_refused(tmp_path):
-    old = tmp_path / "old"
-    fake_python(old / "bin", "3.10")
-    out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "24.04")), NEURON_VENV=str(old))
-    assert out.returncode == 1 and "is Python 3.10" in out.stderr
-    out = run_script(tmp_path, "--check", NEURON_VENV=str(tmp_path / "nowhere"))
-    assert out.returncode == 1 and f"NEURON_VENV={tmp_path / 'nowhere'} has no bin/python" in out.stderr
+def test_a_venv_that_links_to_the_shared_venv_is_refused(tmp_path):
+    """An older neuron_venv.sh made .venv-neuron a link to NEURON_VENV and pip-installed into it."""
+    dlami = tmp_path / "dlami"
+    fake_python(dlami / "bin", "3.12")
+    (tmp_path / "venv").symlink_to(dlami)
+    out = run_script(tmp_path, "--check", OS_RELEASE=str(os_release(tmp_path, "24.04")), NEURON_VENV=str(dlami))
+    assert out.returncode == 1
+    assert f"{tmp_path / 'venv'} is a link to {dlami}" in out.stderr and f"rm {tmp_path / 'venv'}" in out.stderr
+
+
+def test_the_layered_venv_sees_the_prebuilt_packages_first_its_own(tmp_path):
+    """The layering step for real (no pip install): a venv made by the script's layer_venv imports the base's module,
+    its own site-packages come first, and the base venv is left untouched. A plain --system-site-packages venv
+    made from the base venv's python does not see the base venv's packages (why the .pth line exists)."""
+    base = tmp_path / "base"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True, timeout=120)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    base_site = base / "lib" / f"python{version}" / "site-packages"
+    (base_site / "dlami_marker.py").write_text("WHERE = 'base'\n")
+    before = sorted(p.name for p in base_site.iterdir())
+
+    plain = tmp_path / "plain"
+    subprocess.run([str(base / "bin" / "python"), "-m", "venv", "--without-pip", "--system-site-packages", str(plain)],
+                   check=True, timeout=120)  # fmt: skip
+    seen = subprocess.run([str(plain / "bin" / "python"), "-c", "import dlami_marker"], capture_output=True, timeout=60)
+    assert seen.returncode != 0, "a plain --system-site-packages venv sees the base interpreter's packages only"
+
+    venv = tmp_path / "venv"
+    out = subprocess.run(
+        ["bash", "-c", f'source "{SCRIPT}"; VENV="{venv}"; layer_venv "{base}" "{version}"'],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    probe = "import dlami_marker, sys, json; print(json.dumps([dlami_marker.WHERE, sys.path]))"
+    where, path = json.loads(subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True,
+                                            text=True, timeout=60, check=True).stdout)  # fmt: skip
+    own_site = str(venv / "lib" / f"python{version}" / "site-packages")
+    assert where == "base"
+    assert path.index(own_site) < path.index(str(base_site))
+    assert sorted(p.name for p in base_site.iterdir()) == before
 
 
 def test_unknown_argument_is_refused(tmp_path):

@@ -220,10 +220,10 @@ def test_moe_cte_launch_gets_contiguous_tensors_on_a_tuple_grid():
     inputs = _tiny_blockwise_inputs()
     assert not inputs.down.is_contiguous()  # w2 transposed: the layout change leaves a strided view
     kernel = RecordingKernel(result=("out", "gate_up_act_T", "down_act"))
-    spec, mode = object(), object()
+    mode = object()
     result = launch_moe_cte(
         kernel, 2, inputs.hidden, inputs.affinities, inputs.gate_up, inputs.down,
-        inputs.token_position_to_id, inputs.block_to_expert, 16, spec=spec, scaling_mode=mode,
+        inputs.token_position_to_id, inputs.block_to_expert, 16, scaling_mode=mode,
     )  # fmt: skip
     assert result == ("out", "gate_up_act_T", "down_act")
     assert kernel.grids == [(2,)]
@@ -235,7 +235,74 @@ def test_moe_cte_launch_gets_contiguous_tensors_on_a_tuple_grid():
         tuple(inputs.token_position_to_id.shape), tuple(inputs.block_to_expert.shape),
     ]  # fmt: skip
     assert torch_equal(args[3], inputs.down)
-    assert kernel.kwargs == [dict(block_size=16, spec=spec, expert_affinities_scaling_mode=mode)]
+    assert kernel.kwargs == [dict(block_size=16, expert_affinities_scaling_mode=mode)]
+
+
+def test_every_constant_the_moe_launches_pass_through_wrap_nki_is_hashable():
+    """torch_neuronx hashes every non-tensor argument of a wrap_nki call (recipes/kernels/kernel_op.py).
+
+    moe_cte's own ``spec`` is a non-frozen @dataclass (unhashable): the launch passes none.
+    """
+    import enum
+
+    import torch
+
+    from recipes.kernels.grouped_experts import launch_blockwise_mm_bwd, launch_moe_cte
+
+    class ScaleMode(enum.Enum):  # nkilib's ExpertAffinityScaleMode is an Enum
+        POST_SCALE = 0
+
+    inputs = _tiny_blockwise_inputs()
+    moe_cte, bwd = RecordingKernel(result=None), RecordingKernel(result=None)
+    launch_moe_cte(moe_cte, 2, inputs.hidden, inputs.affinities, inputs.gate_up, inputs.down,
+                   inputs.token_position_to_id, inputs.block_to_expert, 16, scaling_mode=ScaleMode.POST_SCALE)
+    n = inputs.block_to_expert.shape[0]
+    launch_blockwise_mm_bwd(bwd, 2, inputs.hidden, inputs.affinities, inputs.gate_up, inputs.down,
+                            torch.zeros(n, 2, 48, 16), torch.zeros(n, 16, 32), inputs.token_position_to_id,
+                            inputs.block_to_expert, torch.zeros_like(inputs.hidden), 16)  # fmt: skip
+    for kernel in (moe_cte, bwd):
+        (args,), (kwargs,) = kernel.args, kernel.kwargs
+        constants = [a for a in args if not isinstance(a, torch.Tensor)] + list(kwargs.values())
+        assert constants and all(hash(c) is not None for c in constants), constants
+
+
+def test_an_unhashable_kernel_constant_is_refused_before_launch():
+    from dataclasses import dataclass
+
+    from recipes.kernels.kernel_op import require_hashable
+
+    @dataclass
+    class Spec:  # as nkilib's MoECTESpec: @dataclass, not frozen, so __hash__ is None
+        implementation: int
+
+    with pytest.raises(TypeError, match=r"moe_cte: the constant argument spec=Spec\(\.\.\.\) is not hashable"):
+        require_hashable("moe_cte", {"block_size": 256, "spec": Spec(1)})
+    require_hashable("moe_cte", {"block_size": 256, "mode": None, "flag": True})
+
+
+def test_moe_cte_kernel_takes_the_launchs_arguments_and_builds_its_spec_inside():
+    """recipes/kernels/moe_cte_checkpointed.py imports nki (trn2 only): read, not imported, here."""
+    import ast
+    import inspect
+
+    from recipes.kernels import grouped_experts
+
+    tree = ast.parse((REPO_ROOT / "recipes" / "kernels" / "moe_cte_checkpointed.py").read_text())
+    (kernel,) = [f for f in tree.body if isinstance(f, ast.FunctionDef)]
+    assert [ast.unparse(d) for d in kernel.decorator_list] == ["nki.jit(mode='trace')"]
+    assert [a.arg for a in kernel.args.args] == [
+        "hidden_states", "expert_affinities_masked", "gate_up_proj_weight", "down_proj_weight",
+        "token_position_to_id", "block_to_expert", "block_size", "expert_affinities_scaling_mode",
+    ]  # fmt: skip
+    launch = inspect.getsource(grouped_experts.launch_moe_cte)
+    assert '"block_size": block_size, "expert_affinities_scaling_mode": scaling_mode' in launch
+    (call,) = [n for n in ast.walk(kernel) if isinstance(n, ast.Call) and ast.unparse(n.func) == "moe_cte"]
+    assert {k.arg: ast.unparse(k.value) for k in call.keywords}["spec"] == "spec"
+    built = [n for n in ast.walk(kernel) if isinstance(n, ast.Call) and ast.unparse(n.func) == "MoECTESpec"]
+    assert [ast.unparse(k) for k in built[0].keywords] == [
+        "implementation=MoECTEImplementation.shard_on_i",
+        "shard_on_I=ShardOnIConfig(checkpoint_activation=True, expert_affinity_multiply_on_I=False)",
+    ]
 
 
 def test_blockwise_mm_bwd_launch_order_and_contiguity():

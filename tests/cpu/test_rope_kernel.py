@@ -143,7 +143,7 @@ def test_opcheck(dtype, backward):
     q, k, positions, inv_freq = _small_fp64_inputs()
     q = q.detach().to(dtype).requires_grad_()
     k = k.detach().to(dtype).requires_grad_()
-    torch.library.opcheck(rope_hf_op, (q, k, positions, inv_freq.float(), backward))
+    torch.library.opcheck(rope_hf_op.op, (q, k, positions, inv_freq.float(), backward))
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from neuron_cores import fail_if_device_held
 from requires import REQUIRE_ENV, gaps, require_trn2
 
 
@@ -29,3 +30,9 @@ def pytest_runtest_setup(item):
     if require_trn2():
         pytest.fail(f"{REQUIRE_ENV}=1 (nightly): the trn2 tier is incomplete: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test and its fixtures: an open Neuron device here would starve every later launch."""
+    fail_if_device_held(item.nodeid)

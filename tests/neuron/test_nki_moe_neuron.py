@@ -4,7 +4,9 @@ once with config 3's own gather-free RoPE and once with nkilib's rope_hf in ever
 The one-core check compares ``TrnGroupedExperts`` (nkilib ``moe_cte`` forward,
 ``blockwise_mm_bwd`` backward) with torchtitan's stock ``GroupedExperts`` at the
 tutorial's expert shapes (H 2048, I 768), forward and backward, and counts the kernel
-calls through this suite's launch wrappers, so a silent fallback cannot pass.
+calls through this suite's launch wrappers, so a silent fallback cannot pass. Both
+one-core checks run in a child process on NeuronCore 0 (``tests/neuron/neuron_cores.py``):
+the pytest process never opens the device, so the 64-rank runs below get every core.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import pytest
 import torch
 
+from neuron_cores import CountingKernel, neuron_core_body, neuron_device, on_neuron_cores
 from requires import (
     requires_dataset,
     requires_neuron_device,
@@ -34,39 +37,6 @@ SEED = 0
 #: checkpointed activations: one more factor of two.
 FORWARD_RTOL = 2**-6
 BACKWARD_RTOL = 2**-5
-
-
-@pytest.fixture(scope="module")
-def device():
-    import torch_neuronx  # noqa: F401  (registers the "neuron" device)
-
-    return torch.device("neuron")
-
-
-class Counting:
-    """Wraps a ``wrap_nki`` kernel: counts launches, passes everything through."""
-
-    def __init__(self, kernel):
-        self.kernel, self.calls = kernel, 0
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def call(*args, **kwargs):
-            self.calls += 1
-            return launch(*args, **kwargs)
-
-        return call
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    from recipes.kernels import grouped_experts as ge
-
-    moe_cte, bwd = ge._kernels()
-    counted = Counting(moe_cte), Counting(bwd)
-    monkeypatch.setattr(ge, "_kernels", lambda: counted)
-    return counted
 
 
 def _experts_and_inputs():
@@ -100,28 +70,58 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-@requires_neuron_device
-@requires_torch_neuronx
-@requires_nkilib
-def test_nki_grouped_experts_match_stock_on_one_neuroncore(device, kernel_calls, record_property):
-    from recipes.kernels.grouped_experts import TrnGroupedExperts
+@neuron_core_body
+def measure_grouped_experts() -> dict:
+    """On one NeuronCore: TrnGroupedExperts (nkilib) against stock GroupedExperts on the host, launches counted."""
+    device = neuron_device()
+    from recipes.kernels import grouped_experts as ge
 
+    moe_cte, bwd = (CountingKernel(kernel) for kernel in ge._kernels())
+    ge._kernels = lambda: (moe_cte, bwd)  # this child's module only; it dies with the child
     stock, ours, counts, x, grad_out = _experts_and_inputs()
-    assert isinstance(ours, TrnGroupedExperts)
     # Stock runs where torch._grouped_mm is known to work (the host); ours on the NeuronCore.
     ref_out, ref_dx, ref_dw = _run(stock, x, counts, grad_out)
     ours = ours.to(device)
     out, dx, dw = _run(ours, x.to(device), counts.to(device), grad_out.to(device))
-
-    moe_cte, bwd = kernel_calls
-    record_property("nki_moe_kernel_calls", {"moe_cte": moe_cte.calls, "blockwise_mm_bwd": bwd.calls})
-    assert (moe_cte.calls, bwd.calls) == (1, 1), "the nkilib kernels did not run exactly once each"
-
-    forward = _rel(out, ref_out)
     backward = {"dx": _rel(dx, ref_dx)}
     backward.update({f"d{n}": _rel(a, b) for (n, _), a, b in zip(stock.named_parameters(), dw, ref_dw)})
-    record_property("nki_moe_forward_max_rel_diff", forward)
-    record_property("nki_moe_backward_max_rel_diff", backward)
+    return {
+        "module": type(ours).__name__,
+        "launches": {"moe_cte": moe_cte.grids, "blockwise_mm_bwd": bwd.grids},
+        "forward": _rel(out, ref_out),
+        "backward": backward,
+    }
+
+
+@neuron_core_body
+def refusal_of_a_shape_the_kernels_cannot_take() -> dict:
+    """On one NeuronCore: H=256 is below moe_cte's 512; what happens must be an error, never the cpu loop."""
+    device = neuron_device()
+    from recipes.kernels.grouped_experts import grouped_experts
+    from recipes.titan import GroupedExperts
+
+    experts = grouped_experts(GroupedExperts.Config(dim=256, hidden_dim=96, num_experts=4)).build().to(device)
+    try:
+        out = experts(torch.zeros(8, 256, device=device), torch.tensor([2, 2, 2, 2], device=device))
+    except Exception as e:  # the test asserts which
+        return {"error": type(e).__name__, "message": str(e)}
+    return {"error": None, "output_device": str(out.device)}
+
+
+@requires_neuron_device
+@requires_torch_neuronx
+@requires_nkilib
+def test_nki_grouped_experts_match_stock_on_one_neuroncore(record_property):
+    measured = on_neuron_cores(measure_grouped_experts)
+    launches = measured["launches"]
+    record_property("nki_moe_kernel_calls", {name: len(grids) for name, grids in launches.items()})
+    record_property("nki_moe_forward_max_rel_diff", measured["forward"])
+    record_property("nki_moe_backward_max_rel_diff", measured["backward"])
+    assert measured["module"] == "TrnGroupedExperts"
+    assert (len(launches["moe_cte"]), len(launches["blockwise_mm_bwd"])) == (1, 1), (
+        f"the nkilib kernels did not run exactly once each: {launches}"
+    )
+    forward, backward = measured["forward"], measured["backward"]
     assert all(math.isfinite(v) for v in (forward, *backward.values()))
     assert forward <= FORWARD_RTOL, forward
     assert max(backward.values()) <= BACKWARD_RTOL, backward
@@ -130,14 +130,12 @@ def test_nki_grouped_experts_match_stock_on_one_neuroncore(device, kernel_calls,
 @requires_neuron_device
 @requires_torch_neuronx
 @requires_nkilib
-def test_no_cpu_fallback_for_shapes_the_kernels_refuse(device):
+def test_no_cpu_fallback_for_shapes_the_kernels_refuse(record_property):
     """On the device a shape moe_cte cannot take is an error, never the cpu loop."""
-    from recipes.kernels.grouped_experts import MoEShapeError, grouped_experts
-    from recipes.titan import GroupedExperts
-
-    experts = grouped_experts(GroupedExperts.Config(dim=256, hidden_dim=96, num_experts=4)).build().to(device)
-    with pytest.raises(MoEShapeError, match="512 <= H <= 8192"):
-        experts(torch.zeros(8, 256, device=device), torch.tensor([2, 2, 2, 2], device=device))
+    measured = on_neuron_cores(refusal_of_a_shape_the_kernels_cannot_take)
+    record_property("nki_moe_refusal", measured)
+    assert measured["error"] == "MoEShapeError", measured
+    assert "512 <= H <= 8192" in measured["message"], measured["message"]
 
 
 # "weights": random init, but the trn2 tokenizer is Qwen3-4B's own, read from $QWEN3_4B_DIR.

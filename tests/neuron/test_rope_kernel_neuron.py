@@ -4,6 +4,10 @@ The published "rope diff 0.0": the real kernel, reached through the same custom 
 the cpu tier tests, against the stock module on the same device in float32.
 Forward must be exact; the backward (rope_hf with backward=True) is compared with
 autograd through the stock module within a stated tolerance.
+
+The measurement runs in a child process on NeuronCore 0 (``tests/neuron/neuron_cores.py``):
+the pytest process never opens the device, so the 64-rank launches after this test get
+every core.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recipes.platform.neuron import logical_neuron_cores
+from neuron_cores import CountingKernel, neuron_core_body, neuron_device, on_neuron_cores
 from requires import requires_neuron_device, requires_nkilib, requires_torch_neuronx
 
 pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_nkilib]
@@ -26,46 +30,6 @@ SEED = 1234
 BACKWARD_ATOL = 1e-6
 
 
-@pytest.fixture(scope="module")
-def device():
-    import torch_neuronx  # noqa: F401  (registers the "neuron" device)
-
-    return torch.device("neuron")
-
-
-@pytest.fixture
-def modules(device):
-    from torchtitan.models.common.rope import CosSinRoPE
-
-    from recipes.kernels.rope import rope_hf
-
-    cfg = CosSinRoPE.Config(dim=H, max_seq_len=4096, theta=1_000_000.0)
-    with torch.device(device):
-        return cfg.build(), rope_hf(cfg).build()
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Count calls into nkilib's rope_hf, so a silent torch fallback cannot pass."""
-    from recipes.kernels import rope as rope_module
-
-    calls = []
-    kernel = rope_module._rope_hf_kernel()
-
-    class Counting:  # counts launches (kernel[grid](...)), recording each grid
-        def __getitem__(self, grid):
-            launch = kernel[grid]
-
-            def call(*args, **kwargs):
-                calls.append(grid)
-                return launch(*args, **kwargs)
-
-            return call
-
-    monkeypatch.setattr(rope_module, "_rope_hf_kernel", Counting)
-    return calls
-
-
 def _qk(device):
     g = torch.Generator().manual_seed(SEED)
     q = torch.randn(B, SEQ_LEN, NQ, H, generator=g)
@@ -73,22 +37,29 @@ def _qk(device):
     return q.to(device), k.to(device)
 
 
-def test_rope_hf_forward_equals_cossinrope(device, modules, kernel_calls, golden, record_property):
-    ref, new = modules
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@neuron_core_body
+def measure_rope_hf() -> dict:
+    """On one NeuronCore: stock CosSinRoPE and the rope_hf override, forward then backward, kernel launches counted."""
+    device = neuron_device()
+    from recipes.kernels import rope as rope_module
+    from recipes.platform.neuron import logical_neuron_cores
+    from recipes.titan import CosSinRoPE
+
+    counting = CountingKernel(rope_module._rope_hf_kernel())
+    rope_module._rope_hf_kernel = lambda: counting  # this child's module only; it dies with the child
+    cfg = CosSinRoPE.Config(dim=H, max_seq_len=4096, theta=1_000_000.0)
+    with torch.device(device):
+        ref, new = cfg.build(), rope_module.rope_hf(cfg).build()
+
     q, k = _qk(device)
     q_ref, k_ref = ref(q, k)
     q_new, k_new = new(q, k)
-    q_diff = (q_new - q_ref).abs().max().item()
-    k_diff = (k_new - k_ref).abs().max().item()
-    record_property("rope_lnc", logical_neuron_cores())
-    assert kernel_calls, "nkilib rope_hf was not called"
-    golden("nki_moe", "trn2", "rope_q_max_abs_diff", q_diff)
-    golden("nki_moe", "trn2", "rope_k_max_abs_diff", k_diff)
+    forward = {"q": _max_abs_diff(q_new, q_ref), "k": _max_abs_diff(k_new, k_ref), "launches": len(counting.grids)}
 
-
-def test_rope_hf_backward_matches_autograd(device, modules, kernel_calls, record_property):
-    ref, new = modules
-    q, k = _qk(device)
     g = torch.Generator().manual_seed(SEED + 1)
     grad_q = torch.randn(q.shape, generator=g).to(device)
     grad_k = torch.randn(k.shape, generator=g).to(device)
@@ -98,9 +69,42 @@ def test_rope_hf_backward_matches_autograd(device, modules, kernel_calls, record
         torch.autograd.backward(module(q_in, k_in), (grad_q, grad_k))
         grads.append((q_in.grad, k_in.grad))
     (dq_ref, dk_ref), (dq_new, dk_new) = grads
-    dq_diff = (dq_new - dq_ref).abs().max().item()
-    dk_diff = (dk_new - dk_ref).abs().max().item()
-    record_property("rope_dq_max_abs_diff", dq_diff)
-    record_property("rope_dk_max_abs_diff", dk_diff)
-    assert len(kernel_calls) >= 2, "rope_hf(backward=True) was not called"
-    assert dq_diff <= BACKWARD_ATOL and dk_diff <= BACKWARD_ATOL
+    backward = {
+        "dq": _max_abs_diff(dq_new, dq_ref),
+        "dk": _max_abs_diff(dk_new, dk_ref),
+        "launches": len(counting.grids) - forward["launches"],
+    }
+    return {
+        "lnc": logical_neuron_cores(),
+        "grids": counting.grids,
+        "op": rope_module.rope_hf_op.flavour,
+        "forward": forward,
+        "backward": backward,
+    }
+
+
+@pytest.fixture(scope="module")
+def rope_hf_on_a_neuroncore() -> dict:
+    """One child on NeuronCore 0 measures both directions (one device open, one kernel compile)."""
+    return on_neuron_cores(measure_rope_hf)
+
+
+def test_rope_hf_forward_equals_cossinrope(rope_hf_on_a_neuroncore, golden, record_property):
+    measured = rope_hf_on_a_neuroncore
+    record_property("rope_lnc", measured["lnc"])
+    record_property("rope_op", measured["op"])
+    assert measured["op"] == "torch_neuronx.nki_hop.nki_op", "the tutorial's nki_op, not torch.library.custom_op"
+    forward = measured["forward"]
+    assert forward["launches"] == 1, "nkilib rope_hf did not run exactly once for the forward (a torch fallback?)"
+    assert measured["grids"][0] == [measured["lnc"]], measured["grids"]
+    golden("nki_moe", "trn2", "rope_q_max_abs_diff", forward["q"])
+    golden("nki_moe", "trn2", "rope_k_max_abs_diff", forward["k"])
+
+
+def test_rope_hf_backward_matches_autograd(rope_hf_on_a_neuroncore, record_property):
+    backward = rope_hf_on_a_neuroncore["backward"]
+    record_property("rope_dq_max_abs_diff", backward["dq"])
+    record_property("rope_dk_max_abs_diff", backward["dk"])
+    # the override's forward and its backward (rope_hf with backward=True): one launch each
+    assert backward["launches"] == 2, "rope_hf(backward=True) was not called"
+    assert backward["dq"] <= BACKWARD_ATOL and backward["dk"] <= BACKWARD_ATOL

@@ -6,14 +6,11 @@ so a version bump shows which published numbers it moved.
 
 from __future__ import annotations
 
-import importlib.util
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
-from recipes.platform import neuron_versions
-from recipes.platform.neuron_versions import normalize
+from recipes.platform import neuron_versions, nkilib_source
 from requires import requires_neuron_device, requires_torch_neuronx
 
 pytestmark = [requires_neuron_device, requires_torch_neuronx]
@@ -35,30 +32,19 @@ def test_installed_distribution_is_the_expected_version(want, record_property):
     )
 
 
-def nkilib_providers() -> dict[str, Path]:
-    """Distributions whose files include the top-level ``nkilib`` package, and where it lies."""
-    found = {}
-    for dist in metadata.distributions():
-        if any(f.parts and f.parts[0] == "nkilib" for f in dist.files or ()):
-            found[normalize(dist.metadata["Name"])] = Path(dist.locate_file("nkilib")).resolve()
-    return found
-
-
-def test_nkilib_is_the_copy_bundled_in_neuronx_cc(record_property):
+def test_nkilib_and_its_kernels_are_the_copy_bundled_in_neuronx_cc(record_property):
     """NKI Library 2.33.0 is the ``nkilib`` inside neuronx-cc 2.28.7631.0 (its version is checked above).
 
-    aws-neuron/aws-neuron-sdk nki/library/quickstart-nkl.rst: the compiler ships a bundled
-    copy under the ``nkilib`` namespace; a standalone ``nki-library`` install replaces it.
+    Judged after ``import nkilib`` has run, in a fresh interpreter with this environment:
+    the bundled nkilib replaces itself by a standalone nki-library's ``nkilib_src.nkilib``
+    when one is installed (aws-neuron/nki-library src/nkilib_src/nkilib/__init__.py), so
+    where the package *would* load from says nothing (recipes/platform/nkilib_source.py).
     """
-    spec = importlib.util.find_spec("nkilib")
-    assert spec is not None, "`import nkilib` finds nothing: neuronx-cc should provide it; run `make neuron-venv`"
-    loaded_from = [Path(p).resolve() for p in (spec.submodule_search_locations or [Path(spec.origin).parent])]
-    providers = nkilib_providers()
-    active = sorted(name for name, where in providers.items() if where in loaded_from)
-    record_property("versions.nkilib.loaded_from", [str(p) for p in loaded_from])
-    record_property("versions.nkilib.providers", sorted(providers))
-    assert active == [neuron_versions.NKILIB_PROVIDER], (
-        f"`import nkilib` loads {[str(p) for p in loaded_from]}, provided by {active or 'no installed distribution'}; "
-        f"expected the NKI Library {neuron_versions.NKILIB_VERSION} bundled in {neuron_versions.NKILIB_PROVIDER} "
-        "(uninstall a standalone nki-library, or update recipes/platform/neuron_versions.py when that is intended)"
+    resolution = nkilib_source.resolve_in_child()
+    record_property("versions.nkilib.resolved", resolution)
+    problems = nkilib_source.not_bundled(resolution)
+    assert not problems, (
+        "; ".join(problems) + f". Expected the NKI Library {neuron_versions.NKILIB_VERSION} bundled in "
+        f"{neuron_versions.NKILIB_PROVIDER}: `pip uninstall nki-library` (or set NKILIB_FORCE_BUNDLED_LIBRARY=1), "
+        "or update recipes/platform/neuron_versions.py when another copy is intended"
     )
