@@ -39,6 +39,7 @@ import math
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from harness import goldens
@@ -66,10 +67,17 @@ def band_key(steps: int) -> str:
 def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed: int = 0, **extra) -> RunOptions:
     """The run a band is made of, and the run the neuron test checks against it.
 
-    As the tutorial runs each recipe on trn2: native_qwen3 and hf_backend from the
-    weights in ``--model-dir`` (native with the tutorial's RoPE theta, see
-    tests/neuron/test_native_qwen3_neuron.py), nki_moe from random init. No export.
+    On trn2 it is the recipe's band lane run of the nightly (``harness.nightly.BAND_LAUNCH``:
+    native_qwen3 as published, hf_backend corrected, nki_moe as published), so the night's
+    lane run is judged against a band of the same runs. Elsewhere, as the tutorial runs
+    each recipe: native_qwen3 and hf_backend from ``--model-dir``'s weights (native with the
+    tutorial's RoPE theta), nki_moe from random init. No export.
     """
+    if tier == "trn2":
+        from harness import nightly
+
+        launch = nightly.LAUNCHES[nightly.BAND_LAUNCH[recipe]]
+        return replace(launch.options(seed=seed), steps=steps, export=False, **extra)
     tier_preset = RunOptions(tier=tier).tier_preset
     init = "random" if recipe == "nki_moe" else "hf"
     allow = ["rope_theta"] if recipe == "native_qwen3" and init == "hf" else []
@@ -77,6 +85,54 @@ def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed:
         recipe=recipe, tier=tier, nproc=tier_preset.nproc, steps=steps, init=init, seed=seed,
         allow_mismatch=allow, export=False, **extra,
     )  # fmt: skip
+
+
+def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = None) -> goldens.Verdict:
+    """A curve against its recorded band; "recorded, not judged" (with the values) while none is recorded.
+
+    A band nobody has recorded yet says nothing about the curve, so it never fails a night;
+    once ``python -m harness.band record`` has written one, a curve that leaves it fails.
+    """
+    tier_name, key = band_tier(tier), band_key(len(losses))
+    path = goldens.goldens_path(recipe, tier_name)
+    _, values = goldens.load(recipe, tier_name) if path.exists() else ({}, {})
+    if key in values:
+        return goldens.compare(key, losses, values, {}, env)
+    unrecorded = goldens.Golden(
+        key=key, value=[], tolerance=0.0, lane="band", reason=f"no band recorded in {path}",
+        unmeasured=(f"{path} has no {key!r}: record it on a trn2.48xlarge with `python -m harness.band record "
+                    f"{recipe}` ({BAND_RUNS} runs of {len(losses)} steps) and commit it"),
+    )  # fmt: skip
+    return goldens.Verdict(key=key, measured=losses, golden=unrecorded, passed=None, kind=goldens.NOT_JUDGED)
+
+
+def loss_fall(losses: list[float]) -> dict:
+    """How much a curve falls over its run, beside its measured noise.
+
+    A least-squares line through the losses: ``fall`` is its drop from the first step to
+    the last, ``noise`` the standard deviation of the losses around it (what one step's
+    batch and rounding add), and ``se`` the standard error of that drop. A curve "trains"
+    when ``fall > FALL_SIGMAS * se``: the drop is that many of its own standard errors, so a
+    flat curve of the same noise passes with probability P(T_{n-2} > 3) = 0.38 % at 20 steps
+    (Student t, :func:`t_tail`); the curvature of a falling loss only inflates ``noise``.
+    """
+    n = len(losses)
+    if n < 3 or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in losses):
+        return {"steps": n, "fall": None, "noise": None, "se": None, "trains": False}
+    xs = range(n)
+    x_mean, y_mean = (n - 1) / 2, math.fsum(losses) / n
+    sxx = math.fsum((x - x_mean) ** 2 for x in xs)
+    slope = math.fsum((x - x_mean) * (y - y_mean) for x, y in zip(xs, losses)) / sxx
+    residuals = [y - (y_mean + slope * (x - x_mean)) for x, y in zip(xs, losses)]
+    noise = math.sqrt(math.fsum(r * r for r in residuals) / (n - 2))
+    se = noise / math.sqrt(sxx) * (n - 1)
+    fall = -slope * (n - 1)
+    return {"steps": n, "fall": fall, "noise": noise, "se": se, "sigmas": FALL_SIGMAS,
+            "trains": fall > FALL_SIGMAS * se}  # fmt: skip
+
+
+#: How many standard errors the fitted drop must exceed (see loss_fall).
+FALL_SIGMAS = 3.0
 
 
 # --- the statistics -------------------------------------------------------------------------------
@@ -202,7 +258,7 @@ def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work
         run_dir = Path(work_dir) / f"{recipe}-{tier}-run{i}-seed{seed}"
         opts = preflight(band_options(recipe, tier, steps, seed, run_dir=run_dir))
         print(f"[band] run {i + 1}/{runs}: {recipe} on {tier}, seed {seed}, {steps} steps -> {run_dir}", flush=True)
-        result = launch(opts)
+        result = launch(opts)  # the band lanes keep no defect: no lane environment to set
         if len(result.losses) != steps:
             raise BandError(f"run {i + 1} recorded {len(result.losses)} of {steps} steps ({run_dir})")
         dirs.append(run_dir)

@@ -1,8 +1,21 @@
-"""CI helpers over the test report: the zero-tests guard, the claims guard and the nightly trend file.
+"""CI helpers over the test report: the zero-tests guard, the claims guard, input records and the trend file.
 
     python -m harness.ci require-ran report/tests.json --marker neuron
     python -m harness.ci require-claims report/tests.json --tier trn2
+    python -m harness.ci record-inputs report/tests.json [--replace]
     python -m harness.ci trend report/tests.json trend.jsonl
+
+What fails the nightly (``require-claims``), per published claim of the tier:
+
+* **not measured**: no test that reached its assertion judged it (skipped, failed in
+  setup or before measuring, not run, or never compared);
+* **not judged**: measured, but "recorded, not judged" (its inputs are not recorded yet,
+  or its tolerance is not measured yet) or "inputs differ from the recorded run".
+  A published claim that was not judged does not pass silently: the night's value and
+  why it was not judged are listed, and ``record-inputs`` says how to record.
+
+A measured claim that failed its check (regression, stale golden) is "measured": its
+own test is red, and this guard lists its verdict.
 """
 
 from __future__ import annotations
@@ -18,10 +31,16 @@ from harness import goldens
 from harness.pytest_report import VERDICT_SUFFIX
 
 
+def executed(test: dict) -> bool:
+    """A test whose body ran: passed, or failed in its call phase. A failure in setup (a fixture, a
+    missing trn2 requirement under QWEN3_REQUIRE_TRN2=1) ran nothing, and a skip ran nothing."""
+    return test["outcome"] == "passed" or (test["outcome"] == "failed" and test.get("phase", "call") == "call")
+
+
 def ran_tests(report: dict, marker: str) -> list[dict]:
-    """Tests of ``tests/<marker>/`` that actually executed (passed or failed, not skipped)."""
+    """Tests of ``tests/<marker>/`` that actually executed (:func:`executed`)."""
     prefix = f"tests/{marker}/"
-    return [t for t in report["tests"] if t["test"].startswith(prefix) and t["outcome"] in ("passed", "failed")]
+    return [t for t in report["tests"] if t["test"].startswith(prefix) and executed(t)]
 
 
 def require_ran(report_path: Path, marker: str) -> int:
@@ -33,9 +52,10 @@ def require_ran(report_path: Path, marker: str) -> int:
     selected = [t for t in report["tests"] if t["test"].startswith(f"tests/{marker}/")]
     if not ran:
         reasons = sorted({t["properties"].get("skip_reason", "") for t in selected} - {""})
+        in_setup = sum(1 for t in selected if t["outcome"] == "failed" and t.get("phase") == "setup")
         print(
-            f"harness.ci: 0 of {len(selected)} {marker} tests actually ran (all skipped); "
-            f"a nightly that skips everything proves nothing. {' '.join(reasons)}",
+            f"harness.ci: 0 of {len(selected)} {marker} tests actually ran ({in_setup} failed in setup, "
+            f"the rest skipped); a nightly that runs nothing proves nothing. {' '.join(reasons)}",
             file=sys.stderr,
         )
         return 1
@@ -76,7 +96,7 @@ def measured_verdicts(report: dict) -> dict[str, tuple[str, str]]:
     """
     found = {}
     for test in report.get("tests", []):
-        if test.get("outcome") not in ("passed", "failed"):
+        if not executed(test):
             continue
         for name, verdict in test.get("properties", {}).items():
             if name.endswith(VERDICT_SUFFIX):
@@ -95,21 +115,88 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
         print(f"harness.ci: {report_path} does not exist: the test run wrote no report, so none of "
               f"{len(claims)} published {tier} claims was measured", file=sys.stderr)  # fmt: skip
         return 1
-    verdicts = measured_verdicts(json.loads(report_path.read_text()))
+    report = json.loads(report_path.read_text())
+    verdicts = measured_verdicts(report)
     missing = [c for c in claims if c.name not in verdicts]
+    unjudged = [c for c in claims if c.name in verdicts and verdicts[c.name][0] in goldens.UNJUDGED_KINDS]
     for claim in claims:
-        if claim.name in verdicts:
+        if claim.name in verdicts and claim not in unjudged:
             verdict, test = verdicts[claim.name]
             print(f"measured      {claim.name} (published {claim.value!r}): {verdict}  [{test}]")
     if missing:
         print(
             f"harness.ci: {len(missing)} of {len(claims)} published {tier} claims were not measured "
-            "(their test was skipped, failed before measuring, or did not run):\n"
+            "(their test was skipped, failed in setup or before measuring, or did not run):\n"
             + "\n".join(f"  NOT MEASURED  {c.name} (published {c.value!r})" for c in missing),
             file=sys.stderr,
         )
+    if unjudged:
+        values = measured_values(report)
+        print(
+            f"harness.ci: {len(unjudged)} of {len(claims)} published {tier} claims were measured but not judged "
+            "(`python -m harness.ci record-inputs REPORT` records a night's inputs; a changed input is re-recorded "
+            "only with --replace):\n"
+            + "\n".join(f"  NOT JUDGED    {c.name} (published {c.value!r}): measured {values.get(c.name)!r}, "
+                         f"{verdicts[c.name][0]}  [{verdicts[c.name][1]}]" for c in unjudged),
+            file=sys.stderr,
+        )  # fmt: skip
+    if missing or unjudged:
         return 1
-    print(f"all {len(claims)} published {tier} claims were measured")
+    print(f"all {len(claims)} published {tier} claims were measured and judged")
+    return 0
+
+
+def measured_values(report: dict) -> dict[str, object]:
+    """``recipe.tier.key`` -> the value a test that ran recorded beside its verdict."""
+    found = {}
+    for test in report.get("tests", []):
+        if executed(test):
+            props = test.get("properties", {})
+            found.update({name[: -len(VERDICT_SUFFIX)]: props.get(name[: -len(VERDICT_SUFFIX)])
+                          for name in props if name.endswith(VERDICT_SUFFIX)})  # fmt: skip
+    return found
+
+
+#: The property the ``golden`` fixture records a measurement's input key under.
+INPUTS_SUFFIX = ".inputs"
+
+
+def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | None = None) -> int:
+    """Write each measured golden's input key into its goldens file, where none is recorded yet.
+
+    Only entries keyed by inputs (``"inputs": null``) are written; a recorded key is kept
+    unless ``replace`` (new weights or data on purpose). Prints every file it changes.
+    """
+    goldens_dir = goldens_dir or goldens.GOLDENS_DIR
+    report = json.loads(report_path.read_text())
+    found: dict[tuple[str, str], dict[str, dict]] = {}
+    for test in report.get("tests", []):
+        if not executed(test):
+            continue
+        for name, value in test.get("properties", {}).items():
+            if name.endswith(INPUTS_SUFFIX) and isinstance(value, dict):
+                recipe, tier, key = name[: -len(INPUTS_SUFFIX)].split(".", 2)
+                found.setdefault((recipe, tier), {})[key] = value
+    written = 0
+    for (recipe, tier), keys in sorted(found.items()):
+        path = goldens_dir / recipe / f"{tier}.json"
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        changed = []
+        for key, inputs in sorted(keys.items()):
+            entry = data.get("values", {}).get(key)
+            if entry is None or "inputs" not in entry or (entry["inputs"] is not None and not replace):
+                continue
+            if entry["inputs"] != inputs:
+                entry["inputs"] = inputs
+                changed.append(key)
+        if changed:
+            path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            goldens.load(recipe, tier, path)  # what was written must load
+            print(f"recorded the inputs of {', '.join(changed)} in {path}")
+            written += len(changed)
+    print(f"{written} input key(s) recorded" + ("" if written else " (nothing unrecorded was measured)"))
     return 0
 
 
@@ -138,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     claims = sub.add_parser("require-claims", help="fail unless every published claim of the tier was measured")
     claims.add_argument("report", type=Path)
     claims.add_argument("--tier", default="trn2")
+    record = sub.add_parser("record-inputs", help="write measured input keys into goldens that have none yet")
+    record.add_argument("report", type=Path)
+    record.add_argument("--replace", action="store_true", help="also overwrite input keys already recorded")
     trend = sub.add_parser("trend", help="append the night's results to a JSON-lines trend file")
     trend.add_argument("report", type=Path)
     trend.add_argument("trend_file", type=Path)
@@ -146,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         return require_ran(args.report, args.marker)
     if args.command == "require-claims":
         return require_claims(args.report, args.tier)
+    if args.command == "record-inputs":
+        return record_inputs(args.report, args.replace)
     return append_trend(args.report, args.trend_file)
 
 

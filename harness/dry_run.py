@@ -362,8 +362,11 @@ def _substitute(value, old: str, new: str):
 
 
 def resolved_config(config, plan: Plan) -> dict:
-    """``Trainer.Config.to_dict()`` as JSON, the placeholders' stand-ins shown as placeholders."""
-    tree = json.loads(json.dumps(config.to_dict(), default=str))
+    """The resolved config as JSON, every node with its class (``_class``: SDPA, the gather-free RoPE,
+    NKI's grouped experts, the loss and tokenizer are visible), placeholders' stand-ins shown as placeholders."""
+    from harness.config_tree import config_tree
+
+    tree = json.loads(json.dumps(config_tree(config), default=str))
     for p in plan.placeholders:
         stand_in = plan.build.model_dir if p.option == "--model-dir" else plan.build.dataset_dir
         tree = _substitute(tree, str(stand_in), p.shown)
@@ -451,12 +454,23 @@ def summary(result: dict, path: Path) -> str:
 
 
 def cmd_dry_run(runs: list[RunOptions], cli_overrides: list[str], report_dir: Path, echo=print) -> int:
-    """Dry-run every planned run; 0 when all would start, 2 when any would be refused."""
+    """Dry-run every planned run; 0 when all would start, 2 when any would be refused.
+
+    On trn2 the nightly's own plan comes first (``harness.nightly.dry_run_report``): a missing torchtitan
+    name refuses the dry run as it would refuse every launch.
+    """
     from recipes.platform import OFFLINE_ENV
 
     for key, value in OFFLINE_ENV.items():  # what platform.install sets; the trn2 platform itself is not installed
         os.environ.setdefault(key, value)
     refused = 0
+    if any(opts.tier == "trn2" for opts in runs):
+        from harness import nightly
+        from recipes.tutorial import RecipeInputs
+
+        stand_in = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
+        refused += not nightly.dry_run_report(report_dir / DRY_RUN_DIR, stand_in, echo)
+        echo("")
     for opts in runs:
         if opts.tier not in TIERS:
             echo(f"python -m harness run: error: unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}")

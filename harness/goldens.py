@@ -21,6 +21,24 @@ Three lanes:
 ``published`` and ``proxy`` entries name a claim of :mod:`harness.published`, the one
 place the tutorial's numbers are written, and carry no value of their own.
 
+Two optional fields keep a number from being judged on the wrong footing (trn2):
+
+* ``inputs``: the golden's key includes the run's inputs: sha256 of every weights file,
+  config.json, tokenizer file and dataset file, the allowed mismatches and the kept
+  defects (:func:`harness.provenance.input_key`). ``null`` means "not recorded yet": the
+  night measures and records, and the verdict is "recorded, not judged"
+  (``python -m harness.ci record-inputs`` writes the night's key in). Once recorded, a
+  night whose inputs differ reads "inputs differ from the recorded run" beside the
+  number, never pass or fail: a published number judged on other weights or other
+  text proves nothing.
+* ``unmeasured``: the tolerance is a stated allowance no run has measured yet (why, and
+  what will measure it). The value is recorded and reads "recorded, not judged" until a
+  night's measurement replaces the allowance and the field is removed.
+
+Neither verdict passes or fails a test; ``python -m harness.ci require-claims`` fails the
+nightly for a published claim left "recorded, not judged" or "inputs differ" (a
+published claim that was not judged never passes silently).
+
 A value may be a list (a loss curve: one element per step); every rule below then
 applies element by element.
 
@@ -48,7 +66,11 @@ GOLDENS_DIR = Path(os.environ.get("QWEN3_GOLDENS_DIR") or FIXTURES / "goldens")
 LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
 LANES = ("exact", "proxy", "published", "band")
 CLAIM_LANES = ("proxy", "published")
-ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band"}
+ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band", "inputs", "unmeasured"}
+#: Verdicts that neither pass nor fail (``Verdict.passed`` is None): the value is recorded, not judged.
+NOT_JUDGED = "recorded, not judged"
+INPUTS_DIFFER = "inputs differ from the recorded run"
+UNJUDGED_KINDS = (NOT_JUDGED, INPUTS_DIFFER)
 #: What a band entry's ``band`` record must state (harness.band writes it).
 BAND_KEYS = {"n", "k", "min_halfwidth", "std", "runs", "command", "environment"}
 
@@ -78,6 +100,12 @@ class Golden:
     portable_rtol: float | None = None
     #: Band lane: how the band was made (N, k, floor, per-step std, the runs, command, environment).
     band: dict | None = None
+    #: Whether the key includes the run's inputs (the entry has an ``inputs`` field), and the
+    #: recorded ones (None: not recorded yet).
+    keyed_by_inputs: bool = False
+    inputs: dict | None = None
+    #: Why the tolerance is not a measurement yet (None: it is one, or is derived and cited).
+    unmeasured: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +113,9 @@ class Verdict:
     key: str
     measured: object
     golden: Golden
-    passed: bool
-    kind: str  # "pass", "pass, other environment", "regression" or "stale golden"
+    #: None: recorded, not judged (NOT_JUDGED, INPUTS_DIFFER).
+    passed: bool | None
+    kind: str  # "pass", "pass, other environment", "regression", "stale golden", or one of UNJUDGED_KINDS
     #: Environment fields that differ from the ones the golden was recorded in.
     differs: tuple[str, ...] = ()
     #: The relative tolerance the measurement was last held to (the portable one in another environment).
@@ -94,6 +123,13 @@ class Verdict:
 
     def message(self) -> str:
         g = self.golden
+        if self.kind == INPUTS_DIFFER:
+            return (f"{self.kind} ({', '.join(self.differs)}): {self.key} measured {_short(self.measured)}, not "
+                    f"judged against {_short(g.value)}; re-record with `python -m harness.ci record-inputs --replace` "
+                    "only if the new inputs are meant")  # fmt: skip
+        if self.kind == NOT_JUDGED:
+            why = g.unmeasured or "no run's inputs are recorded for it yet (python -m harness.ci record-inputs)"
+            return f"{self.kind}: {self.key} measured {_short(self.measured)} ({g.lane} {_short(g.value)}): {why}"
         if _is_curve(g.value):
             text = f"{self.kind}: {self.key} {_curve_misses(self.measured, g, self.rtol)} ({g.lane}: {g.reason})"
         else:
@@ -209,9 +245,16 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
     portable = entry.get("portable_rtol")
     if portable is not None and not _tolerance_ok(portable):
         raise GoldenError(f"{path}: {key!r} portable_rtol {portable!r} must be a finite number ≥ 0")
+    inputs = entry.get("inputs")
+    if inputs is not None and not isinstance(inputs, dict):
+        raise GoldenError(f"{path}: {key!r} inputs must be null (not recorded yet) or the recorded input key")
+    unmeasured = entry.get("unmeasured")
+    if unmeasured is not None and not (isinstance(unmeasured, str) and len(unmeasured) > 20):
+        raise GoldenError(f"{path}: {key!r} unmeasured must say why the tolerance is not measured and what will")
     return Golden(
         key=key, value=value, tolerance=tolerance, lane=lane, reason=entry["reason"], claim=claim,
         portable_rtol=None if portable is None else float(portable), band=band,
+        keyed_by_inputs="inputs" in entry, inputs=inputs, unmeasured=unmeasured,
     )  # fmt: skip
 
 
@@ -290,13 +333,28 @@ def portable_rtol(golden: Golden) -> float:
     return PORTABLE_RTOL if golden.portable_rtol is None else golden.portable_rtol
 
 
-def compare(key: str, measured, goldens: dict[str, Golden], metadata: dict, env: dict | None = None) -> Verdict:
+def input_differences(recorded: dict, here: dict | None) -> tuple[str, ...]:
+    """Dotted names of the inputs (files, allowed mismatches, kept defects) where a night differs from the record."""
+    return environment_differences(recorded, here or {})
+
+
+def compare(
+    key: str, measured, goldens: dict[str, Golden], metadata: dict, env: dict | None = None, inputs: dict | None = None
+) -> Verdict:
     """Measured vs golden. An exact value from another environment is held to its portable rtol.
 
     A band is judged against its half-widths only; a miss in another environment than the
-    one its runs were recorded in reads "stale golden" too.
+    one its runs were recorded in reads "stale golden" too. A golden keyed by inputs is
+    judged only on the recorded ``inputs`` (:data:`INPUTS_DIFFER` otherwise, :data:`NOT_JUDGED`
+    before any are recorded); one with an ``unmeasured`` tolerance is :data:`NOT_JUDGED`.
     """
     golden = goldens[key]
+    if golden.keyed_by_inputs and golden.inputs is not None:
+        differs = input_differences(golden.inputs, inputs)
+        if differs:
+            return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=INPUTS_DIFFER, differs=differs)
+    if golden.unmeasured or (golden.keyed_by_inputs and golden.inputs is None):
+        return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=NOT_JUDGED)
     here = env or (environment_metadata() if golden.lane in ("exact", "band") else {})
     if golden.lane == "exact":
         differs = environment_differences(metadata, here)

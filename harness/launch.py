@@ -444,6 +444,8 @@ def launch(
     for step in steps[shown:]:
         echo(_progress(step, opts.steps))
     signum = getattr(stopped, "signum", signal.SIGINT) if stopped is not None else None
+    from harness.provenance import add_input_key
+
     result = RunResult(
         recipe=opts.recipe,
         tier=opts.tier,
@@ -457,7 +459,7 @@ def launch(
         returncode=proc.returncode,
         wall_s=time.perf_counter() - started,
         steps=steps,
-        provenance=read_provenance(run_dir),
+        provenance={**read_provenance(run_dir), "inputs": add_input_key(run_dir, opts)},
         interrupted=signal.Signals(signum).name if signum is not None else None,
     )
     if stopped is not None:

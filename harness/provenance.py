@@ -9,6 +9,7 @@ it becomes a warning the report repeats.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -112,6 +113,90 @@ def weights_info(opts: RunOptions) -> dict | None:
     }
 
 
+#: Where file digests are kept between runs, keyed by path, size, mtime and inode: a trn2 night
+#: hashes the 8 GB of Qwen3-4B weights once, not once per launch.
+DIGEST_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qwen3-trn-repro" / "sha256.json"
+
+
+def file_sha256(path: Path, cache: dict | None = None) -> str:
+    """sha256 of one file's bytes (streamed); reused from ``cache`` while the file's stat is unchanged."""
+    stat = path.stat()
+    key = str(path.resolve())
+    stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    if cache is not None and cache.get(key, {}).get("stat") == stamp:
+        return cache[key]["sha256"]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    if cache is not None:
+        cache[key] = {"stat": stamp, "sha256": digest.hexdigest()}
+    return digest.hexdigest()
+
+
+def _digests(files: list[Path], cache: dict) -> dict[str, str]:
+    return {p.name: file_sha256(p, cache) for p in files}
+
+
+def input_files(opts: RunOptions, tokenizer_dir: Path | None = None, dataset_dir: Path | None = None) -> dict:
+    """The files a run reads, by role: weights (*.safetensors + index), config.json, tokenizer, dataset."""
+    tokenizer_dir = Path(tokenizer_dir or opts.tokenizer_dir) if (tokenizer_dir or opts.tokenizer_dir) else None
+    dataset_dir = Path(dataset_dir or opts.dataset_dir) if (dataset_dir or opts.dataset_dir) else None
+    model_dir = opts.model_dir if opts.init == "hf" else None
+    weights = sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("*.safetensors.index.json")]) if model_dir else []
+    config = [model_dir / "config.json"] if model_dir and (model_dir / "config.json").is_file() else []
+    tokenizer = [p for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()] if tokenizer_dir else []
+    return {"weights": weights, "config.json": config, "tokenizer": tokenizer,
+            "dataset": dataset_files(dataset_dir) if dataset_dir else []}  # fmt: skip
+
+
+def input_key(opts: RunOptions, kept_defects: list[str] = (), tokenizer_dir: Path | None = None,
+              dataset_dir: Path | None = None) -> dict:  # fmt: skip
+    """What a golden keyed by inputs records: sha256 of every input file, the allowed mismatches, the kept defects.
+
+    Two runs with equal keys read the same bytes under the same accepted deviations;
+    ``tokenizer_dir`` / ``dataset_dir`` name what the config really read when it differs
+    from ``opts`` (torchtitan's own defaults).
+    """
+    import json
+
+    cache = {}
+    if DIGEST_CACHE.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            cache = json.loads(DIGEST_CACHE.read_text())
+    files = input_files(opts, tokenizer_dir, dataset_dir)
+    key = {role: _digests(paths, cache) for role, paths in files.items()}
+    key["allow_mismatch"] = sorted(opts.allow_mismatch)
+    key["kept_defects"] = sorted(kept_defects)
+    with contextlib.suppress(OSError):
+        DIGEST_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = DIGEST_CACHE.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(DIGEST_CACHE)
+    return key
+
+
+def run_kept_defects(opts: RunOptions) -> list[str]:
+    """The upstream defects this launch keeps (``$QWEN3_HF_KEEP_DEFECTS``, config 1 only; every rank inherits it)."""
+    if opts.recipe != "hf_backend" or not os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
+        return []
+    from recipes.hf_as_published import kept_defects
+
+    return kept_defects()
+
+
+def add_input_key(run_dir: Path, opts: RunOptions) -> dict:
+    """Hash the run's inputs on the host (never on a rank: 8 GB of weights) into ``provenance.json``; return the key."""
+    import json
+
+    key = input_key(opts, run_kept_defects(opts))
+    path = Path(run_dir) / "provenance.json"
+    if path.is_file():
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "inputs": key}, indent=2, default=str) + "\n")
+    return key
+
+
 def checkpoint_config(opts: RunOptions) -> dict | None:
     """The weights' own config.json, when the run has a model dir that holds one."""
     if opts.model_dir is None or not (opts.model_dir / "config.json").is_file():
@@ -170,6 +255,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "dtype": {"params": config.training.mixed_precision_param, "export": config.checkpoint.export_dtype},
         "allowed_mismatches": [m.message for m in allowed],
         **({"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2" else {}),
+        **({"config_source": config_source(opts.tier)} if opts.recipe == "nki_moe" else {}),
     }
 
 
@@ -178,6 +264,13 @@ def torchtitan_neuron() -> dict:
     from recipes.platform.torchtitan_checkout import checkout_info
 
     return checkout_info()
+
+
+def config_source(tier: str) -> str:
+    """Which function built tutorial config 3: the fork's own ``qwen3_nki_moe_config`` or the suite's twin."""
+    from recipes.nki_moe import config_source as source
+
+    return source(tier)
 
 
 def mismatches(opts: RunOptions, config) -> list[Mismatch]:

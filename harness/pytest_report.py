@@ -14,10 +14,12 @@ import json
 import os
 from pathlib import Path
 
-from harness.report import md_table
+from harness.report import lanes_section, md_table
 from recipes.tiers import REPO_ROOT
 
 VERDICT_SUFFIX = ".verdict"
+#: A test's per-config summary of the trn2 lanes (harness.report.lane_summary), one per recipe.
+LANES_SUFFIX = ".lanes"
 
 
 def pytest_addoption(parser):
@@ -42,6 +44,9 @@ def pytest_runtest_logreport(report):
         {
             "test": report.nodeid,
             "outcome": report.outcome,
+            # "setup": the test failed or skipped before its body ran (a fixture, a missing
+            # requirement under QWEN3_REQUIRE_TRN2=1); it executed nothing (harness.ci require-ran).
+            "phase": report.when,
             "duration_s": round(report.duration, 3),
             "properties": properties,
         }
@@ -105,6 +110,16 @@ def _golden_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
+def lane_summaries(records: list[dict]) -> list[dict]:
+    """Every ``<recipe>.trn2.lanes`` summary a test recorded (the last one per recipe)."""
+    found = {}
+    for record in records:
+        for name, value in record["properties"].items():
+            if name.endswith(LANES_SUFFIX) and isinstance(value, dict):
+                found[value.get("recipe", name)] = value
+    return [found[k] for k in sorted(found)]
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -129,6 +144,7 @@ def markdown(records: list[dict], rows: list[dict], warnings: list[dict] = ()) -
             for r in rows
         ]  # fmt: skip
         lines += md_table(header, cells) + [""]
+    lines += lanes_section(lane_summaries(records))
     tests = []
     for record in sorted(records, key=lambda r: r["test"]):
         values = ", ".join(
@@ -152,6 +168,7 @@ def pytest_sessionfinish(session, exitstatus):
     data = {
         "versions": versions(),
         "goldens": rows,
+        "lanes": lane_summaries(_RECORDS),
         "warnings": warnings,
         "tests": sorted(_RECORDS, key=lambda r: r["test"]),
     }

@@ -67,6 +67,8 @@ PLAUSIBLE_FRACTION = 0.5
 class Tolerance:
     value: float
     reason: str
+    #: False: a stated allowance no run has measured; a verdict under it is "recorded, not judged".
+    measured: bool = True
 
 
 #: |measured − reference| allowed per tier, and why.
@@ -86,6 +88,7 @@ TOLERANCES = {
         "(tests/cpu/test_reference_loss.py); depth and width grow that, so 0.05 is an allowance "
         "until a trn2 run records the real difference, not a measurement. The faults it must tell "
         "apart move the loss by much more (an implausible 6.54 vs ~2.5 from sound weights)",
+        measured=False,
     ),
 }
 #: The HF backend's Qwen3-MoE runs its routed experts through torchtitan's GroupedExperts,
@@ -392,6 +395,8 @@ class ReferenceCheck:
     kept_defects: list[str] = field(default_factory=list)
     suspects: list[Suspect] = field(default_factory=list)
     cost: dict = field(default_factory=dict)
+    #: False when the tolerance is an unmeasured allowance: the verdict is "recorded, not judged".
+    judged: bool = True
 
     @property
     def difference(self) -> float:
@@ -649,7 +654,7 @@ def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None 
     result = ReferenceCheck(
         measured=run.measured, reference=reference, tolerance=tolerance.value, tolerance_reason=tolerance.reason,
         vocab_size=model.config.vocab_size, tokens=record.tokens, ranks=record.ranks, attention=record.attention,
-        model_dir=str(run.model_dir), kept_defects=list(record.kept_defects),
+        model_dir=str(run.model_dir), kept_defects=list(record.kept_defects), judged=tolerance.measured,
     )  # fmt: skip
     if result.needs_diagnosis or always_diagnose:
         result.suspects = diagnose(result, run, record, model)

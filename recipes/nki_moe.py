@@ -10,6 +10,13 @@ expert parallel. The cpu tier keeps 4 layers / 64 experts / top-4 with tiny widt
 nkilib's ``rope_hf`` is not part of config 3: it is the tutorial's separate example
 of mounting a kernel through the override registry, opt-in on any recipe with
 ``--override rope_hf[=GLOB]``.
+
+The tutorial calls the fork's *own* ``qwen3_nki_moe_config`` (TorchTitan Neuron's
+recipes, package ``torchtitan_neuron``; not public, so not read here). On the trn2
+tier config 3 is built from that function with the tutorial's arguments whenever it
+is importable (:func:`fork_config`); :func:`qwen3_nki_moe_config` below is the suite's
+twin of it, rebuilt from upstream names, and the only config 3 of the cpu tier. Which
+one a run built is :func:`config_source`; ``harness.config_tree`` compares the two.
 """
 
 from __future__ import annotations
@@ -79,9 +86,53 @@ def qwen3_nki_moe_config(
     return config
 
 
+#: The tutorial's call: ``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)``.
+TUTORIAL_FLAVOR = "30B-A3B"
+TUTORIAL_KWARGS = {"n_layers": 4, "num_experts": 64, "top_k": 4}
+TWIN = "recipes.nki_moe.qwen3_nki_moe_config (the suite's twin, from upstream names)"
+
+
+def fork_config():
+    """``(config, "")`` from the fork's own function with the tutorial's arguments, or ``(None, why)``.
+
+    Only a missing name is "absent" (a finding the report shows); a fork function that
+    exists but raises is an error and propagates.
+    """
+    from recipes.titan import optional
+
+    function, why = optional("qwen3_nki_moe_config")
+    if function is None:
+        return None, why
+    return function(TUTORIAL_FLAVOR, **TUTORIAL_KWARGS), ""
+
+
+def twin_config(tier: str):
+    """The suite's own config 3 on ``tier``."""
+    return qwen3_nki_moe_config(TUTORIAL_FLAVOR, tier=tier, **TUTORIAL_KWARGS)
+
+
+def uses_fork(tier: str) -> bool:
+    """Config 3 comes from the fork's function on the full-size (trn2) tier whenever it is importable."""
+    from recipes.tiers import TIERS
+    from recipes.titan import optional
+
+    return TIERS[tier].full_size_models and optional("qwen3_nki_moe_config")[0] is not None
+
+
+def config_source(tier: str) -> str:
+    """Which function built config 3 on ``tier`` (provenance, report)."""
+    from recipes.titan import BY_NAME
+
+    return BY_NAME["qwen3_nki_moe_config"].qualified if uses_fork(tier) else TWIN
+
+
 def nki_moe(inputs: RecipeInputs):
-    """``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)`` at the tutorial's launch."""
-    return tutorial_settings(qwen3_nki_moe_config("30B-A3B", tier=inputs.tier), inputs)
+    """``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)`` at the tutorial's launch.
+
+    On trn2 the fork's own function when importable, else (and always on cpu) the twin.
+    """
+    config = fork_config()[0] if uses_fork(inputs.tier) else None
+    return tutorial_settings(config if config is not None else twin_config(inputs.tier), inputs)
 
 
 # --- zero-argument config functions (torchtitan's ``--module recipes.nki_moe --config NAME``) ---

@@ -1,34 +1,37 @@
 """Every torchtitan name the suite depends on, imported here and nowhere else.
 
-The suite runs on two torchtitans: upstream 0.3.0 from PyPI on the cpu tier and
-torchtitan-neuron release-2.33 on trn2, a fork of upstream taken at an unknown
-point (cloned from github.com/aws-neuron/torchtitan-neuron and installed with
-``pip install -e .``, it is the distribution ``torchtitan`` 0.2.2+neuron.1: Neuron
-docs, training/torchtitan/get-started/setup-torchtitan-neuron and
-release-notes/components/torchtitan-neuron, awsdocs-neuron.readthedocs-hosted.com).
-Its source is not public in a form checked here, so which of these names it has is
-unverified until a trn2 run: ``require`` is how that run finds out. Both are
-expected to have the names below, several of them recent or private upstream
-names. Each is declared once in :data:`NAMES` with the module it comes from and
-what the suite needs it for, so a fork that lacks one is refused with one line
-(:class:`TitanNameError`) before any rank starts, instead of failing in 64
-ranks with an ``ImportError`` (or, for an overridden private hook, silently
-doing something else).
+Two torchtitans run the suite: upstream 0.3.0 (PyPI) on cpu, and on trn2 torchtitan-neuron
+release-2.33, a fork installed with ``pip install -e .`` as the distribution ``torchtitan``
+0.2.2+neuron.1 (Neuron docs: training/torchtitan/get-started/setup-torchtitan-neuron). Each
+name is declared once in :data:`NAMES` with its module, why the suite needs it and who uses
+it, so a torchtitan that lacks one is refused in one line (:class:`TitanNameError`) before
+any rank starts: ``require`` before every launch, ``python -m harness.titan_check`` as the
+nightly's first step and in the dry run (every name, each missing one with its files).
 
-Use::
+Hooks too: attributes the harness replaces on a built trainer (``batch_generator``,
+``train_step``, ``metrics_processor.logger``). A renamed hook fails no import, the
+replacement is just never called, so each is declared with the code that must call it
+(``read_by``) or the ``__init__`` that must assign it (``sets``), checked in the bytecode.
 
-    from recipes.titan import CosSinRoPE, override
+Which upstream the fork is. In pytorch/torchtitan (git log -S on main, read up to
+2026-08-21) the newest names here appeared 2026-06-05..07-20: ``CosSinRoPE`` 02d24f017,
+``derive``/``override(exact=)`` adf340d3f (06-10), ``ChunkedLossWrapper`` 9530a874d (06-26),
+``_yarn_inv_freq`` 51c197c86 (07-10), ``_configure_hf_attention`` af35cfb15 (07-20); two
+vanished on 2026-08-19: ``torchtitan.components.checkpoint`` (2e92be1c4) and
+``HuggingFaceTextDataLoader`` (1b04fc1c3). version.txt read 0.2.2 throughout, so
+"0.2.2+neuron.1" does not date the fork's base; only the check against the installed fork
+does. Open question (checked: the Neuron 2.33 release notes; the fork is not public here):
+which upstream commit release-2.33 is based on.
 
-Nothing is imported when this module is: each name imports its own torchtitan
-module on first use (PEP 562 ``__getattr__``), so ``recipes.platform`` can still
-patch torchtitan before anything else imports it, and a recipe that uses no
-kernel never imports a kernel's torchtitan module. ``require`` checks, up front,
-every name one run will use.
+Nothing is imported when this module is: each name imports its own module on first use
+(PEP 562 ``__getattr__``: ``from recipes.titan import CosSinRoPE``), so ``recipes.platform``
+can patch torchtitan first, and a recipe without kernels never imports a kernel's module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dis
 import importlib
 import importlib.metadata
 import inspect
@@ -61,10 +64,19 @@ class TitanName:
     """Keyword arguments the suite passes to ``attr`` + ``keywords_of``; a fork without one is refused."""
     keywords_of: str = ""
     """Dotted path, relative to the object, whose signature takes ``keywords`` (e.g. ``Config``)."""
+    read_by: str = ""
+    """A hook: dotted path in ``module`` whose code must read the name's last part."""
+    sets: tuple[str, ...] = ()
+    """A hook: instance attributes the function ``attr`` (an ``__init__``) must assign."""
+    required: bool = True
+    """False: absent is a finding the report shows, not a refusal (the fork's own config 3)."""
+    files: tuple[str, ...] = ()
+    """Suite files relying on it without importing it; importers are found by harness.titan_check."""
 
     @property
     def qualified(self) -> str:
-        return f"{self.module}.{self.attr or self.name}"
+        hook = self.sets or self.read_by
+        return f"{self.module}.{self.name if hook else (self.attr or self.name)}"
 
 
 _RUN_CONFIG = "the tutorial's launch settings (recipes/tutorial.py tutorial_settings)"
@@ -83,6 +95,7 @@ NAMES: tuple[TitanName, ...] = (
         "torchtitan.trainer",
         "Trainer.Config is the config every recipe returns; .traverse finds RoPE and kernel nodes, "
         ".to_dict writes the resolved config of a dry run",
+        files=("harness/train.py",),
     ),
     TitanName(
         "ConfigManager",
@@ -288,6 +301,7 @@ NAMES: tuple[TitanName, ...] = (
         "renamed the override is never called and the backend keeps FlexAttention",
         used_by=_HF,
         attr="HFTransformerModel.Config._configure_hf_attention",
+        files=("recipes/hf_compat.py",),
     ),
     TitanName("TitanModelConfig", _HF_PKG, "the backend's dense model config (--layers N)", used_by=_HF),
     TitanName("TitanMoeModelConfig", _HF_PKG, "the backend's MoE model config, without expert bias", used_by=_HF),
@@ -297,6 +311,25 @@ NAMES: tuple[TitanName, ...] = (
         "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it",
         used_by=_HF,
     ),
+    # --- Trainer hooks the harness replaces on a built trainer ------------------------------------
+    TitanName("Trainer.batch_generator", "torchtitan.trainer", "recording step 1's batches for the host reference "
+              "(Trainer.train must fetch batches through it)", attr="Trainer.batch_generator", read_by="Trainer.train",
+              files=("harness/reference.py",)),
+    TitanName("Trainer.train_step", "torchtitan.trainer", "injecting a fault at one rank and step (Trainer.train "
+              "must call it)", attr="Trainer.train_step", read_by="Trainer.train", files=("harness/faults.py",)),
+    TitanName("Trainer attributes", "torchtitan.trainer", "the trainer state the harness reads or wraps on every rank",
+              attr="Trainer.__init__", sets=("metrics_processor", "step", "model_parts", "parallel_dims",
+              "gradient_accumulation_steps", "num_pipeline_parallel_microbatches"),
+              files=("harness/train.py", "harness/reference.py", "harness/faults.py")),
+    TitanName("MetricsProcessor.logger", "torchtitan.components.metrics", "recording every step's loss to steps.jsonl "
+              "(record_steps wraps metrics_processor.logger; MetricsProcessor.log must use it)",
+              attr="MetricsProcessor.__init__", sets=("logger",), read_by="MetricsProcessor.log",
+              files=("harness/train.py",)),
+    # --- the fork's own recipe (package torchtitan_neuron per the Neuron docs; not public) ---------
+    TitanName("qwen3_nki_moe_config", "torchtitan_neuron.models.qwen3.config_registry", 'tutorial config 3 as the '
+              'tutorial builds it, qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4); absent, '
+              "config 3 is the suite's twin (recipes/nki_moe.py) and the report says so", used_by=("nki_moe",),
+              keywords=("n_layers", "num_experts", "top_k"), required=False, files=("recipes/nki_moe.py",)),
     # --- platform ------------------------------------------------------------------------------
     TitanName(
         "device_utils",
@@ -327,6 +360,8 @@ def installed_version() -> str:
 
 
 def _missing(entry: TitanName, what: str) -> TitanNameError:
+    if not entry.required:
+        return TitanNameError(f"torchtitan {installed_version()} has no {what}: {entry.purpose}")
     return TitanNameError(
         f"torchtitan {installed_version()} has no {what}, which the suite needs for {entry.purpose}. "
         "Install the torchtitan the suite pins (cpu: requirements-lock.txt; trn2: torchtitan-neuron "
@@ -357,33 +392,78 @@ def _check_keywords(entry: TitanName, obj) -> None:
         raise _missing(entry, f"keyword {absent[0]!r} in {callee}(...)")
 
 
-def resolve(entry: TitanName):
-    """The object ``entry`` names, or :class:`TitanNameError` saying what is missing and why it matters."""
-    obj = _import(entry)
-    for part in (entry.attr or entry.name).split("."):
+def _walk(obj, path: str, entry: TitanName, shown: str):
+    for part in path.split("."):
         if not hasattr(obj, part) and inspect.ismodule(obj):
             # A submodule is an attribute only once something imported it.
             with contextlib.suppress(ImportError):
                 importlib.import_module(f"{obj.__name__}.{part}")
         if not hasattr(obj, part):
-            raise _missing(entry, entry.qualified)
+            raise _missing(entry, shown)
         obj = getattr(obj, part)
-    if entry.keywords:
-        _check_keywords(entry, obj)
     return obj
 
 
-def missing(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanNameError]:
-    """Every name one of ``used_by`` needs that the installed torchtitan lacks."""
+def _instructions(function):
+    """Every bytecode instruction of ``function`` (decorators unwrapped), nested functions included."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        yield from dis.get_instructions(code)
+        stack += [c for c in code.co_consts if inspect.iscode(c)]
+
+
+def _check_hook(entry: TitanName, module, obj) -> None:
+    """``sets``: ``obj`` assigns each attribute; ``read_by``: that code reads the hook's last name part."""
+    if entry.sets:
+        assigned = {i.argval for i in _instructions(obj) if i.opname == "STORE_ATTR"}
+        absent = [name for name in entry.sets if name not in assigned]
+        if absent:
+            raise _missing(entry, f"assignment self.{absent[0]} in {entry.qualified}")
+    if entry.read_by:
+        reader = _walk(module, entry.read_by, entry, f"{entry.module}.{entry.read_by}")
+        attribute = entry.name.rsplit(".", 1)[-1]
+        if attribute not in {i.argval for i in _instructions(reader) if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}:
+            raise _missing(entry, f"read of self.{attribute} in {entry.module}.{entry.read_by} (a hook it no longer calls)")
+
+
+def resolve(entry: TitanName):
+    """The object ``entry`` names, or :class:`TitanNameError` saying what is missing and why it matters."""
+    module = _import(entry)
+    obj = _walk(module, entry.attr or entry.name, entry, entry.qualified)
+    if entry.keywords:
+        _check_keywords(entry, obj)
+    if entry.sets or entry.read_by:
+        _check_hook(entry, module, obj)
+    return obj
+
+
+def entries(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanName]:
+    """The declared names one of ``used_by`` needs (required or not), in declaration order."""
     tags = set(used_by)
+    return [entry for entry in NAMES if tags.intersection(entry.used_by)]
+
+
+def missing(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanNameError]:
+    """Every required name one of ``used_by`` needs that the installed torchtitan lacks."""
     errors = []
-    for entry in NAMES:
-        if tags.intersection(entry.used_by):
-            try:
-                resolve(entry)
-            except TitanNameError as e:
-                errors.append(e)
+    for entry in entries(used_by):
+        if not entry.required:
+            continue
+        try:
+            resolve(entry)
+        except TitanNameError as e:
+            errors.append(e)
     return errors
+
+
+def optional(name: str):
+    """A ``required=False`` name, or ``(None, why)`` when the installed packages lack it: ``(obj, "")``."""
+    try:
+        return resolve(BY_NAME[name]), ""
+    except TitanNameError as e:
+        return None, str(e)
 
 
 def require(used_by: Iterable[str]) -> None:

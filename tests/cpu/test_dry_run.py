@@ -55,7 +55,7 @@ def test_every_planned_run_passes_and_starts_nothing(all_recipes):
     written = sorted(p.stem for p in (report_dir / DRY_RUN_DIR).glob("*.json"))
     assert written == [
         "hf_backend-trn2-hf", "hf_backend-trn2-random", "native_qwen3-trn2-hf",
-        "native_qwen3-trn2-random", "nki_moe-trn2-random",
+        "native_qwen3-trn2-random", "nightly", "nki_moe-trn2-random",
     ]  # fmt: skip
     assert not (report_dir / "runs").exists(), "a dry run creates no run directory"
     assert "placeholder $QWEN3_DATASET_DIR" in proc.stdout
@@ -146,3 +146,67 @@ def test_native_hf_init_is_refused_without_the_theta_mismatch_allowed(refusals):
         "rope_theta: " + str(QWEN3_4B_SIZES / "config.json") + " says 5000000, recipe 'native_qwen3' builds 1000000.0"
     )
     assert not (report_dir / "runs").exists()
+
+
+# --- the nightly without a chip (issue 24 points 4, 5, 9, 12) -------------------------------------------------
+
+
+def test_the_dry_run_checks_the_torchtitan_names_first(all_recipes):
+    proc, report_dir = all_recipes
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("torchtitan names check (trn2 tier, torchtitan ") and "MISSING" not in first
+    names = json.loads((report_dir / DRY_RUN_DIR / "nightly.json").read_text())["names"]
+    hooks = {n["name"]: n for n in names if n["name"].startswith(("Trainer.", "MetricsProcessor."))}
+    assert {h: v["status"] for h, v in hooks.items()} == {
+        "Trainer.batch_generator": "ok", "Trainer.train_step": "ok", "MetricsProcessor.logger": "ok",
+    }  # fmt: skip
+    assert hooks["Trainer.batch_generator"]["files"] == ["harness/reference.py"]
+
+
+def test_the_dry_run_says_where_config_3_comes_from(all_recipes):
+    proc, report_dir = all_recipes
+    assert "config 3: the fork's qwen3_nki_moe_config is absent here, so a trn2 run builds " \
+           "recipes.nki_moe.qwen3_nki_moe_config (the suite's twin" in proc.stdout  # fmt: skip
+    config3 = json.loads((report_dir / DRY_RUN_DIR / "nightly.json").read_text())["config3"]
+    assert config3["fork"] == "absent" and "torchtitan_neuron" in config3["finding"]
+
+
+def test_the_dry_run_prints_the_nightly_in_order_with_its_budget(all_recipes):
+    from harness import nightly
+
+    proc, report_dir = all_recipes
+    out = proc.stdout
+    assert "The trn2 nightly, in order (estimates, not measurements" in out
+    order = [out.index(f"launch {name}: ") for name in nightly.LAUNCHES]
+    assert order == sorted(order)
+    assert f"workflow timeout-minutes {nightly.workflow_timeout_minutes()}" in out
+    plan = json.loads((report_dir / DRY_RUN_DIR / "nightly.json").read_text())
+    assert plan["workflow_timeout_minutes"] == nightly.workflow_timeout_minutes()
+    assert [s["launches"] for s in plan["plan"]].count(1) == len(plan["launches"]) == 11
+    assert plan["launches"]["config1-as_published"]["options"]["tokenizer_dir"].endswith("tests/assets/tokenizer")
+
+
+def test_the_dry_run_prints_which_run_and_lane_judge_each_published_claim(all_recipes):
+    proc, _ = all_recipes
+    assert "Published claims and the run that judges each (the as-published lane" in proc.stdout
+    assert (
+        "| hf_backend.trn2.step1_loss_hf | 6.54 | config1-as_published (hf_backend/as_published, init hf, 20 step(s), "
+        "export) | tests/neuron/test_hf_backend_neuron.py::test_published_step1_loss_from_pretrained_weights |"
+    ) in proc.stdout
+    assert "| native_qwen3.trn2.step1_loss_random | 12.43 | config2-as_published-random" in proc.stdout
+    assert "no launch judges it" not in proc.stdout
+
+
+def test_the_resolved_config_names_the_class_of_every_node(all_recipes):
+    """SDPA, the gather-free RoPE, NKI's grouped experts, the loss and the tokenizer are visible by class."""
+    from harness.config_tree import classes
+
+    found = classes(report(all_recipes[1], "nki_moe-trn2-random")["config"])
+    layer = "model_spec.model.layers.3"
+    assert found[f"{layer}.attention.inner_attention"].endswith("attention.ScaledDotProductAttention.Config")
+    assert found[f"{layer}.attention.rope"] == "recipes.kernels.rope.SlicedCosSinRoPE.Config"
+    assert found[f"{layer}.moe.routed_experts.inner_experts"] == "recipes.kernels.grouped_experts.TrnGroupedExperts.Config"
+    assert found["loss"].endswith("loss.ChunkedLossWrapper.Config") and found["loss.loss_fn"].endswith("CrossEntropyLoss.Config")
+    assert found["tokenizer"].endswith("tokenizer.HuggingFaceTokenizer.Config")
+    native = classes(report(all_recipes[1], "native_qwen3-trn2-hf")["config"])
+    assert native["model_spec.model.layers.0.attention.rope"].endswith("rope.CosSinRoPE.Config")

@@ -158,3 +158,75 @@ def test_run_refuses_in_one_line_before_any_rank(case, tmp_path):
     assert "Traceback" not in proc.stderr
     assert "process(es), run dir" not in proc.stdout
     assert not (report_dir / "runs").exists(), "no rank may start"
+
+
+# --- python -m harness.titan_check: the nightly's first step and part of the dry run (issue 24 point 4) ----
+
+
+def titan_check(hide: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m harness.titan_check`` after ``hide`` has changed the real torchtitan in that process."""
+    wrapper = f"{hide}\nimport sys\nfrom harness.titan_check import main\nsys.exit(main(sys.argv[1:]))\n"
+    return subprocess.run(
+        [sys.executable, "-c", wrapper, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+
+
+def test_the_names_check_passes_on_the_pinned_torchtitan_and_reports_the_forks_config3_absent():
+    out = titan_check("", "--tier", "cpu")
+    assert out.returncode == 0, out.stdout + out.stderr
+    declared = len([e for e in titan.NAMES if set(e.used_by) - {"trn2"}])
+    assert f"torchtitan names check (cpu tier, torchtitan {VERSION}): {declared - 1} of {declared} resolve" in out.stdout
+    assert "1 absent (findings, not failures)" in out.stdout
+    assert "absent   torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config" in out.stdout
+    assert "MISSING" not in out.stdout
+
+
+def test_the_names_check_names_a_name_upstream_removed_with_the_file_that_needs_it():
+    """HuggingFaceTextDataLoader left upstream main on 2026-08-19 (pytorch/torchtitan 1b04fc1c3): a fork based
+    after that lacks it, and the check lists it with its purpose and recipes/tutorial.py, then exits 1."""
+    hide = "import torchtitan.hf_datasets.text_datasets as m; del m.HuggingFaceTextDataLoader"
+    out = titan_check(hide, "--tier", "trn2")
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    (line,) = [x for x in lines if x.lstrip().startswith("MISSING  torchtitan.hf_datasets.text_datasets.")]
+    assert "has no torchtitan.hf_datasets.text_datasets.HuggingFaceTextDataLoader, which the suite needs for " \
+           'reading the local {"text": ...} corpus' in line  # fmt: skip
+    assert lines[lines.index(line) + 1].strip() == "needed by recipes/tutorial.py"
+    # The modules that import it from there fail with it, each named (torchtitan.trainer among them).
+    assert any(x.lstrip().startswith("MISSING  torchtitan.trainer.Trainer:") for x in lines)
+
+
+def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
+    """A fork whose Trainer.train fetches batches another way would leave harness/reference.py's wrapper uncalled
+    (no step-1 record, no reference): a named failure, not a silent None."""
+    hide = (
+        "import torchtitan.trainer as m\n"
+        "def train(self):\n    return self.step_all(self.dataloader)\n"
+        "m.Trainer.train = train"
+    )
+    out = titan_check(hide)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "read of self.batch_generator in torchtitan.trainer.Trainer.train (a hook it no longer calls)" in out.stdout
+    assert "read of self.train_step in torchtitan.trainer.Trainer.train" in out.stdout
+    assert "needed by harness/reference.py" in out.stdout and "needed by harness/faults.py" in out.stdout
+
+
+def test_a_logger_the_metrics_processor_no_longer_sets_is_named():
+    hide = (
+        "import torchtitan.components.metrics as m\n"
+        "init = m.MetricsProcessor.__init__\n"
+        "def __init__(self, *a, **k):\n    init(self, *a, **k)\n"
+        "m.MetricsProcessor.__init__ = __init__"
+    )
+    out = titan_check(hide)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "assignment self.logger in torchtitan.components.metrics.MetricsProcessor.logger" in out.stdout
+
+
+def test_every_required_name_has_a_suite_file_that_needs_it():
+    """A declaration nothing uses is stale: the check could only ever refuse a fork for it."""
+    from harness import titan_check as check
+
+    unused = [e.qualified for e in titan.NAMES if e.required and not check.users(e)]
+    assert unused == []

@@ -64,6 +64,13 @@ def dataset_gap() -> str | None:
     return None
 
 
+def titan_assets_gap() -> str | None:
+    """Why the TorchTitan checkout's tests/assets (the as-published lanes' c4_test and tokenizer) are unavailable."""
+    from harness.lanes import titan_checkout
+
+    return titan_checkout()[1] or None
+
+
 #: Every requirement a neuron test can name, and how its gap is found.
 REQUIREMENTS = {
     "device": device_gap,
@@ -71,6 +78,7 @@ REQUIREMENTS = {
     "nkilib": functools.partial(package_gap, "nkilib"),
     "weights": neuron.weights_gap,
     "dataset": dataset_gap,
+    "titan_assets": titan_assets_gap,
 }
 
 
@@ -92,3 +100,5 @@ requires_nkilib = pytest.mark.requires("nkilib")
 requires_qwen3_4b_weights = pytest.mark.requires("weights")
 #: The trn2 corpus in ``$QWEN3_DATASET_DIR``.
 requires_dataset = pytest.mark.requires("dataset")
+#: The TorchTitan checkout's tests/assets (make neuron-venv): the as-published lanes' text and tokenizer.
+requires_titan_assets = pytest.mark.requires("titan_assets")

@@ -1,78 +1,86 @@
-"""Tutorial config 2 at full size on a trn2.48xlarge: the published 6.54 / 12.43 and the export round trip."""
+"""Tutorial config 2 at full size on a trn2.48xlarge: the published 6.54 / 12.43 and the export round trip.
+
+Judged on config 2 *as published* (``harness.lanes``, lane ``as_published``): the tutorial's
+``model_registry("4B")`` with its RoPE theta 1e6 (Qwen3-4B-Instruct-2507's config.json says
+5e6: ``--allow-mismatch rope_theta``, recorded in provenance and in the golden's input key),
+on the checkout's ``c4_test``. The corrected lane (theta 5e6) is held to the host reference
+in tests/neuron/test_reference_neuron.py. The runs are the night's shared lane runs.
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import math
 
-import pytest
+from harness import lanes, nightly
+from lane_runs import lane_run
+from recipes.tiers import TRN2
+from requires import (
+    requires_dataset,
+    requires_neuron_device,
+    requires_qwen3_4b_weights,
+    requires_titan_assets,
+    requires_torch_neuronx,
+)
 
-from requires import requires_dataset, requires_neuron_device, requires_qwen3_4b_weights, requires_torch_neuronx
-
-pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_dataset]
-
-MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
-
-
-@pytest.fixture(scope="module")
-def trn2_hf_run(recipe_run, shared_dir):
-    return recipe_run(
-        "trn2-native-hf",
-        recipe="native_qwen3",
-        tier="trn2",
-        nproc=64,
-        steps=3,
-        init="hf",
-        model_dir=MODEL_DIR,
-        export_dir=shared_dir / "trn2-native-export",
-        seed=0,
-        # The tutorial's model_registry("4B") uses RoPE theta 1e6; Instruct-2507's config.json
-        # says 5e6. The published 6.54 comes from the tutorial's config, so reproduce that and
-        # let provenance record the difference.
-        allow_mismatch=["rope_theta"],
-    )
+pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_titan_assets]
 
 
-def test_published_step1_loss_from_pretrained_weights(trn2_hf_run, golden, record_property):
-    record_property("native_qwen3.trn2.provenance", trn2_hf_run["provenance"])
-    golden("native_qwen3", "trn2", "step1_loss_hf", trn2_hf_run["losses"][0])
+def test_published_step1_loss_from_pretrained_weights(shared_dir, golden, record_property):
+    run = lane_run("config2-as_published", shared_dir)
+    record_property("native_qwen3.trn2.as_published.provenance", run.result.get("provenance"))
+    golden("native_qwen3", "trn2", "step1_loss_hf", run.step1(), inputs=run.inputs)
 
 
-def test_published_step1_loss_from_random_init(recipe_run, golden):
-    run = recipe_run(
-        "trn2-native-random", recipe="native_qwen3", tier="trn2", nproc=64, steps=1, init="random",
-        model_dir=MODEL_DIR, seed=0, export=False,
-    )  # random init loads no weights, so there is no config.json to disagree with
-    golden("native_qwen3", "trn2", "step1_loss_random", run["losses"][0])
+def test_published_step1_loss_from_random_init(shared_dir, golden):
+    run = lane_run("config2-as_published-random", shared_dir)
+    golden("native_qwen3", "trn2", "step1_loss_random", run.step1(), inputs=run.inputs)
 
 
-def test_export_round_trip_keys(trn2_hf_run, golden):
+def test_export_round_trip_keys(shared_dir, golden):
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    export = Path(trn2_hf_run["export_dir"])
+    from harness.export import EXPORT_DIR_NAME
+
+    run = lane_run("config2-as_published", shared_dir)
+    run.finished("the export round trip")
+    export = run.run_dir / EXPORT_DIR_NAME
     state = {}
     for path in sorted(export.glob("*.safetensors")):
         state.update(load_file(path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(export))
     result = model.load_state_dict(state, strict=False, assign=True)
-    golden("native_qwen3", "trn2", "export_missing_keys", sorted(result.missing_keys))
-    golden("native_qwen3", "trn2", "export_unexpected_keys", sorted(result.unexpected_keys))
+    golden("native_qwen3", "trn2", "export_missing_keys", sorted(result.missing_keys), inputs=run.inputs)
+    golden("native_qwen3", "trn2", "export_unexpected_keys", sorted(result.unexpected_keys), inputs=run.inputs)
 
 
-def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(trn2_hf_run, tmp_path, record_property):
-    """torchtitan's own entry on the recipe's config function (README): the harness's step-1 loss.
+#: |torchtitan.train − harness| at step 1 on the same config, weights and batch. Unmeasured: two 64-rank
+#: bf16 launches may reduce in another order, by an amount no trn2 night has measured yet, so the
+#: difference is recorded, not judged, until a night's figure replaces this allowance.
+TITAN_ENTRY_ALLOWANCE = 1e-2
+TITAN_ENTRY_MEASURED = False
 
-    Same config, weights and first batch; the tolerance allows bf16 reduction-order
-    differences between two launches (not measured yet on trn2: record and tighten).
-    """
+
+@requires_dataset  # native_qwen3_trn2() itself reads $QWEN3_DATASET_DIR; the run points it at c4_test
+def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(shared_dir, tmp_path, record_property):
+    """torchtitan's own entry on the recipe's config function (README), on the as-published lane's text."""
     from benchmarks.common import run_titan_train
 
+    spec = nightly.LAUNCHES["config2-torchtitan-train"]  # the same lane as config2-as_published, torchtitan's entry
+    harness_run = lane_run("config2-as_published", shared_dir)
+    dataset = lanes.titan_checkout()[0] / lanes.TITAN_DATASET
     steps = run_titan_train(
-        "recipes.native_qwen3", "native_qwen3_trn2", 64, tmp_path, "--training.steps", "1", timeout_s=7200
-    )
+        "recipes.native_qwen3", "native_qwen3_trn2", 64, tmp_path, "--training.steps", str(spec.steps),
+        "--dataloader.dataset_path", str(dataset), timeout_s=TRN2.launch_timeout_s,
+    )  # fmt: skip
     assert [s.step for s in steps] == [1], steps
-    record_property("torchtitan_train_trn2_step1_loss", steps[0].loss)
-    assert abs(steps[0].loss - trn2_hf_run["losses"][0]) <= 1e-2
+    difference = steps[0].loss - harness_run.step1()
+    record_property("native_qwen3.trn2.torchtitan_train_step1_loss", steps[0].loss)
+    record_property("native_qwen3.trn2.torchtitan_train_minus_harness", difference)
+    assert math.isfinite(steps[0].loss), steps
+    verdict = abs(difference) <= TITAN_ENTRY_ALLOWANCE
+    record_property("native_qwen3.trn2.torchtitan_train_verdict",
+                    ("pass" if verdict else "FAIL") if TITAN_ENTRY_MEASURED else "recorded, not judged")  # fmt: skip
+    assert verdict or not TITAN_ENTRY_MEASURED, difference

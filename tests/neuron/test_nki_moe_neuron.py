@@ -18,10 +18,10 @@ import torch
 
 from neuron_cores import CountingKernel, neuron_core_body, neuron_device, on_neuron_cores
 from requires import (
-    requires_dataset,
     requires_neuron_device,
     requires_nkilib,
     requires_qwen3_4b_weights,
+    requires_titan_assets,
     requires_torch_neuronx,
 )
 
@@ -138,22 +138,42 @@ def test_no_cpu_fallback_for_shapes_the_kernels_refuse(record_property):
     assert "512 <= H <= 8192" in measured["message"], measured["message"]
 
 
+# --- config 3 on 64 ranks: the night's lane runs (harness.nightly.LAUNCHES), 20 steps each ------------------
+
+
+def assert_trains(losses: list[float], record_property, name: str) -> None:
+    """The loss falls over the run by more than its measured noise (harness.band.loss_fall), not only stays finite."""
+    from harness.band import loss_fall
+
+    fall = loss_fall(losses)
+    record_property(f"nki_moe.trn2.{name}.loss_fall", fall)
+    assert all(math.isfinite(x) for x in losses), losses
+    assert fall["trains"], (
+        f"{name}: the loss fell by {fall['fall']:.4g} over {fall['steps']} steps, not more than "
+        f"{fall['sigmas']:g} x its standard error {fall['se']:.3g} (noise {fall['noise']:.3g} per step): {losses}"
+    )
+
+
 # "weights": random init, but the trn2 tokenizer is Qwen3-4B's own, read from $QWEN3_4B_DIR.
 @requires_neuron_device
 @requires_torch_neuronx
 @requires_nkilib
 @requires_qwen3_4b_weights
-@requires_dataset
-def test_nki_moe_trains_in_eager_mode_on_64_ranks(recipe_run, record_property):
-    run = recipe_run("trn2-nki-moe", recipe="nki_moe", tier="trn2", nproc=64, steps=5, init="random", seed=0)
-    losses = run["losses"]
+@requires_titan_assets
+def test_nki_moe_trains_in_eager_mode_on_64_ranks(shared_dir, record_property):
+    from lane_runs import lane_run
+
+    run = lane_run("config3-as_published", shared_dir)
+    run.finished("config 3's 20-step curve")
+    losses = run.losses
     record_property("trn2_nki_moe_losses", losses)
-    record_property("trn2_nki_moe_tokens_per_s", [s["tokens_per_s"] for s in run["steps"]])
-    assert run["provenance"]["rope"] == {
+    record_property("trn2_nki_moe_tokens_per_s", [s["tokens_per_s"] for s in run.result["steps"]])
+    record_property("nki_moe.trn2.config_source", run.result["provenance"].get("config_source"))
+    assert run.result["provenance"]["rope"] == {
         "torchtitan CosSinRoPE, sliced cache (positions dropped: no gather)": [0, 1, 2, 3]
     }
-    assert len(losses) == 5
-    assert all(math.isfinite(x) for x in losses), losses
+    assert len(losses) == run.launch.steps
+    assert_trains(losses, record_property, "as_published")
 
 
 #: Config 3's RoPE, the other reading: the tutorial says "RoPE without gather" and also shows
@@ -169,21 +189,52 @@ ROPE_HF_SEQ_LEN = 2048
 @requires_torch_neuronx
 @requires_nkilib
 @requires_qwen3_4b_weights
-@requires_dataset
-def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(recipe_run, record_property):
+@requires_titan_assets
+def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(shared_dir, record_property):
+    from harness import nightly
+    from lane_runs import lane_run
     from recipes.kernels import ROPE_DESCRIPTIONS
 
-    run = recipe_run(
-        "trn2-nki-moe-rope-hf", recipe="nki_moe", tier="trn2", nproc=64, steps=1, init="random", seed=0,
-        seq_len=ROPE_HF_SEQ_LEN, overrides=["rope_hf"],
-    )  # fmt: skip
-    losses = run["losses"]
+    assert nightly.LAUNCHES["config3-rope_hf"].seq_len == ROPE_HF_SEQ_LEN
+    run = lane_run("config3-rope_hf", shared_dir)
+    run.finished("config 3's 20-step curve with rope_hf")
+    losses = run.losses
     record_property("trn2_nki_moe_rope_hf_losses", losses)
-    rope = run["provenance"]["rope"]
+    rope = run.result["provenance"]["rope"]
     record_property("trn2_nki_moe_rope_hf_rope", rope)
     assert len(rope) == 1, rope
     (described, layers), = rope.items()
     assert described.startswith(ROPE_DESCRIPTIONS["NKIRoPE.Config"]), described
     assert layers == [0, 1, 2, 3]
-    assert [s["step"] for s in run["steps"]] == [1], run["steps"]
-    assert math.isfinite(losses[0]), losses
+    assert_trains(losses, record_property, "rope_hf")
+
+
+@requires_neuron_device  # the trn2 instance and venv, where TorchTitan Neuron (and maybe its own config 3) is;
+@requires_torch_neuronx  # the comparison itself needs no device (meta only)
+def test_config3_from_the_forks_function_vs_the_suites_twin(record_property):
+    """On the trn2 venv (the cpu tier checks the same with a stand-in fork, tests/cpu/test_nightly_plan.py):
+    config 3 as the tutorial builds it (the fork's ``qwen3_nki_moe_config``) vs the twin.
+
+    Every difference of the two resolved configs is recorded, field by field. The fork's
+    function absent is a finding, recorded, not a skip. Where it exists, its model must have
+    the tutorial's shapes: the same parameters (names and shapes) as the twin's, on the meta device.
+    """
+    from harness.config_tree import config3_comparison
+    from harness.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
+    from recipes import nki_moe
+    from recipes.tutorial import RecipeInputs, tutorial_settings
+
+    inputs = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
+    found = config3_comparison(inputs)
+    record_property("nki_moe.trn2.config3_fork", found["fork"])
+    record_property("nki_moe.trn2.config3_finding", found["finding"])
+    record_property("nki_moe.trn2.config3_differences", found["differences"])
+    if found["fork"] == "absent":
+        assert "qwen3_nki_moe_config" in found["finding"] and found["source"] == nki_moe.TWIN
+        return
+    shapes = {}
+    for side, config in (("fork", nki_moe.fork_config()[0]), ("twin", nki_moe.twin_config("trn2"))):
+        config = tutorial_settings(config, inputs)
+        model = build_on_meta(config.model_spec.model, config.training.dtype)
+        shapes[side] = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert shapes["fork"] == shapes["twin"], sorted(set(shapes["fork"].items()) ^ set(shapes["twin"].items()))[:5]

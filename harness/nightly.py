@@ -1,0 +1,328 @@
+"""The trn2 nightly as a plan: its steps in order, every 64-rank launch and what it serves, and its budget.
+
+One 20-step run per recipe and lane serves step 1, the export round trip, the band, the
+"trains" check and the host reference at once (``tests/neuron/lane_runs.py`` launches each
+once per session, whichever test asks first), so the night makes :data:`LAUNCHES` and no
+more: 11 launches of 64 ranks where it made 16 (the separate band runs of three recipes,
+the separate 3-step weights runs of configs 1 and 2, and the separate 5-step MoE run
+are now the lane runs themselves).
+
+:data:`CLAIM_JUDGES` says, for every published claim in ``fixtures/goldens/*/trn2.json``,
+which launch and lane judge it and in which test (the as-published lane, always: a
+published number is judged on the tutorial's config as published). The dry run prints
+both (``python -m harness run all --tier trn2 --dry-run``), so a maintainer can size the
+runner's timeout; the workflow's ``timeout-minutes`` is :func:`workflow_timeout_minutes`.
+
+Every time below is an **estimate, not a measurement**: no trn2 night has timed one yet.
+Each constant says what it is based on; replace it with a night's figure (the report
+records every launch's wall time and step times) and the timeout follows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import lanes
+from harness.options import RunOptions
+
+#: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
+LANE_STEPS = 20
+
+# --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
+#: torchrun start-up of 64 ranks, process groups, dataloader: torch/torchtitan imports take ~9 s of CPU
+#: per rank on the cpu tier (README, harness.elastic), 64 in parallel on 192 vCPUs, plus NRT init.
+STARTUP_MIN = 3.0
+#: Loading Qwen3-4B-Instruct-2507's ~8 GB of bf16 safetensors into 64 FSDP shards (DCP HF load).
+LOAD_WEIGHTS_MIN = 4.0
+#: Eager TorchNeuron compiles each new op/kernel shape on first call (Neuron docs: a cold run spends
+#: many minutes before step 1). Cold: the first launch of a model family with an empty NEFF cache;
+#: warm: a later launch of the same family, or any night after the first (the persistent cache).
+COMPILE_COLD_MIN = 45.0
+COMPILE_WARM_MIN = 5.0
+#: Seconds per step after compilation: 64 x 2048 tokens, eager, 4B dense / 4-layer MoE.
+STEP_S = {"dense": 4.0, "moe": 3.0}
+#: Writing the bf16 HF export (~8 GB) and config.json/tokenizer from rank 0.
+EXPORT_MIN = 3.0
+#: One fp32 forward of the 64 x 2048-token batch through the 4B model on the host CPU: ~5 CPU-hours
+#: (README, `python -m harness.reference cost` on this suite's machine), ~25 effective cores of the
+#: trn2.48xlarge host -> ~12 min, rounded up. A diagnosed lane scores one more per suspect that applies.
+REFERENCE_FORWARD_MIN = 15.0
+#: The 64-rank kernel-free steps' margin: the workflow's timeout is the cold total times this, rounded up.
+TIMEOUT_MARGIN = 1.25
+TIMEOUT_ROUND_MIN = 30
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One 64-rank launch of the night: a recipe in a lane, and everything it serves."""
+
+    name: str
+    lane: str
+    """A key of :data:`harness.lanes.LANES` (``recipe.lane``)."""
+    init: str
+    steps: int
+    serves: tuple[str, ...]
+    tests: tuple[str, ...]
+    export: bool = False
+    overrides: tuple[str, ...] = ()
+    seq_len: int | None = None
+    #: Host reference forwards after the launch (0: random init has nothing to score).
+    reference_forwards: int = 0
+    #: "harness" (python -m harness run's launch) or "torchtitan.train" (torchtitan's own entry).
+    entry: str = "harness"
+    #: Which compiled graphs it shares with earlier launches (the first of a family compiles cold).
+    family: str = ""
+
+    @property
+    def recipe(self) -> str:
+        return lanes.LANES[self.lane].recipe
+
+    @property
+    def lane_name(self) -> str:
+        return lanes.LANES[self.lane].name
+
+    def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
+        """The run's options as ``python -m harness run`` resolves them on trn2."""
+        extra = {"seq_len": self.seq_len} if self.seq_len else {}
+        return lanes.LANES[self.lane].options(
+            checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
+            overrides=list(self.overrides), nproc=64, **extra,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        bits = [f"{self.recipe}/{self.lane_name}", f"init {self.init}", f"{self.steps} step(s)"]
+        bits += ["export"] * self.export + [f"--override {o}" for o in self.overrides]
+        return ", ".join(bits) + (" [torchtitan.train]" if self.entry != "harness" else "")
+
+
+_HF = "tests/neuron/test_hf_backend_neuron.py"
+_NATIVE = "tests/neuron/test_native_qwen3_neuron.py"
+_REF = "tests/neuron/test_reference_neuron.py"
+_CURVES = "tests/neuron/test_curves_neuron.py"
+_MOE = "tests/neuron/test_nki_moe_neuron.py"
+
+LAUNCHES: dict[str, Launch] = {
+    x.name: x
+    for x in (
+        Launch("config1-as_published", "hf_backend.as_published", "hf", LANE_STEPS,
+               ("step1_loss_hf 6.54", "export round trip", "reference + diagnosis"), (_HF, _REF),
+               export=True, reference_forwards=3, family="4B hf backend"),
+        Launch("config1-as_published-random", "hf_backend.as_published", "random", 1,
+               ("step1_loss_random 12.43",), (_HF,), family="4B hf backend"),
+        Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("reference + diagnosis",), (_REF,),
+               reference_forwards=2, family="4B hf backend"),
+        Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1, ("reference + diagnosis",), (_REF,),
+               reference_forwards=2, family="4B hf backend"),
+        Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS, ("reference (judged)", "band"),
+               (_REF, _CURVES), reference_forwards=1, family="4B hf backend"),
+        Launch("config2-as_published", "native_qwen3.as_published", "hf", LANE_STEPS,
+               ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"), (_NATIVE, _REF, _CURVES),
+               export=True, reference_forwards=2, family="4B native"),
+        Launch("config2-as_published-random", "native_qwen3.as_published", "random", 1,
+               ("step1_loss_random 12.43",), (_NATIVE,), family="4B native"),
+        Launch("config2-corrected", "native_qwen3.corrected", "hf", 1, ("reference (judged)",), (_REF,),
+               reference_forwards=1, family="4B native"),
+        Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
+               ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
+               family="4B native"),
+        Launch("config3-as_published", "nki_moe.as_published", "random", LANE_STEPS, ("trains", "band"),
+               (_MOE, _CURVES), family="MoE"),
+        Launch("config3-rope_hf", "nki_moe.as_published", "random", LANE_STEPS, ("trains with rope_hf",), (_MOE,),
+               overrides=("rope_hf",), seq_len=2048, family="MoE + rope_hf"),
+    )
+}  # fmt: skip
+
+#: The lane run each recipe's band is made of and judged on (harness.band.band_options).
+BAND_LAUNCH = {"hf_backend": "config1-corrected", "native_qwen3": "config2-as_published",
+               "nki_moe": "config3-as_published"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ClaimJudge:
+    """Which launch, lane and test judge one published claim of ``fixtures/goldens/<recipe>/trn2.json``."""
+
+    claim: str
+    launch: str | None
+    test: str
+    how: str = ""
+
+
+_KERNEL = "tests/neuron/test_rope_kernel_neuron.py"
+CLAIM_JUDGES: dict[str, ClaimJudge] = {
+    j.claim: j
+    for j in (
+        ClaimJudge("hf_backend.trn2.step1_loss_hf", "config1-as_published",
+                   f"{_HF}::test_published_step1_loss_from_pretrained_weights"),
+        ClaimJudge("hf_backend.trn2.step1_loss_random", "config1-as_published-random",
+                   f"{_HF}::test_published_step1_loss_from_random_init"),
+        ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-as_published", f"{_HF}::test_export_round_trip"),
+        ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-as_published", f"{_HF}::test_export_round_trip"),
+        ClaimJudge("native_qwen3.trn2.step1_loss_hf", "config2-as_published",
+                   f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights"),
+        ClaimJudge("native_qwen3.trn2.step1_loss_random", "config2-as_published-random",
+                   f"{_NATIVE}::test_published_step1_loss_from_random_init"),
+        ClaimJudge("native_qwen3.trn2.export_missing_keys", "config2-as_published",
+                   f"{_NATIVE}::test_export_round_trip_keys"),
+        ClaimJudge("native_qwen3.trn2.export_unexpected_keys", "config2-as_published",
+                   f"{_NATIVE}::test_export_round_trip_keys"),
+        ClaimJudge("nki_moe.trn2.rope_q_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
+        ClaimJudge("nki_moe.trn2.rope_k_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
+    )
+}  # fmt: skip
+
+
+# --- the budget -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Minutes one step of the night takes, cold NEFF cache and warm, with what they are made of."""
+
+    cold: float
+    warm: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def launch_estimate(launch: Launch, first_of_family: bool) -> Estimate:
+    """Start-up, weights, compile, steps, export and host reference of one launch."""
+    kind = "moe" if launch.recipe == "nki_moe" else "dense"
+    parts = {
+        "start-up": STARTUP_MIN,
+        "weights": LOAD_WEIGHTS_MIN if launch.init == "hf" else 0.0,
+        "steps": launch.steps * STEP_S[kind] / 60,
+        "export": EXPORT_MIN if launch.export else 0.0,
+        "reference": launch.reference_forwards * REFERENCE_FORWARD_MIN,
+    }
+    fixed = sum(parts.values())
+    cold = COMPILE_COLD_MIN if first_of_family else COMPILE_WARM_MIN
+    return Estimate(cold=fixed + cold, warm=fixed + COMPILE_WARM_MIN, parts={**parts, "compile (cold)": cold})
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the nightly workflow, in order."""
+
+    name: str
+    command: str
+    processes: int
+    cores: int
+    launches: int
+    estimate: Estimate
+
+
+def steps() -> list[Step]:
+    """The night in order: install, names check, the neuron tests (each launch on its own line), guards."""
+    out = [
+        Step("install the trn2 tier", "make neuron-venv", 1, 0, 0, Estimate(15.0, 2.0)),
+        Step("torchtitan names and hooks against the installed fork", "python -m harness.titan_check --tier trn2",
+             1, 0, 0, Estimate(0.5, 0.5)),
+        Step("one-core kernel tests (rope_hf, grouped experts) and config 3 fork vs twin", "pytest -m neuron",
+             1, 1, 0, Estimate(COMPILE_COLD_MIN / 3, COMPILE_WARM_MIN)),
+    ]  # fmt: skip
+    seen: set[str] = set()
+    for launch in LAUNCHES.values():
+        estimate = launch_estimate(launch, launch.family not in seen)
+        seen.add(launch.family)
+        out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate))
+    out.append(Step("guards: require-ran, require-claims, record-inputs, trend", "python -m harness.ci ...",
+                    1, 0, 0, Estimate(0.5, 0.5)))  # fmt: skip
+    return out
+
+
+def totals(plan: list[Step] | None = None) -> Estimate:
+    plan = plan or steps()
+    return Estimate(cold=sum(s.estimate.cold for s in plan), warm=sum(s.estimate.warm for s in plan))
+
+
+def workflow_timeout_minutes() -> int:
+    """``timeout-minutes`` of .github/workflows/nightly-trn2.yml: the cold total with a margin, rounded up."""
+    cold = totals().cold * TIMEOUT_MARGIN
+    return int(math.ceil(cold / TIMEOUT_ROUND_MIN) * TIMEOUT_ROUND_MIN)
+
+
+# --- what the dry run prints ---------------------------------------------------------------------------
+
+
+def plan_lines() -> list[str]:
+    from harness.report import md_table
+
+    plan = steps()
+    rows = [
+        [i, s.name, s.processes, s.cores, s.launches, f"{s.estimate.cold:.0f}", f"{s.estimate.warm:.0f}"]
+        for i, s in enumerate(plan, 1)
+    ]
+    total = totals(plan)
+    launches = sum(s.launches for s in plan)
+    return [
+        "The trn2 nightly, in order (estimates, not measurements: no trn2 night has timed them; harness/nightly.py "
+        "says what each is based on)",
+        "",
+        *md_table(["#", "step", "processes", "NeuronCores", "64-rank launches", "min (cold cache)", "min (warm)"], rows),
+        "",
+        f"total: {launches} launches of 64 ranks; {total.cold:.0f} min with a cold NEFF cache, {total.warm:.0f} min "
+        f"warm; workflow timeout-minutes {workflow_timeout_minutes()} (cold x {TIMEOUT_MARGIN:g}, rounded up to "
+        f"{TIMEOUT_ROUND_MIN} min)",
+    ]
+
+
+def claim_lines() -> list[str]:
+    from harness import ci
+    from harness.report import md_table
+
+    rows = []
+    for claim in ci.published_claims("trn2"):
+        judge = CLAIM_JUDGES.get(claim.name)
+        if judge is None:
+            rows.append([claim.name, repr(claim.value), "**no launch judges it**", "–"])
+            continue
+        launch = LAUNCHES[judge.launch] if judge.launch else None
+        where = f"{launch.name} ({launch.describe()})" if launch else judge.how
+        rows.append([claim.name, repr(claim.value), where, judge.test])
+    return [
+        "Published claims and the run that judges each (the as-published lane: the tutorial's config as published)",
+        "",
+        *md_table(["published claim", "value", "judged by (launch: recipe/lane)", "test"], rows),
+    ]
+
+
+def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
+    """The trn2 nightly without a chip: the names check, config 3's source, the plan and budget, the claims.
+
+    ``inputs``: the ``RecipeInputs`` config 3 is compared at (the dry run's stand-ins on a machine
+    without the trn2 inputs). Writes ``<out_dir>/nightly.json``; False when a required torchtitan
+    name is missing.
+    """
+    import dataclasses
+    import json
+
+    from harness import titan_check
+    from harness.config_tree import config3_comparison
+
+    rows = titan_check.check("trn2")
+    echo(titan_check.summary(rows, "trn2"))
+    config3 = config3_comparison(inputs)
+    if config3["fork"] == "absent":
+        echo(f"config 3: the fork's qwen3_nki_moe_config is absent here, so a trn2 run builds {config3['source']} "
+             f"(a finding, reported, not a skip): {config3['finding']}")  # fmt: skip
+    else:
+        echo(f"config 3: built from {config3['fork']}; {config3['finding']}:")
+        echo("\n".join(f"  {d['path']}: fork {d['fork']!r}, twin {d['twin']!r}" for d in config3["differences"]))
+    echo("")
+    echo("\n".join(plan_lines()))
+    echo("")
+    echo("\n".join(claim_lines()))
+    out = out_dir / "nightly.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plan = [dataclasses.asdict(step) for step in steps()]
+    launches = {name: {**dataclasses.asdict(x), "options": json.loads(x.options().to_json())}
+                for name, x in LAUNCHES.items()}  # fmt: skip
+    claims = {name: dataclasses.asdict(j) for name, j in CLAIM_JUDGES.items()}
+    out.write_text(json.dumps({
+        "names": [r.to_dict() for r in rows], "config3": config3, "plan": plan, "launches": launches,
+        "claims": claims, "total_minutes": dataclasses.asdict(totals()),
+        "workflow_timeout_minutes": workflow_timeout_minutes(),
+    }, indent=2, default=str) + "\n")  # fmt: skip
+    echo(f"  report: {out}")
+    return not any(r.status == "missing" for r in rows)

@@ -1,0 +1,208 @@
+"""The trn2 nightly's plan without a chip: lanes, launches, claims, budget, report rows, config 3's source.
+
+Issue 24: every published claim is judged on the as-published lane (point 9), whose text
+and tokenizer come from the TorchTitan checkout (point 8); one 20-step run per recipe and
+lane serves everything it can (point 11); the plan and budget are printed (point 12);
+config 3 is built from the fork's own function where it exists (point 5).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import ci, lanes, nightly
+from harness.report import lane_summary, lanes_section
+from recipes.tiers import REPO_ROOT
+
+NEURON = REPO_ROOT / "tests" / "neuron"
+
+
+def test_every_published_trn2_claim_is_judged_by_exactly_one_as_published_run():
+    claims = {c.name for c in ci.published_claims("trn2")}
+    assert set(nightly.CLAIM_JUDGES) == claims
+    for judge in nightly.CLAIM_JUDGES.values():
+        path, _, test = judge.test.partition("::")
+        assert (REPO_ROOT / path).is_file(), judge
+        if judge.launch is None:
+            continue  # one NeuronCore, no launch (the rope kernel's numbers)
+        launch = nightly.LAUNCHES[judge.launch]
+        assert lanes.LANES[launch.lane].published, f"{judge.claim} is judged on {launch.lane}, not as published"
+        assert test in {n.name for n in ast.walk(ast.parse((REPO_ROOT / path).read_text())) if isinstance(n, ast.FunctionDef)}
+        assert f'"{launch.name}"' in (REPO_ROOT / path).read_text(), f"{judge.test} does not use {launch.name}"
+
+
+def test_the_night_makes_eleven_launches_each_used_by_a_test_that_names_it():
+    """16 launches of 64 ranks became 11: each lane run serves step 1, export, band and reference at once."""
+    assert len(nightly.LAUNCHES) == 11
+    sources = {p.name: p.read_text() for p in NEURON.glob("test_*_neuron.py")}
+    for launch in nightly.LAUNCHES.values():
+        users = [name for name, text in sources.items() if f'"{launch.name}"' in text]
+        assert users, f"no neuron test uses {launch.name}"
+        assert {Path(t).name for t in launch.tests} >= set(users) - {"test_curves_neuron.py"}, launch
+    for recipe, name in nightly.BAND_LAUNCH.items():
+        assert nightly.LAUNCHES[name].recipe == recipe and nightly.LAUNCHES[name].steps == nightly.LANE_STEPS
+
+
+def test_tests_named_trains_assert_a_fall_beyond_noise():
+    """A test named "trains" must assert more than a finite loss (harness.band.loss_fall)."""
+    for path in NEURON.glob("test_*_neuron.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and "trains" in node.name:
+                assert "assert_trains" in ast.unparse(node), f"{path.name}::{node.name}"
+
+
+def test_as_published_lanes_read_the_checkouts_assets_and_corrected_lanes_the_dataset_dir(tmp_path):
+    checkout = tmp_path / "torchtitan-neuron"
+    config1 = nightly.LAUNCHES["config1-as_published"].options(checkout=checkout)
+    assert config1.dataset_dir == checkout / "tests/assets/c4_test"
+    assert config1.tokenizer_dir == checkout / "tests/assets/tokenizer"
+    assert config1.allow_mismatch == ["tokenizer"] and config1.export and config1.steps == 20
+    assert lanes.lane("hf_backend", "as_published").env() == {"QWEN3_HF_KEEP_DEFECTS": "inv_freq"}
+    config2 = nightly.LAUNCHES["config2-as_published"].options(checkout=checkout)
+    assert (config2.dataset_dir, config2.tokenizer_dir, config2.allow_mismatch) == (
+        checkout / "tests/assets/c4_test", None, ["rope_theta"])  # fmt: skip
+    random2 = nightly.LAUNCHES["config2-as_published-random"].options(checkout=checkout)
+    assert random2.allow_mismatch == [] and random2.init == "random"
+    corrected1 = nightly.LAUNCHES["config1-corrected"].options(checkout=checkout)
+    corrected2 = nightly.LAUNCHES["config2-corrected"].options(checkout=checkout)
+    assert (corrected1.dataset_dir, corrected1.tokenizer_dir, corrected1.allow_mismatch) == (None, None, [])
+    assert lanes.lane("hf_backend", "corrected").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
+    assert (corrected2.dataset_dir, corrected2.rope_theta) == (None, 5e6)
+
+
+def test_the_checkout_is_found_from_an_editable_torchtitan(tmp_path):
+    """make neuron-venv installs the checkout with pip install -e: its tests/assets sit beside the package."""
+    checkout = tmp_path / "torchtitan-neuron"
+    (checkout / "torchtitan").mkdir(parents=True)
+    (checkout / "torchtitan" / "__init__.py").write_text("")
+    for sub in ("tests/assets/c4_test", "tests/assets/tokenizer"):
+        (checkout / sub).mkdir(parents=True)
+    code = "from harness.lanes import titan_checkout; print(titan_checkout())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{checkout}:{REPO_ROOT}"})  # fmt: skip
+    assert out.stdout.strip() == repr((checkout, "")), out.stderr
+    root, why = lanes.titan_checkout()  # this venv: PyPI's wheel, no tests/assets
+    assert root is None and "is not a TorchTitan checkout" in why
+
+
+def test_the_plan_prints_every_step_with_processes_cores_launches_and_the_total():
+    lines = nightly.plan_lines()
+    text = "\n".join(lines)
+    steps = nightly.steps()
+    assert [s.name for s in steps][:2] == ["install the trn2 tier", "torchtitan names and hooks against the installed fork"]
+    assert sum(s.launches for s in steps) == len(nightly.LAUNCHES)
+    for launch in nightly.LAUNCHES.values():
+        assert f"launch {launch.name}: {launch.describe()} | 64 | 64 | 1 |" in text
+    total = nightly.totals()
+    assert total.cold == pytest.approx(sum(s.estimate.cold for s in steps)) and total.warm < total.cold
+    assert f"total: 11 launches of 64 ranks; {total.cold:.0f} min with a cold NEFF cache" in text
+    assert f"timeout-minutes {nightly.workflow_timeout_minutes()}" in text
+    # Only the first launch of a model family compiles cold.
+    first = nightly.launch_estimate(nightly.LAUNCHES["config1-as_published"], True)
+    later = nightly.launch_estimate(nightly.LAUNCHES["config1-as_published"], False)
+    assert first.cold - later.cold == pytest.approx(nightly.COMPILE_COLD_MIN - nightly.COMPILE_WARM_MIN)
+
+
+# --- the report: per config, published / as published / corrected / reference, each cause named -----------
+
+
+def check(measured, reference, named=(), tolerance=0.05, judged=False) -> dict:
+    suspects = [{"name": n, "what": f"{n} differs", "effect": 1.5, "explains": True} for n in named]
+    return {"measured": measured, "reference": reference, "difference": measured - reference, "tolerance": tolerance,
+            "judged": judged, "suspects": suspects}  # fmt: skip
+
+
+def test_a_config_row_names_the_cause_of_each_difference():
+    row = lane_summary("hf_backend", 6.54, 0.02, check(6.55, 2.4, ["tokenizer", "inv_freq"]), check(2.43, 2.41))
+    assert (row["published"], row["as_published"], row["corrected"], row["reference"]) == (6.54, 6.55, 2.43, 2.41)
+    causes = row["causes"]
+    assert causes["as published vs published"] == "reproduced: |Δ| 0.01 ≤ 0.02"
+    assert causes["as published vs corrected"].startswith("Δ +4.12: tokenizer (tokenizer differs; effect +1.5), inv_freq")
+    assert causes["corrected vs reference"] == (
+        "Δ +0.02 vs ±0.05 (bf16 on the device vs fp32 on the host): recorded, not judged (the tolerance is not "
+        "measured yet; would pass)"
+    )
+    assert row["corrected_verdict"] == "recorded, not judged"
+    missed = lane_summary("native_qwen3", 6.54, 0.02, check(3.1, 3.0), check(2.5, 2.2, judged=True))
+    assert missed["causes"]["as published vs published"].startswith("not reproduced: Δ -3.44; the as-published lane "
+                                                                     "scores what its diagnosis names: none of the known")
+    assert missed["corrected_verdict"] == "FAIL" and "diagnosis: none of the known suspects" in missed["causes"][
+        "corrected vs reference"]
+    lines = "\n".join(lanes_section([row, missed]))
+    assert "| hf_backend | 6.54 | 6.55 | 2.43 | 2.41 | recorded, not judged |" in lines
+    assert "- native_qwen3, corrected vs reference: Δ +0.3 vs ±0.05" in lines
+
+
+def test_the_test_report_shows_the_config_rows(tmp_path):
+    from harness.pytest_report import lane_summaries, markdown
+
+    row = lane_summary("hf_backend", 6.54, 0.02, check(6.55, 2.4, ["tokenizer"]), check(2.43, 2.41))
+    records = [{"test": "tests/neuron/test_reference_neuron.py::t", "outcome": "passed", "duration_s": 1.0,
+                "properties": {"hf_backend.trn2.lanes": row}}]  # fmt: skip
+    assert lane_summaries(records) == [row]
+    assert "## Published numbers per config: as published, corrected, reference" in markdown(records, [])
+
+
+# --- config 3 from the fork's own function (point 5) ---------------------------------------------------------
+
+
+FAKE_FORK = '''
+from recipes.nki_moe import twin_config
+
+
+def qwen3_nki_moe_config(flavor, *, n_layers, num_experts, top_k):
+    """A stand-in for TorchTitan Neuron's own config 3: the twin with two differences."""
+    config = twin_config("trn2")
+    config.compile.enable = True
+    config.training.max_norm = 0.5
+    return config
+'''
+
+
+def test_config3_is_built_from_the_forks_function_when_it_exists_and_every_difference_is_listed(tmp_path):
+    package = tmp_path / "torchtitan_neuron" / "models" / "qwen3"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "config_registry.py").write_text(FAKE_FORK)
+    code = textwrap.dedent("""
+        import json
+        from harness.config_tree import config3_comparison
+        from recipes import nki_moe
+        from recipes.specs import QWEN3_4B_INSTRUCT_2507 as sizes
+        from recipes.tutorial import RecipeInputs
+        found = config3_comparison(RecipeInputs("trn2", "random", sizes, sizes, sizes))
+        built = nki_moe.nki_moe(RecipeInputs("trn2", "random", sizes, sizes, sizes))
+        print(json.dumps({**found, "cpu_source": nki_moe.config_source("cpu"), "built_compile": built.compile.enable}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO_ROOT}"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["fork"] == found["source"] == "torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config"
+    assert found["differences"] == [
+        {"path": "training.max_norm", "fork": 0.5, "twin": 1.0},
+        {"path": "compile.enable", "fork": True, "twin": False},
+    ]
+    assert found["built_compile"] is True  # the trn2 recipe really is the fork's config
+    assert found["cpu_source"].startswith("recipes.nki_moe.qwen3_nki_moe_config (the suite's twin")
+
+
+def test_without_the_fork_config3_is_the_twin_and_the_absence_is_a_finding():
+    from harness.config_tree import config3_comparison
+    from recipes import nki_moe
+    from recipes.specs import QWEN3_4B_INSTRUCT_2507 as sizes
+    from recipes.tutorial import RecipeInputs
+
+    found = config3_comparison(RecipeInputs("trn2", "random", sizes, sizes, sizes))
+    assert (found["fork"], found["source"], found["differences"]) == ("absent", nki_moe.TWIN, [])
+    assert "No module named 'torchtitan_neuron'" in found["finding"]

@@ -1,0 +1,104 @@
+"""The night's 64-rank launches (``harness.nightly.LAUNCHES``), each made once per session, whichever test asks first.
+
+A lane run serves several tests (step 1, the export round trip, the band, the
+reference), so a run that stops early (config 1 as published may meet a non-finite
+loss after step 1: ``inv_freq`` is uninitialised memory) keeps what it measured and
+says why it stopped; a test that needs more than it got fails naming that.
+The neuron tests run serially (``-p no:xdist``), so a module-level cache is the session's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness import lanes, nightly
+
+_RUNS: dict[str, "LaneRun"] = {}
+
+
+@dataclass
+class LaneRun:
+    """One launch's result (maybe partial), its resolved options and its input key."""
+
+    launch: nightly.Launch
+    opts: object
+    result: dict
+    inputs: dict
+    #: Why the run stopped before its last step (None: it finished).
+    stopped: str | None = None
+    _reference: object = field(default=None, repr=False)
+
+    @property
+    def losses(self) -> list[float]:
+        return self.result.get("losses") or []
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.result["run_dir"])
+
+    def step1(self) -> float:
+        """Step 1's loss; NaN when the run stopped inside step 1 (torchtitan raises on a non-finite loss
+        before logging it), which is a measurement too."""
+        if self.losses:
+            return self.losses[0]
+        if self.stopped is not None and (self.run_dir / "first_batch").is_dir():
+            return math.nan
+        pytest.fail(f"{self.launch.name} recorded no step: {self.stopped}", pytrace=False)
+
+    def finished(self, what: str) -> None:
+        """Fail the asking test, naming why, when the run did not reach its last step (``what`` needs it)."""
+        if self.stopped is not None:
+            pytest.fail(f"{what} not measured: {self.launch.name} stopped after {len(self.losses)} of "
+                        f"{self.launch.steps} steps: {self.stopped}", pytrace=False)  # fmt: skip
+
+    def reference(self):
+        """The host reference of step 1's batch (``harness.reference``), always diagnosed; computed once."""
+        if self._reference is None:
+            from harness import reference
+
+            self._reference = reference.check_run_dir(
+                self.run_dir, always_diagnose=True, allow_no_step=True, model=reference_model(str(self.opts.model_dir))
+            )
+            if self._reference is None:
+                pytest.fail(f"{self.launch.name} recorded no first batch ({self.run_dir}/first_batch)", pytrace=False)
+        return self._reference
+
+
+@functools.cache
+def reference_model(model_dir: str):
+    """The weights in fp32 on the host (~16 GiB at 4B), loaded once for every lane."""
+    from harness import reference
+
+    return reference.load_reference_model(Path(model_dir))
+
+
+def lane_run(name: str, shared_dir: Path) -> LaneRun:
+    """The launch ``name`` of the plan, made on first use; later callers get the same result."""
+    if name in _RUNS:
+        return _RUNS[name]
+    from harness.launch import LaunchError, launch
+    from harness.preflight import preflight
+    from harness.provenance import input_key
+
+    spec = nightly.LAUNCHES[name]
+    lane = lanes.LANES[spec.lane]
+    checkout, why = lanes.titan_checkout()
+    if (lane.titan_dataset or lane.titan_tokenizer) and checkout is None:
+        pytest.fail(why, pytrace=False)
+    opts = preflight(spec.options(run_dir=shared_dir / name, checkout=checkout))
+    stopped = None
+    with lanes.lane_env(lane):
+        try:
+            result = launch(opts, echo=lambda line: None).to_dict()
+        except LaunchError as e:
+            if e.result is None:
+                raise
+            result, stopped = e.result.to_dict(), e.summary
+    inputs = result.get("provenance", {}).get("inputs") or input_key(opts, list(lane.kept_defects))
+    _RUNS[name] = LaneRun(spec, opts, result, inputs, stopped)
+    return _RUNS[name]
