@@ -89,7 +89,7 @@ def recipe_run(shared_dir):
     """
     from harness.launch import LaunchError, launch
     from harness.options import RunOptions
-    from harness.preflight import preflight
+    from harness.checks import preflight
 
     def run(name: str, cli_overrides: list[str] = (), **options) -> dict:
         run_dir = shared_dir / name

@@ -6,7 +6,7 @@ preflight, ``build_config`` in the parent, progress polling, reference loss,
 report), the rank entry (``harness.train`` vs ``torchtitan.train`` with
 ``benchmarks.titan_entry``), and how ranks start on the cpu tier: the bare path
 is the tutorial's ``torchrun`` (each rank a fresh interpreter), ``harness run``
-uses the tier's ``rank_start`` ("preloaded": ``harness.elastic``, torchrun's
+uses the tier's ``rank_start`` ("preloaded": ``harness.launch.elastic``, torchrun's
 parser and torch elastic with ranks forked from a forkserver that imports while
 the parent checks). That start is part of what the harness costs or saves, so
 it is measured, not equalised. Repetitions are interleaved (a, b, a, b, …)
@@ -39,7 +39,7 @@ from benchmarks.common import (
 )
 from harness.launch import child_env, read_steps
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 
 GOAL_RATIO = 1.10  # issue 17: python -m harness run within 1.10x a bare torchtitan launch
 RECIPE = "native_qwen3"

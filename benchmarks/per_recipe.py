@@ -34,7 +34,7 @@ from benchmarks.common import (
 from recipes.errors import RecipeError
 from harness.launch import child_env, read_steps, torchrun_command, write_run_file
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 
 RANK_ENTRY = "benchmarks.rank_entry"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.launch.child import exit_now
 from harness.options import RunCommand, RunOptions, parse_run_command
 from recipes.tiers import TIERS
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
@@ -153,22 +154,6 @@ def reference_of(opts: RunOptions, result) -> dict | None:
     return {**check.to_dict(), "summary": summary}
 
 
-def as_configured(opts: RunOptions, config) -> RunOptions:
-    """``opts`` with the sizes the built config really holds (after ``--training.*`` CLI overrides).
-
-    A golden is judged on steps, seq_len, batch and seed as they reach torchtitan,
-    not as the launcher's own flags said them.
-    """
-    training = config.training
-    return dataclasses.replace(
-        opts,
-        steps=training.steps,
-        seq_len=training.seq_len,
-        local_batch_size=training.local_batch_size,
-        seed=config.debug.seed,
-    )
-
-
 def import_for_the_report(runs: list[RunOptions]) -> threading.Thread:
     """Import, while the ranks run, what this process needs once they end (a daemon thread).
 
@@ -197,7 +182,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     # A "preloaded" tier's first launcher starts now, before this process imports torch (preflight
     # does): its forkserver's imports overlap this process's checks.
     prestarted = prestart(plan[0]) if plan else None
-    from harness.preflight import check_run
+    from harness.config import as_configured, checked_config
 
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
@@ -205,7 +190,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     resolved = []
     try:
         for opts in plan:
-            opts, config = check_run(opts, cli_overrides)  # once, before any rank
+            opts, config = checked_config(opts, cli_overrides)  # once, before any rank
             resolved.append(as_configured(opts, config))
     except RecipeError as e:
         print(f"python -m harness run: error: {e}", file=sys.stderr)
@@ -296,21 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return cmd_dry_run(args, cli_overrides)
     return cmd_run(args, cli_overrides)
-
-
-def exit_now(code: int) -> None:
-    """Leave without the interpreter's teardown of torch, torchtitan and matplotlib.
-
-    Measured 2-7 s on 2 cores after the report is written (SIGTERM to exit went from
-    12.2 s to 5.9 s). By then every child is reaped, the report and its lock file are
-    closed, and nothing else needs finalizing.
-    """
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        pass
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main_for_a_pipe() -> int:

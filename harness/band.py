@@ -236,7 +236,7 @@ def write_band(recipe: str, tier: str, key: str, entry: dict) -> Path:
 
 def read_run(run_dir: Path) -> tuple[list[float], dict]:
     """(losses, options) of a finished run directory (steps.jsonl, run.json)."""
-    from harness.train import RUN_FILE, STEPS_FILE
+    from harness.run_dir import RUN_FILE, STEPS_FILE
 
     steps_file = Path(run_dir) / STEPS_FILE
     if not steps_file.is_file():
@@ -248,7 +248,7 @@ def read_run(run_dir: Path) -> tuple[list[float], dict]:
 
 def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None) -> list[Path]:
     """Launch ``runs`` runs of :func:`band_options` one after another; return their run directories."""
-    from harness.preflight import preflight
+    from harness.checks import preflight
 
     if launch is None:
         from harness.launch import launch

@@ -107,7 +107,7 @@ def plan_run(opts: RunOptions) -> Plan:
     Runs the device-free preflight checks (names, sizes, nodes, mismatch names); the
     device, weights, tokenizer and dataset checks need the instance and its files.
     """
-    from harness.preflight import OPTION_CHECKS
+    from harness.checks import OPTION_CHECKS
 
     for check in OPTION_CHECKS:
         check(opts)
@@ -142,7 +142,7 @@ def plan_run(opts: RunOptions) -> Plan:
 
 def check_files(plan: Plan) -> None:
     """The preflight checks of the files this machine has (never the device: that needs the instance)."""
-    from harness import preflight
+    from harness import checks as preflight
 
     checks = [preflight.check_hf_model, preflight.check_export_dir]
     if plan.has_weights:
@@ -188,17 +188,17 @@ def check_sizes(opts: RunOptions, config) -> list[str]:
 
 def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str]]:
     """The config the launcher would hand every rank, and what was checked on the way."""
-    from harness import train
+    from harness.checks.config import check_built, check_inputs
+    from harness.config import build_config as build
 
     opts = plan.build
-    config = train.recipe_config(opts)
+    config = build(opts, cli_overrides)
     if plan.has_weights:
-        train.check_inputs(opts, config)
+        check_inputs(opts, config)
         checked = ["tokenizer, weights and sizes (provenance, checkpoint tensors)"]
     else:
         checked = check_sizes(opts, config)
-    config = train.finish_config(config, opts, cli_overrides)
-    return config, checked + train.check_kernel_constraints(config, opts.tier)
+    return config, checked + check_built(opts, config)
 
 
 # ---------------------------------------------------------------------------
@@ -364,7 +364,7 @@ def _substitute(value, old: str, new: str):
 def resolved_config(config, plan: Plan) -> dict:
     """The resolved config as JSON, every node with its class (``_class``: SDPA, the gather-free RoPE,
     NKI's grouped experts, the loss and tokenizer are visible), placeholders' stand-ins shown as placeholders."""
-    from harness.config_tree import config_tree
+    from harness.config.tree import config_tree
 
     tree = json.loads(json.dumps(config_tree(config), default=str))
     for p in plan.placeholders:
@@ -438,7 +438,7 @@ def summary(result: dict, path: Path) -> str:
         + ", ".join(f"{k} {dims[k]}" for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in dims),
         f"  command: {result['command']}",
         f"  starts:  {result['torchrun']}"
-        + (" (as harness.elastic: ranks forked preloaded)" if result["rank_start"] == "preloaded" else ""),
+        + (" (as harness.launch.elastic: ranks forked preloaded)" if result["rank_start"] == "preloaded" else ""),
     ]
     upstream = model.get("upstream")
     if upstream:

@@ -32,7 +32,7 @@ LANE_STEPS = 20
 
 # --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
 #: torchrun start-up of 64 ranks, process groups, dataloader: torch/torchtitan imports take ~9 s of CPU
-#: per rank on the cpu tier (README, harness.elastic), 64 in parallel on 192 vCPUs, plus NRT init.
+#: per rank on the cpu tier (README, harness.launch.elastic), 64 in parallel on 192 vCPUs, plus NRT init.
 STARTUP_MIN = 3.0
 #: Loading Qwen3-4B-Instruct-2507's ~8 GB of bf16 safetensors into 64 FSDP shards (DCP HF load).
 LOAD_WEIGHTS_MIN = 4.0
@@ -298,7 +298,7 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
     import json
 
     from harness import titan_check
-    from harness.config_tree import config3_comparison
+    from harness.config.tree import config3_comparison
 
     rows = titan_check.check("trn2")
     echo(titan_check.summary(rows, "trn2"))

@@ -511,7 +511,7 @@ def rebuilt_batches(opts, tokenizer_dir: Path, per_rank: int) -> list[dict]:
     """The run's step-1 batches, re-packed from the same corpus with ``tokenizer_dir`` (torchtitan's loader)."""
     import dataclasses
 
-    from harness.train import build_config
+    from harness.config import build_config
 
     opts = dataclasses.replace(opts, tokenizer_dir=Path(tokenizer_dir), allow_mismatch=[*opts.allow_mismatch, "tokenizer"])
     config = build_config(opts)
@@ -616,7 +616,7 @@ class RunInfo:
         """``allow_no_step``: a run that died in step 1 (torchtitan stops on a non-finite loss
         before logging it) is measured as NaN, so its record can still be diagnosed."""
         from harness.options import RunOptions
-        from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
+        from harness.run_dir import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
 
         run_dir = Path(run_dir)
         provenance = json.loads((run_dir / PROVENANCE_FILE).read_text())

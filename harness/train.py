@@ -12,102 +12,17 @@ config, exactly as with ``torchtitan.train``.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
+from harness.launch.child import RANK_DEATH_SIGNAL, die_with_parent
 from harness.options import RunOptions
+from harness.run_dir import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
 
-STEPS_FILE = "steps.jsonl"
-PROVENANCE_FILE = "provenance.json"
-RUN_FILE = "run.json"
-
-
-def build_config(opts: RunOptions, cli_overrides: list[str] = ()):
-    """The recipe's ``Trainer.Config`` for resolved ``opts``, then kernel and CLI overrides."""
-    config = recipe_config(opts)
-    check_inputs(opts, config)
-    return finish_config(config, opts, cli_overrides)
-
-
-def recipe_config(opts: RunOptions):
-    """The recipe's ``Trainer.Config`` with the run's deltas for resolved ``opts``, before kernel and CLI overrides."""
-    from harness.options import apply_run_options
-    from recipes.registry import get_recipe
-
-    return apply_run_options(get_recipe(opts.recipe).config_fn()(opts.recipe_inputs()), opts)
-
-
-def check_inputs(opts: RunOptions, config) -> None:
-    """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
-    from harness import provenance
-    from harness.preflight import check_checkpoint_tensors
-
-    provenance.check(opts, config)
-    if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
-        check_checkpoint_tensors(opts, config.model_spec)
-
-
-def finish_config(config, opts: RunOptions, cli_overrides: list[str] = ()):
-    """Apply ``--override`` specs and torchtitan CLI overrides; refuse shapes a kernel cannot take."""
-    if opts.overrides:
-        from recipes.overrides import apply_override_specs
-
-        apply_override_specs(config, opts.overrides)
-    from harness.titan_cli import apply_cli_overrides
-    from recipes.tutorial import check_compile
-
-    config = apply_cli_overrides(config, cli_overrides)
-    check_compile(config, opts.tier)
-    check_kernel_constraints(config, opts.tier)
-    return config
-
-
-def tier_lnc(tier: str) -> int:
-    """The LNC the ranks of ``tier`` run with: ``NEURON_LOGICAL_NC_CONFIG`` if set, else the tier's launch env."""
-    from recipes.platform.neuron import logical_neuron_cores
-    from recipes.tiers import TIERS
-
-    if "NEURON_LOGICAL_NC_CONFIG" in os.environ or tier not in TIERS:
-        return logical_neuron_cores()
-    return int(TIERS[tier].extra_env.get("NEURON_LOGICAL_NC_CONFIG", logical_neuron_cores()))
-
-
-def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
-    """Refuse, before any rank trains, a shape an enabled NKI kernel cannot take; name what was checked.
-
-    A kernel's nodes can only be in the config if its module was imported (its
-    override made them), so a config without kernels imports no kernel module.
-    rope_hf's seq_len rule is checked on every tier (``enforce_kernel_constraints``);
-    the grouped-experts shapes where nkilib runs them (``Tier.runs_nki_kernels``: trn2).
-
-    Sources: rope_hf asserts ``seq_len % (128 * LNC) == 0`` in ``_validate_apply_rope_inputs``
-    (aws-neuron/nki-library src/nkilib_src/nkilib/core/embeddings/rope_hf.py); the MoE
-    kernels' rules and their sources are ``recipes.kernels.grouped_experts.MOE_CONSTRAINTS``.
-    """
-    from recipes.tiers import TIERS
-
-    checked = []
-    rope = sys.modules.get("recipes.kernels.rope")
-    if rope is not None:
-        ropes = [cfg for _, cfg, _, _ in config.traverse(rope.NKIRoPE.Config) if cfg.enforce_kernel_constraints]
-        if ropes:
-            lnc = tier_lnc(tier)
-            rope.check_seq_len(config.training.seq_len, lnc)
-            checked.append(f"rope_hf: seq_len {config.training.seq_len} % (128 x LNC {lnc}) == 0 ({len(ropes)} nodes)")
-    experts = sys.modules.get("recipes.kernels.grouped_experts")
-    if experts is not None and TIERS[tier].runs_nki_kernels:
-        nodes = [cfg for _, cfg, _, _ in config.traverse(experts.TrnGroupedExperts.Config)]
-        lnc = tier_lnc(tier)
-        for shape in sorted({(cfg.dim, cfg.hidden_dim) for cfg in nodes}):
-            experts.check_moe_shapes(*shape, lnc)
-            checked.append(f"grouped_experts: dim {shape[0]}, hidden_dim {shape[1]} at LNC {lnc} ({len(nodes)} nodes)")
-    return checked
 
 
 class StepRecorder:
@@ -150,7 +65,7 @@ def write_provenance(opts: RunOptions, config, path: Path) -> None:
 
 
 #: How this rank's process started, as seen at its entry: "preloaded" when torchtitan's trainer
-#: was already imported (forked from harness.elastic's forkserver), else "exec" (a fresh interpreter).
+#: was already imported (forked from harness.launch.elastic's forkserver), else "exec" (a fresh interpreter).
 RANK_START = "exec"
 PRELOAD_MARKER = "torchtitan.trainer"
 
@@ -172,7 +87,9 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     from harness import faults, reference
     from harness.export import FINAL_STATE_FILE, finish_export, record_final_state
 
-    config = build_config(opts, cli_overrides)
+    from harness.config import build_config
+
+    config = build_config(opts, cli_overrides)  # the launcher checked it before any rank started (run.json)
     rank = int(os.environ.get("RANK", "0"))
     run_dir = Path(config.dump_folder)
     trainer = None
@@ -197,42 +114,6 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         torch.distributed.destroy_process_group()
     if rank == 0 and opts.export:
         finish_export(opts, config)
-
-
-#: ``PR_SET_PDEATHSIG`` from <linux/prctl.h>; see prctl(2).
-PR_SET_PDEATHSIG = 1
-#: What a rank gets when torchrun vanishes without closing it (torchrun itself
-#: SIGTERMs its ranks on an orderly stop): nothing on a rank is worth saving then,
-#: and a killed process releases its devices (NeuronCores) at once.
-RANK_DEATH_SIGNAL = signal.SIGKILL
-
-
-def _prctl():
-    """libc's ``prctl``, loaded once (before any fork, so a preexec_fn only calls it)."""
-    global _PRCTL
-    if _PRCTL is None:
-        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-    return _PRCTL
-
-
-_PRCTL = None
-
-
-def die_with_parent(sig: int, parent: int | None = None) -> None:
-    """Have Linux send ``sig`` to this process the moment its parent exits.
-
-    prctl(2) PR_SET_PDEATHSIG: the kernel, not a poll, ends an orphan; the setting
-    survives exec. A parent that died before the call would never trigger it, so
-    the parent pid is checked after it (``parent``: the pid it must be, when known).
-    No-op off Linux.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    expected = os.getppid() if parent is None else parent
-    if _prctl()(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != expected or os.getppid() == 1:
-        os.kill(os.getpid(), sig)
 
 
 def _error_handler():
@@ -279,7 +160,7 @@ def read_run_options(run_dir: Path) -> RunOptions:
     """
     path = run_dir / RUN_FILE
     if not path.is_file():
-        from harness.preflight import PreflightError
+        from harness.checks import PreflightError
 
         raise PreflightError(
             f"{path} does not exist: harness.train runs the options `python -m harness run` resolved and wrote there; "

@@ -96,7 +96,7 @@ class Tier:
     #: Whether enabled NKI kernels run here (their shape rules are then checked before launch).
     runs_nki_kernels: bool
     #: How torchrun's ranks start: "exec" (torchrun itself: each rank a fresh interpreter that
-    #: imports torch and torchtitan) or "preloaded" (harness.elastic: torchrun's parser and torch
+    #: imports torch and torchtitan) or "preloaded" (harness.launch.elastic: torchrun's parser and torch
     #: elastic, ranks forked from a forkserver that imported them once, while the launcher checks).
     rank_start: str = "exec"
     extra_env: dict[str, str] = field(default_factory=dict)

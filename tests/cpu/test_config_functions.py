@@ -42,9 +42,9 @@ def _described(config) -> str:
 @pytest.mark.parametrize("module, function, recipe, tier, init", CPU_FUNCTIONS)
 def test_torchtitans_config_manager_builds_what_the_harness_builds(module, function, recipe, tier, init):
     from harness.options import RunOptions
-    from harness.preflight import preflight
+    from harness.checks import preflight
     from recipes.titan import ConfigManager
-    from harness.train import build_config
+    from harness.config import build_config
 
     cli = ["--training.steps", "3"]
     loaded = ConfigManager().parse_args(["--module", module, "--config", function, *cli])

@@ -51,7 +51,7 @@ GAP_RESIDUAL_ATOL = 0.02
 def recipe_options():
     """The options of the shared native run (tests/cpu/conftest.py: native_hf_run), minus its outputs."""
     from harness.options import RunOptions
-    from harness.preflight import preflight
+    from harness.checks import preflight
 
     return preflight(RunOptions(recipe="native_qwen3", tier="cpu", nproc=2, init="hf", model_dir=MODEL_DIR, seed=0))
 
@@ -64,7 +64,7 @@ def first_batches(opts) -> list[dict[str, torch.Tensor]]:
     seq_len, local_batch_size)``. The recipe sets ``data_parallel_shard_degree=-1`` and
     every other degree to 1, so the batch mesh is all ``nproc × nnodes`` ranks.
     """
-    from harness.train import build_config
+    from harness.config import build_config
 
     config = build_config(opts)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 from harness.provenance import dataset_info, provenance
 from recipes.tiers import FIXTURES
-from harness.train import build_config
+from harness.config import build_config
 
 
 CORPUS = FIXTURES / "corpus"

@@ -199,7 +199,7 @@ def test_the_dry_run_prints_which_run_and_lane_judge_each_published_claim(all_re
 
 def test_the_resolved_config_names_the_class_of_every_node(all_recipes):
     """SDPA, the gather-free RoPE, NKI's grouped experts, the loss and the tokenizer are visible by class."""
-    from harness.config_tree import classes
+    from harness.config.tree import classes
 
     found = classes(report(all_recipes[1], "nki_moe-trn2-random")["config"])
     layer = "model_spec.model.layers.3"

@@ -16,7 +16,7 @@ import pytest
 from harness.faults import ENV
 from harness.launch import LaunchError, launch
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 
 
 #: The header harness.launch.rank_log_tails puts before each rank's log tail.

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.options import RunOptions
-from harness.preflight import PreflightError, preflight
+from harness.checks import PreflightError, preflight
 from harness.published import CLAIMS
 from recipes.tiers import CPU, FIXTURES, REPO_ROOT
 
@@ -124,7 +124,9 @@ from recipes import platform
 platform.install("cpu")
 import torch
 from harness.options import RunOptions
-from harness.train import STEPS_FILE, build_config, record_steps
+from harness.config import build_config
+from harness.run_dir import STEPS_FILE
+from harness.train import record_steps
 
 opts = RunOptions.from_json(sys.argv[1])
 opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -475,7 +477,7 @@ def test_hub_id_is_refused_offline():
 
 
 def test_no_model_dir_means_the_hub_id_and_is_refused_offline():
-    from harness.preflight import check_hf_model
+    from harness.checks import check_hf_model
     from recipes.hf_backend import HUB_ID
 
     opts = RunOptions(recipe="hf_backend", tier="trn2", model_dir=None)  # trn2 without QWEN3_4B_DIR

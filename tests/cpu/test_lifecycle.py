@@ -33,7 +33,7 @@ NO_ORPHANS_WITHIN_S = GRACE_S + 20
 def processes_of(run_root: Path) -> list[int]:
     """Live (non-zombie) processes whose command line or environment names ``run_root``.
 
-    The launcher and torchrun name it on their command lines; harness.elastic, its
+    The launcher and torchrun name it on their command lines; harness.launch.elastic, its
     forkserver and the ranks forked from it carry it in their environment (RUN_DIR_ENV).
     """
     found = []
@@ -84,7 +84,7 @@ def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, record_proper
     report_dir = tmp_path / "report"
     parent = start_long_run(report_dir)
     wait_for_training(report_dir, parent)
-    assert len(processes_of(report_dir)) >= 4, "the launcher, torchrun (harness.elastic) and two ranks should be running"
+    assert len(processes_of(report_dir)) >= 4, "the launcher, torchrun (harness.launch.elastic) and two ranks should be running"
     signalled = time.monotonic()
     parent.send_signal(signal.SIGTERM)
     out, err = parent.communicate(timeout=NO_ORPHANS_WITHIN_S + 30)
@@ -106,7 +106,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, record_property):
     parent = start_long_run(report_dir)
     wait_for_training(report_dir, parent)
     children = processes_of(report_dir)
-    assert len(children) >= 4, "the launcher, torchrun (harness.elastic) and two ranks should be running"
+    assert len(children) >= 4, "the launcher, torchrun (harness.launch.elastic) and two ranks should be running"
     parent.kill()
     parent.communicate(timeout=30)
     gone_after = seconds_until_gone(report_dir, NO_ORPHANS_WITHIN_S)
@@ -119,7 +119,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, record_property):
 
 
 def forkserver_of(run_root: Path) -> int | None:
-    """The pid of the run's prestarted forkserver (multiprocessing's, started by harness.elastic), once it exists."""
+    """The pid of the run's prestarted forkserver (multiprocessing's, started by harness.launch.elastic), once it exists."""
     for pid in processes_of(run_root):
         try:
             if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -135,7 +135,7 @@ NO_ORPHANS_WHILE_CHECKING_S = 5
 
 
 def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, record_property):
-    """Killed before its run is checked, the launcher leaves neither harness.elastic nor its importing forkserver."""
+    """Killed before its run is checked, the launcher leaves neither harness.launch.elastic nor its importing forkserver."""
     report_dir = tmp_path / "report"
     parent = start_long_run(report_dir)
     deadline = time.monotonic() + 120
@@ -168,15 +168,15 @@ def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path):
     assert "--training.stepz" in errors[0] and "--training.steps" in errors[0], errors[0]
     assert "Traceback" not in out.stderr and "╭" not in out.stderr, "tyro's box is turned into one line"
     assert not report_dir.exists(), "nothing may start or be written"
-    assert processes_of(report_dir) == [], "the prestarted harness.elastic (or its forkserver) outlived the refusal"
+    assert processes_of(report_dir) == [], "the prestarted harness.launch.elastic (or its forkserver) outlived the refusal"
     assert time.perf_counter() - started < 120
 
 
 def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
     from recipes.errors import RecipeError
     from harness.options import RunOptions
-    from harness.preflight import preflight
-    from harness.train import build_config
+    from harness.checks import preflight
+    from harness.config import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     with pytest.raises(RecipeError, match=r"torchtitan option refused: .*--training\.steps"):
@@ -185,10 +185,11 @@ def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
 
 def test_goldens_are_judged_on_what_the_config_really_holds():
     """``--training.seq_len 64`` through torchtitan's CLI is not the default launch: no golden applies."""
-    from harness.__main__ import as_configured, golden_key
+    from harness.__main__ import golden_key
+    from harness.config import as_configured
     from harness.options import RunOptions
-    from harness.preflight import preflight
-    from harness.train import build_config
+    from harness.checks import preflight
+    from harness.config import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     assert golden_key(as_configured(opts, build_config(opts))) == "step1_loss_random"

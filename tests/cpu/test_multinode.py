@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import curve_runs
 from harness.launch import launch
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 
 
 def free_port() -> int:

@@ -79,8 +79,8 @@ def test_init_scheme_matches_first_principles(record_property):
     (meta build, ``to_empty``, ``init_weights``), for several seeds.
     """
     from harness.options import RunOptions
-    from harness.preflight import preflight
-    from harness.train import build_config
+    from harness.checks import preflight
+    from harness.config import build_config
 
     spec = build_config(preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))).model_spec
     tokens = torch.randint(TINY_DENSE.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0))

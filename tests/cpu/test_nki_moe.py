@@ -106,8 +106,8 @@ def test_config3_without_rope_hf_takes_any_seq_len():
 
 def build(recipe: str, **options):
     from harness.options import RunOptions
-    from harness.preflight import preflight
-    from harness.train import build_config
+    from harness.checks import preflight
+    from harness.config import build_config
 
     return build_config(preflight(RunOptions(recipe=recipe, tier="cpu", init="random", **options)))
 

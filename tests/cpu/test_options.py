@@ -12,7 +12,8 @@ import pytest
 
 from harness.options import RunCommand, parse_run_command
 from harness.options import RunOptions, command_line, flag
-from harness.train import RUN_FILE, read_run_options
+from harness.run_dir import RUN_FILE
+from harness.train import read_run_options
 from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 

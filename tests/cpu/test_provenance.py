@@ -9,10 +9,10 @@ import shutil
 import pytest
 
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 from harness.provenance import MismatchError, mismatches
 from recipes.tiers import FIXTURES
-from harness.train import build_config
+from harness.config import build_config
 
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"

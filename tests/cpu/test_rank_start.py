@@ -1,6 +1,6 @@
 """Both ways ranks start train the same thing, and a run says which way its ranks started.
 
-"preloaded" (the cpu tier): ``harness.elastic``, torchrun's parser and torch elastic,
+"preloaded" (the cpu tier): ``harness.launch.elastic``, torchrun's parser and torch elastic,
 ranks forked from a forkserver that imported torch and torchtitan once. "exec" (trn2,
 the tutorial's own launch): torchrun, each rank a fresh interpreter. The exec run here
 is the only real exec launch of the cpu tier, so trn2's start path stays exercised.
@@ -12,7 +12,7 @@ import dataclasses
 
 from harness.launch import launch
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 from recipes.tiers import CPU, TIERS
 from test_lifecycle import processes_of
 
@@ -35,12 +35,12 @@ def test_exec_ranks_train_bitwise_like_the_preloaded_ones(native_random_run, tmp
 
 
 def test_a_refused_run_leaves_no_prestarted_process(tmp_path):
-    """``python -m harness run`` prestarts harness.elastic before its checks; a refusal ends it, rank-less."""
+    """``python -m harness run`` prestarts harness.launch.elastic before its checks; a refusal ends it, rank-less."""
     from harness.__main__ import main
 
     report_dir = tmp_path / "report"
     code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])
     assert code == 2
-    assert processes_of(report_dir) == [], "the prestarted harness.elastic (or its forkserver) outlived a refusal"
+    assert processes_of(report_dir) == [], "the prestarted harness.launch.elastic (or its forkserver) outlived a refusal"
     assert not report_dir.exists(), "a refused run wrote something"
 

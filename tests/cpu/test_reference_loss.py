@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from harness import reference
 from harness.options import RunOptions
-from harness.preflight import preflight
+from harness.checks import preflight
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 
@@ -87,7 +87,7 @@ def titan_loss(model, batches) -> float:
 def step1_in_process(opts: RunOptions, before_init=None):
     """(RunInfo, Record, torchtitan model) of ``opts``'s step 1, computed here instead of launched."""
     from harness import provenance
-    from harness.train import build_config
+    from harness.config import build_config
 
     config = build_config(opts)
     batches = reference.rebuilt_batches(opts, opts.tokenizer_dir, per_rank=1)
@@ -172,7 +172,7 @@ def test_attention_is_read_from_the_model_the_run_built():
     """SDPA (the tutorial's attn_backend) is causal over the window; Flex builds per-document masks."""
     from torchtitan.models.common.attention import FlexAttention
 
-    from harness.train import build_config
+    from harness.config import build_config
 
     config = build_config(options())
     with torch.device("meta"):

@@ -102,7 +102,7 @@ def test_a_recipe_imports_only_the_kernel_modules_it_uses():
         """
         import sys
         from harness.options import RunOptions
-        from harness.train import build_config
+        from harness.config import build_config
         kernels = lambda: sorted(m for m in sys.modules if m.startswith("recipes.kernels."))
         build_config(RunOptions(recipe="native_qwen3", tier="cpu", init="random").resolved())
         print(kernels())

@@ -82,7 +82,7 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     if name in _RUNS:
         return _RUNS[name]
     from harness.launch import LaunchError, launch
-    from harness.preflight import preflight
+    from harness.checks import preflight
     from harness.provenance import input_key
 
     spec = nightly.LAUNCHES[name]

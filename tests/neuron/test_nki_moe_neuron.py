@@ -219,7 +219,7 @@ def test_config3_from_the_forks_function_vs_the_suites_twin(record_property):
     function absent is a finding, recorded, not a skip. Where it exists, its model must have
     the tutorial's shapes: the same parameters (names and shapes) as the twin's, on the meta device.
     """
-    from harness.config_tree import config3_comparison
+    from harness.config.tree import config3_comparison
     from harness.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
     from recipes import nki_moe
     from recipes.tutorial import RecipeInputs, tutorial_settings

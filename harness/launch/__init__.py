@@ -18,14 +18,10 @@ from typing import IO
 from harness.options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
-from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
+from harness.launch.child import _prctl, die_with_parent
+from harness.run_dir import ERROR_FILE, RUN_DIR_ENV, RUN_FILE, read_provenance, read_steps
 
 LOG_TAIL_LINES = 40
-#: Set in the environment of a run's launcher process (and so of its forkserver and ranks):
-#: which run a process belongs to, when its command line does not say.
-RUN_DIR_ENV = "QWEN3_RUN_DIR"
-#: Where torchrun's own ``@record`` copies the first failed rank's error file.
-ERROR_FILE = "error.json"
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
 #: into SignalException and closes its ranks (SIGTERM, then SIGKILL after 30 s):
 #: torch/distributed/elastic/multiprocessing/api.py _terminate_process_handler, _close.
@@ -157,18 +153,6 @@ def child_env(opts: RunOptions) -> dict[str, str]:
     return env
 
 
-def read_steps(run_dir: Path) -> list[dict]:
-    path = run_dir / STEPS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_provenance(run_dir: Path) -> dict:
-    path = run_dir / PROVENANCE_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def rank_log_tails(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last lines of every rank's stderr, failing ranks' tracebacks included."""
     parts = []
@@ -224,7 +208,7 @@ def first_failure(run_dir: Path) -> str | None:
 
 
 def descendants_of(pid: int) -> list[int]:
-    """Every process below ``pid``: torchrun's ranks (in sessions of their own), or harness.elastic's forkserver and its ranks."""
+    """Every process below ``pid``: torchrun's ranks (in sessions of their own), or harness.launch.elastic's forkserver and its ranks."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -251,9 +235,9 @@ def _alive(pid: int) -> bool:
 
 
 def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
-    """torchrun (or harness.elastic) in a session of its own, SIGTERMed by the kernel if this process dies.
+    """torchrun (or harness.launch.elastic) in a session of its own, SIGTERMed by the kernel if this process dies.
 
-    PR_SET_PDEATHSIG (harness.train.die_with_parent) is set in the child before exec,
+    PR_SET_PDEATHSIG (harness.launch.child.die_with_parent) is set in the child before exec,
     so even a SIGKILLed launcher (the OOM killer) leaves no torchrun behind; its ranks
     follow torchrun (SIGTERM from torchrun's close, or their own death signal).
     """
@@ -274,9 +258,9 @@ def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
 RANK_IMPORTS = (
     "torchtitan.train",
     "harness.train",
-    "harness.titan_cli",
+    "harness.config.titan_cli",
     "harness.provenance",
-    "harness.preflight",
+    "harness.checks",
     "harness.reference",
     "harness.faults",
     "harness.export",
@@ -295,7 +279,7 @@ def preload_modules(recipe: str) -> list[str]:
 
 @dataclass
 class Prestarted:
-    """``harness.elastic`` started ahead of its run: its forkserver imports while the launcher checks.
+    """``harness.launch.elastic`` started ahead of its run: its forkserver imports while the launcher checks.
 
     Until ``launch`` sends it torchrun's argv it has started no rank and written
     nothing; its output goes to ``output`` (an unnamed file) until the run has a
@@ -317,24 +301,24 @@ class Prestarted:
 
 
 def prestart(opts: RunOptions) -> Prestarted | None:
-    """Start ``harness.elastic`` for a tier whose ranks start "preloaded"; None for "exec" tiers."""
+    """Start ``harness.launch.elastic`` for a tier whose ranks start "preloaded"; None for "exec" tiers."""
     from recipes.tiers import TIERS
 
     tier = TIERS.get(opts.tier)
     if tier is None or tier.rank_start != "preloaded":
         return None
     output = tempfile.TemporaryFile()
-    cmd = [sys.executable, "-m", "harness.elastic", "--preload", ",".join(preload_modules(opts.recipe))]
+    cmd = [sys.executable, "-m", "harness.launch.elastic", "--preload", ",".join(preload_modules(opts.recipe))]
     proc = _start(cmd, {**child_env(opts), RUN_DIR_ENV: str(opts.run_dir)}, output, stdin=subprocess.PIPE)
     return Prestarted(proc, output)
 
 
-#: ``python -m torch.distributed.run``: what ``torchrun_command`` starts with and harness.elastic does not need.
+#: ``python -m torch.distributed.run``: what ``torchrun_command`` starts with and harness.launch.elastic does not need.
 TORCHRUN_PREFIX = 3
 
 
 def _go(prestarted: Prestarted, torchrun_argv: list[str], env: dict, console) -> subprocess.Popen:
-    """Hand a prestarted ``harness.elastic`` its run: what it printed so far into ``console``, then torchrun's argv."""
+    """Hand a prestarted ``harness.launch.elastic`` its run: what it printed so far into ``console``, then torchrun's argv."""
     _copy_output(prestarted, console)
     message = {"argv": torchrun_argv, "console": console.name, "env": {k: env[k] for k in GO_ENV}}
     try:
@@ -345,7 +329,7 @@ def _go(prestarted: Prestarted, torchrun_argv: list[str], env: dict, console) ->
     return prestarted.proc
 
 
-#: Run-specific variables a prestarted harness.elastic sets when its run arrives (its forkserver's
+#: Run-specific variables a prestarted harness.launch.elastic sets when its run arrives (its forkserver's
 #: environment, and so the ranks', was fixed when it started: ``child_env``, the same for any run of the tier).
 GO_ENV = ("TORCHELASTIC_ERROR_FILE", RUN_DIR_ENV)
 
@@ -397,7 +381,7 @@ def launch(
     signal turned into ``Interrupted`` by ``stop_signals_raise``), torchrun and every
     rank are ended before it returns; an interrupt re-raises with what was measured.
     ``timeout_s`` defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
-    ``prestarted``: this run's ``harness.elastic``, started while the run was checked
+    ``prestarted``: this run's ``harness.launch.elastic``, started while the run was checked
     (a "preloaded" tier starts one here otherwise).
     """
     if timeout_s is None:
@@ -405,7 +389,7 @@ def launch(
     run_dir = opts.run_dir
     write_run_file(opts)  # creates run_dir
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    (run_dir / "console.log").unlink(missing_ok=True)  # appended to: a prestarted harness.elastic writes there too
+    (run_dir / "console.log").unlink(missing_ok=True)  # appended to: a prestarted harness.launch.elastic writes there too
     argv = torchrun_command(opts, cli_overrides)
     env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE), RUN_DIR_ENV: str(run_dir)}
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")

@@ -1,6 +1,6 @@
 """torchrun whose ranks start already imported: torch elastic with a preloading forkserver.
 
-    python -m harness.elastic --preload torchtitan.train,harness.train,recipes.native_qwen3
+    python -m harness.launch.elastic --preload torchtitan.train,harness.train,recipes.native_qwen3
     then on stdin one JSON line: {"argv": torchrun's arguments, "console": FILE, "env": {NAME: VALUE}}
     argv: [--standalone, --nproc_per_node=2, ..., -m, harness.train, --run-dir, DIR, (torchtitan options)]
 
@@ -36,14 +36,14 @@ START_METHOD = "forkserver"
 def start_forkserver(modules: list[str]) -> None:
     """Start the forkserver now, importing ``modules`` (a module that fails to import is left to the rank).
 
-    ``harness.forkserver_init`` comes first: the forkserver dies with this process even
+    ``harness.launch.forkserver_init`` comes first: the forkserver dies with this process even
     while it is still importing.
     """
     from multiprocessing import forkserver
 
-    from harness.forkserver_init import PARENT_ENV
+    from harness.launch.forkserver_init import PARENT_ENV
 
-    multiprocessing.set_forkserver_preload(["harness.forkserver_init", *modules])
+    multiprocessing.set_forkserver_preload(["harness.launch.forkserver_init", *modules])
     os.environ[PARENT_ENV] = str(os.getpid())  # for the forkserver alone
     try:
         forkserver.ensure_running()
@@ -51,8 +51,8 @@ def start_forkserver(modules: list[str]) -> None:
         del os.environ[PARENT_ENV]
 
 
-def rank_entry(argv: list[str]) -> None:
-    """One rank: ``harness.train.main(argv)``, ending as a torchrun-started rank would.
+def rank_entry(module: str, argv: list[str]) -> None:
+    """One rank: ``<module>.main(argv)`` (``harness.train``, named by torchrun's ``-m``), ending as a torchrun-started rank would.
 
     A function entrypoint's return value is not its exit code in torch elastic (it is
     queued to the agent), so a non-zero return (2: a refusal) is raised as
@@ -61,10 +61,10 @@ def rank_entry(argv: list[str]) -> None:
     this function would record it again over that file, so it leaves as exit 1 with
     its traceback printed by ``sys.excepthook``, as the interpreter would print it.
     """
-    from harness.train import main
+    import importlib
 
     try:
-        code = main(argv)
+        code = importlib.import_module(module).main(argv)
     except Exception:
         sys.excepthook(*sys.exc_info())  # torch.distributed's hook adds "[rankN]:" to each line
         code = 1
@@ -86,7 +86,7 @@ def launch_args(argv: list[str]):
     if args.master_port is None:
         args.master_port = 29500
     if not args.module or args.training_script != "harness.train":
-        raise SystemExit(f"harness.elastic: runs `-m harness.train` only, got {args.training_script!r}")
+        raise SystemExit(f"harness.launch.elastic: runs `-m harness.train` only, got {args.training_script!r}")
     args.start_method = START_METHOD
     return args
 
@@ -98,11 +98,11 @@ def run(argv: list[str]) -> None:
 
     args = launch_args(argv)
     config, _, _ = config_from_args(args)
-    elastic_launch(config=config, entrypoint=rank_entry)(list(args.training_script_args))
+    elastic_launch(config=config, entrypoint=rank_entry)(args.training_script, list(args.training_script_args))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness.elastic", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="harness.launch.elastic", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preload", default="harness.train", help="comma-separated modules the forkserver imports")
     args = parser.parse_args(argv)
     start_forkserver([m for m in args.preload.split(",") if m])  # first: nothing here has imported torch yet
@@ -159,6 +159,6 @@ def to_console(path: str) -> None:
 
 
 if __name__ == "__main__":
-    from harness.__main__ import exit_now  # no finalizing of an interpreter full of torch; every rank is reaped
+    from harness.launch.child import exit_now  # no finalizing of an interpreter full of torch; every rank is reaped
 
     exit_now(main())

@@ -19,7 +19,7 @@ _staged = None
 def staged():
     """The config ``apply_cli_overrides`` is parsing overrides onto; only torchtitan's ConfigManager calls this."""
     if _staged is None:
-        raise RuntimeError("harness.titan_cli.staged is called by apply_cli_overrides' ConfigManager only")
+        raise RuntimeError("harness.config.titan_cli.staged is called by apply_cli_overrides' ConfigManager only")
     return _staged
 
 
@@ -31,7 +31,7 @@ def apply_cli_overrides(config, cli_overrides: list[str]):
     once, before any rank starts, instead of once per rank.
     """
     global _staged
-    from harness.preflight import cli_override_error
+    from harness.checks import cli_override_error
     from recipes.titan import ConfigManager
 
     printed = io.StringIO()

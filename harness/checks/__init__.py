@@ -378,18 +378,3 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_dataset_dir(resolved)
     check_export_dir(resolved)
     return resolved
-
-
-def check_run(opts: RunOptions, cli_overrides: list[str] = ()):
-    """Every refusal before launch, in one order; returns the resolved options and the config the ranks build.
-
-    The options and their files (``preflight``), then the built config: weights, tokenizer
-    and sizes against the model (``harness.provenance``, the checkpoint's tensors), kernel
-    overrides, torchtitan's own parser on the CLI overrides, kernel shape rules
-    (``harness.train.build_config``). Each refusal is a ``RecipeError`` (``PreflightError``
-    here) with one line naming the value and the fix.
-    """
-    from harness.train import build_config
-
-    resolved = preflight(opts)
-    return resolved, build_config(resolved, cli_overrides)
