@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import IO
 
 from harness.options import RunOptions
+from harness import processes
+from harness.processes import RUN_DIR_ENV
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
 from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
 
 LOG_TAIL_LINES = 40
-#: Set in the environment of a run's launcher process (and so of its forkserver and ranks):
-#: which run a process belongs to, when its command line does not say.
-RUN_DIR_ENV = "QWEN3_RUN_DIR"
 #: Where torchrun's own ``@record`` copies the first failed rank's error file.
 ERROR_FILE = "error.json"
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
@@ -223,33 +222,6 @@ def first_failure(run_dir: Path) -> str | None:
     return f"rank {rank} failed first: {text[-1] if text else 'no message'}"
 
 
-def descendants_of(pid: int) -> list[int]:
-    """Every process below ``pid``: torchrun's ranks (in sessions of their own), or harness.elastic's forkserver and its ranks."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie left for init to reap counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
     """torchrun (or harness.elastic) in a session of its own, SIGTERMed by the kernel if this process dies.
 
@@ -368,7 +340,8 @@ def end_run(proc: subprocess.Popen) -> None:
     is SIGKILLed, and the ranks (not in torchrun's process group: torch elastic starts
     each with ``start_new_session``, subprocess_handler.py) die by their own death signal.
     """
-    ranks = descendants_of(proc.pid)
+    procs = processes.table()
+    ranks = [procs[pid] for pid in processes.descendants_of(proc.pid, procs)]
     deadline = time.monotonic() + GRACE_S
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:  # reaped: its pid may already be another process's
@@ -380,7 +353,7 @@ def end_run(proc: subprocess.Popen) -> None:
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
     proc.wait()
-    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline + GRACE_S:
+    while any(processes.still_running(rank) for rank in ranks) and time.monotonic() < deadline + GRACE_S:
         time.sleep(0.1)
 
 
@@ -390,6 +363,7 @@ def launch(
     echo=print,
     timeout_s: float | None = None,
     prestarted: Prestarted | None = None,
+    stall_timeout_s: float | None = None,
 ) -> RunResult:
     """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
 
@@ -398,7 +372,9 @@ def launch(
     rank are ended before it returns; an interrupt re-raises with what was measured.
     ``timeout_s`` defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
     ``prestarted``: this run's ``harness.elastic``, started while the run was checked
-    (a "preloaded" tier starts one here otherwise).
+    (a "preloaded" tier starts one here otherwise). ``stall_timeout_s``: also end the run
+    when no new step arrives for that long after its first one (a hung collective ends
+    seconds after it hangs, not at ``timeout_s``; the fault tests use it); None: no such limit.
     """
     if timeout_s is None:
         timeout_s = opts.tier_preset.launch_timeout_s
@@ -411,7 +387,8 @@ def launch(
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
     started = time.perf_counter()
     shown = 0
-    timed_out = False
+    timed_out = stalled = False
+    progressed = started
     stopped: BaseException | None = None
     if prestarted is None:
         prestarted = prestart(opts)
@@ -429,9 +406,13 @@ def launch(
                 steps = read_steps(run_dir)
                 for step in steps[shown:]:
                     echo(_progress(step, opts.steps))
-                shown = len(steps)
+                if len(steps) > shown:
+                    shown, progressed = len(steps), time.perf_counter()
                 if timeout_s is not None and time.perf_counter() - started > timeout_s:
                     timed_out = True
+                    break
+                if stall_timeout_s is not None and shown and time.perf_counter() - progressed > stall_timeout_s:
+                    stalled = True
                     break
         except (Interrupted, KeyboardInterrupt) as stop:
             stopped = stop
@@ -464,8 +445,12 @@ def launch(
     )
     if stopped is not None:
         raise Interrupted(signum, result) from stopped
-    if timed_out or proc.returncode != 0:
-        why = failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
+    if timed_out or stalled or proc.returncode != 0:
+        if stalled:
+            why = (f"no new step for {stall_timeout_s:g} s after step {steps[-1]['step']} "
+                   "(a hung collective or a stuck rank); every rank was ended")  # fmt: skip
+        else:
+            why = failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
         raise LaunchError(
             f"{opts.recipe} on {opts.tier} failed after {result.wall_s:.0f} s: {why}.\n{rank_log_tails(run_dir)}",
             result=result,
