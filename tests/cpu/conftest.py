@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from recipes.tiers import FIXTURES
+from recipes.tiers import FIXTURES, RANK_START_ENV, RANK_STARTS, TIERS
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 STEPS = 5
+
+
+@pytest.fixture(params=RANK_STARTS)
+def rank_start(request, monkeypatch) -> str:
+    """Run a lifecycle or fault test once per way ranks start: "exec" (trn2's) and "preloaded" (the cpu tier's).
+
+    In this process (``harness.launch.launch``) through the cpu tier itself; in a
+    ``python -m harness run`` child through ``$QWEN3_RANK_START`` (recipes.tiers).
+    """
+    monkeypatch.setenv(RANK_START_ENV, request.param)
+    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(TIERS["cpu"], rank_start=request.param))
+    return request.param
 
 
 @pytest.fixture(scope="session")
