@@ -236,3 +236,11 @@ def test_workflows_parse_and_call_the_readme_commands():
     for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.ci require-ran", "harness.ci trend"):
         assert needed in nightly_steps, needed
     assert "make test" in (REPO_ROOT / ".ci/run").read_text()
+
+
+def test_the_golden_fixture_refuses_a_tier_other_than_the_one_under_test(golden):
+    """A cpu test cannot judge (or record) a trn2 golden, even one whose value it would match."""
+    from harness.published import CLAIMS
+
+    with pytest.raises(pytest.fail.Exception, match=r"in a cpu test .* only its own tier's goldens \('cpu'\)"):
+        golden("native_qwen3", "trn2", "step1_loss_hf", CLAIMS["step1_loss_hf"].value)
