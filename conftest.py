@@ -165,7 +165,7 @@ def pytest_sessionfinish(session, exitstatus):
     write = reporter.write_line if reporter else print
     write(goldens.format_changes(changes, len(proposals)))
     if changes and config.getoption("--accept-goldens"):
-        for path in goldens.apply_changes(changes):
+        for path in goldens.apply_changes(changes, proposals):
             write(f"wrote {path}")
     elif changes:
         write("nothing written: rerun with ACCEPT=1 (make goldens ACCEPT=1) to record these")

@@ -133,10 +133,29 @@ def test_make_goldens_lists_changes_and_writes_only_when_accepted(tmp_path, monk
         "  new      r/t c = 3.0",
     ]
     assert path.read_text() == before
-    goldens.apply_changes(changes)
+    goldens.apply_changes(changes, proposals)
     _, values = goldens.load("r", "t")
     assert (values["a"].value, values["b"].value, values["c"].value) == (1.5, 2.25, 3.0)
     assert values["b"].reason == "deterministic" and values["c"].reason == "new one"
+
+
+def test_update_writes_only_what_this_run_measured(tmp_path, monkeypatch):
+    """The file's environment speaks for every exact value in it: a value this run did not measure is not re-stamped."""
+    monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
+    (tmp_path / "r").mkdir()
+    elsewhere = {**goldens.environment_metadata(), "lock_sha256": "another lock"}
+    path = write(tmp_path / "r" / "t.json", {"a": ENTRY, "b": {**ENTRY, "value": 2.0}}, elsewhere)
+    before = path.read_text()
+    with pytest.raises(goldens.GoldenError, match=r"\['a'\] were not measured in this run .* differs \(lock_sha256\)"):
+        goldens.update_exact("r", "t", {"b": 2.25}, {})
+    assert path.read_text() == before
+    # The run measured a too (unchanged): both now stand for this environment.
+    goldens.update_exact("r", "t", {"b": 2.25}, {}, unchanged=["a"])
+    metadata, values = goldens.load("r", "t")
+    assert (metadata, values["a"].value, values["b"].value) == (goldens.environment_metadata(), 1.5, 2.25)
+    # Recorded here already: a value changed alone leaves the others' environment true.
+    goldens.update_exact("r", "t", {"b": 2.5}, {})
+    assert goldens.load("r", "t")[1]["b"].value == 2.5
 
 
 def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
