@@ -36,6 +36,8 @@ def pytest_configure(config):
     from recipes.platform import neuron
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if config.option.markexpr.strip() == "cpu":  # the cpu tier holds no core, whatever the host has
+        return
     if not worker or "NEURON_RT_VISIBLE_CORES" in os.environ or not neuron.device_nodes():
         return
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -10,6 +11,23 @@ from recipes.tiers import FIXTURES, RANK_START_ENV, RANK_STARTS, TIERS
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 STEPS = 5
+
+
+#: What a trn2 host may export that a cpu test must not see (tests/neuron/requires.py's switch and the
+#: Neuron runtime's variables: NEURON_RT_VISIBLE_CORES, NEURON_LOGICAL_NC_CONFIG, ...).
+HOST_NEURON_ENV = ("QWEN3_REQUIRE_TRN2",)
+
+
+@pytest.fixture(autouse=True)
+def no_host_neuron(monkeypatch):
+    """Every cpu test sees a machine without Neuron, whatever the host has: no /dev/neuron* (the
+    suite's own detection hook, recipes.platform.neuron.device_nodes, inherited by child processes
+    through QWEN3_HIDE_NEURON_DEVICES) and none of the host's NEURON_* or QWEN3_REQUIRE_TRN2 settings."""
+    from recipes.platform.neuron import HIDE_DEVICES_ENV
+
+    for name in [*HOST_NEURON_ENV, *(n for n in os.environ if n.startswith("NEURON_"))]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(HIDE_DEVICES_ENV, "1")
 
 
 @pytest.fixture(params=RANK_STARTS)
