@@ -97,21 +97,12 @@ NAMES: tuple[TitanName, ...] = (
         ".to_dict writes the resolved config of a dry run",
         files=("harness/train.py",),
     ),
-    TitanName(
-        "ConfigManager",
-        "torchtitan.config.manager",
-        "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config",
-    ),
-    TitanName(
-        "TORCH_DTYPE_MAP",
-        "torchtitan.config",
-        "the dtype the dry run builds the model in (training.dtype), as the trainer does",
-    ),
-    TitanName(
-        "set_default_dtype",
-        "torchtitan.tools.utils",
-        "building the model on the meta device in training.dtype, as the trainer does (dry run)",
-    ),
+    TitanName("ConfigManager", "torchtitan.config.manager",
+              "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config"),  # fmt: skip
+    TitanName("TORCH_DTYPE_MAP", "torchtitan.config",
+              "the dtype the dry run builds the model in (training.dtype), as the trainer does"),  # fmt: skip
+    TitanName("set_default_dtype", "torchtitan.tools.utils",
+              "building the model on the meta device in training.dtype, as the trainer does (dry run)"),  # fmt: skip
     TitanName(
         "CompileConfig",
         "torchtitan.config",
@@ -152,11 +143,8 @@ NAMES: tuple[TitanName, ...] = (
         keywords=("log_freq",),
         keywords_of="Config",
     ),
-    TitanName(
-        "LoggerContainer",
-        "torchtitan.components.metrics",
-        "recording torchtitan's own step metrics beside its loggers (harness/train.py record_steps)",
-    ),
+    TitanName("LoggerContainer", "torchtitan.components.metrics",
+              "recording torchtitan's own step metrics beside its loggers (harness/train.py record_steps)"),  # fmt: skip
     TitanName(
         "HuggingFaceTextDataLoader",
         "torchtitan.hf_datasets.text_datasets",
@@ -164,21 +152,12 @@ NAMES: tuple[TitanName, ...] = (
         keywords=("dataset", "dataset_path", "infinite"),
         keywords_of="Config",
     ),
-    TitanName(
-        "decoder_vocab_size",
-        "torchtitan.models.common.config_utils",
-        "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG,
-    ),
-    TitanName(
-        "Decoder",
-        "torchtitan.models.common.decoder",
-        "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG,
-    ),
-    TitanName(
-        "RoPE",
-        "torchtitan.models.common.rope",
-        "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))",
-    ),
+    TitanName("decoder_vocab_size", "torchtitan.models.common.config_utils",
+              "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG),  # fmt: skip
+    TitanName("Decoder", "torchtitan.models.common.decoder",
+              "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG),  # fmt: skip
+    TitanName("RoPE", "torchtitan.models.common.rope",
+              "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))"),  # fmt: skip
     # --- Qwen3 specs ---------------------------------------------------------------------
     TitanName(
         "model_registry",
@@ -192,12 +171,8 @@ NAMES: tuple[TitanName, ...] = (
         'SDPA in every layer, what the tutorial\'s attn_backend="sdpa" means (recipes/specs.py)',
         used_by=("native_qwen3", "nki_moe"),
     ),
-    TitanName(
-        "qwen3_32b",
-        "torchtitan.models.qwen3.config_registry",
-        'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")',
-        used_by=("native_qwen3",),
-    ),
+    TitanName("qwen3_32b", "torchtitan.models.qwen3.config_registry",
+              'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")', used_by=("native_qwen3",)),  # fmt: skip
     TitanName(
         "qwen3_30b_a3b",
         "torchtitan.models.qwen3.config_registry",
@@ -236,12 +211,8 @@ NAMES: tuple[TitanName, ...] = (
         "turning a stock CosSinRoPE / GroupedExperts config into the kernel's config, fields kept",
         used_by=_OVERRIDES,
     ),
-    TitanName(
-        "apply_overrides",
-        "torchtitan.config",
-        "applying --override specs to the config tree before anything is built",
-        used_by=_OVERRIDES,
-    ),
+    TitanName("apply_overrides", "torchtitan.config",
+              "applying --override specs to the config tree before anything is built", used_by=_OVERRIDES),  # fmt: skip
     TitanName(
         "OverrideConfig",
         "torchtitan.config",
@@ -257,24 +228,12 @@ NAMES: tuple[TitanName, ...] = (
         used_by=_OVERRIDES,
         attr="_REGISTRY",
     ),
-    TitanName(
-        "ModelSpec",
-        "torchtitan.protocols.model_spec",
-        "finding the model config inside a spec when scoping --override globs",
-        used_by=_OVERRIDES,
-    ),
-    TitanName(
-        "_yarn_inv_freq",
-        "torchtitan.models.common.rope",
-        "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does",
-        used_by=_ROPE_MODULE,
-    ),
-    TitanName(
-        "_maybe_check_max_pos",
-        "torchtitan.models.common.rope",
-        "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does",
-        used_by=_ROPE_MODULE,
-    ),
+    TitanName("ModelSpec", "torchtitan.protocols.model_spec",
+              "finding the model config inside a spec when scoping --override globs", used_by=_OVERRIDES),  # fmt: skip
+    TitanName("_yarn_inv_freq", "torchtitan.models.common.rope",
+              "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does", used_by=_ROPE_MODULE),  # fmt: skip
+    TitanName("_maybe_check_max_pos", "torchtitan.models.common.rope",
+              "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does", used_by=_ROPE_MODULE),  # fmt: skip
     TitanName(
         "GroupedExperts",
         "torchtitan.models.common.moe",
@@ -282,12 +241,8 @@ NAMES: tuple[TitanName, ...] = (
         used_by=("grouped_experts", "nki_moe"),
     ),
     # --- the Transformers modeling backend (tutorial config 1) -------------------------------
-    TitanName(
-        "transformers_modeling_backend_full",
-        f"{_HF_PKG}.config_registry",
-        "tutorial config 1 starts from transformers_modeling_backend_full()",
-        used_by=_HF,
-    ),
+    TitanName("transformers_modeling_backend_full", f"{_HF_PKG}.config_registry",
+              "tutorial config 1 starts from transformers_modeling_backend_full()", used_by=_HF),  # fmt: skip
     TitanName(
         "HFTransformerModel",
         _HF_PKG,
@@ -305,12 +260,8 @@ NAMES: tuple[TitanName, ...] = (
     ),
     TitanName("TitanModelConfig", _HF_PKG, "the backend's dense model config (--layers N)", used_by=_HF),
     TitanName("TitanMoeModelConfig", _HF_PKG, "the backend's MoE model config, without expert bias", used_by=_HF),
-    TitanName(
-        "HFTransformerStateDictAdapter",
-        f"{_HF_PKG}.state_dict_adapter",
-        "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it",
-        used_by=_HF,
-    ),
+    TitanName("HFTransformerStateDictAdapter", f"{_HF_PKG}.state_dict_adapter",
+              "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it", used_by=_HF),  # fmt: skip
     # --- Trainer hooks the harness replaces on a built trainer ------------------------------------
     TitanName("Trainer.batch_generator", "torchtitan.trainer", "recording step 1's batches for the host reference "
               "(Trainer.train must fetch batches through it)", attr="Trainer.batch_generator", read_by="Trainer.train",
