@@ -13,6 +13,8 @@ Hooks too: attributes the harness replaces on a built trainer (``batch_generator
 replacement is just never called, so each is declared with the code that must call it
 (``read_by``) or the ``__init__`` that must assign it (``sets``), checked in the bytecode.
 
+And one name of tyro, torchtitan's CLI parser: its parse-error hook (``on_parse_error``).
+
 Which upstream the fork is. In pytorch/torchtitan (git log -S on main, read up to
 2026-08-21) the newest names here appeared 2026-06-05..07-20: ``CosSinRoPE`` 02d24f017,
 ``derive``/``override(exact=)`` adf340d3f (06-10), ``ChunkedLossWrapper`` 9530a874d (06-26),
@@ -99,6 +101,9 @@ NAMES: tuple[TitanName, ...] = (
     ),
     TitanName("ConfigManager", "torchtitan.config.manager",
               "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config"),  # fmt: skip
+    TitanName("on_parse_error", "tyro._errors", "turning a torchtitan option its parser (tyro, tyro >= 1.0.14) "
+              "refuses into one line from tyro's structured event, not its printed box; absent, tyro's own message "
+              "stands above a generic refusal", required=False, files=("harness/titan_cli.py",)),  # fmt: skip
     TitanName("TORCH_DTYPE_MAP", "torchtitan.config",
               "the dtype the dry run builds the model in (training.dtype), as the trainer does"),  # fmt: skip
     TitanName("set_default_dtype", "torchtitan.tools.utils",
@@ -302,17 +307,18 @@ NAMES: tuple[TitanName, ...] = (
 BY_NAME: dict[str, TitanName] = {n.name: n for n in NAMES}
 
 
-def installed_version() -> str:
-    """The installed torchtitan distribution's version (``importlib.metadata``)."""
+def installed_version(distribution: str = "torchtitan") -> str:
+    """The installed distribution's version (``importlib.metadata``)."""
     try:
-        return importlib.metadata.version("torchtitan")
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "(not installed)"
 
 
 def _missing(entry: TitanName, what: str) -> TitanNameError:
+    package = "tyro" if entry.module.partition(".")[0] == "tyro" else "torchtitan"
     if not entry.required:
-        return TitanNameError(f"torchtitan {installed_version()} has no {what}: {entry.purpose}")
+        return TitanNameError(f"{package} {installed_version(package)} has no {what}: {entry.purpose}")
     return TitanNameError(
         f"torchtitan {installed_version()} has no {what}, which the suite needs for {entry.purpose}. "
         "Install the torchtitan the suite pins (cpu: requirements-lock.txt; trn2: torchtitan-neuron "

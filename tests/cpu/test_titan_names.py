@@ -224,6 +224,15 @@ def test_a_logger_the_metrics_processor_no_longer_sets_is_named():
     assert "assignment self.logger in torchtitan.components.metrics.MetricsProcessor.logger" in out.stdout
 
 
+def test_a_tyro_without_parse_error_hooks_is_a_finding_not_a_failure():
+    """tyro < 1.0.14 has no tyro._errors.on_parse_error: refused options keep tyro's own message (harness.titan_cli)."""
+    out = titan_check("import tyro._errors as m; del m.on_parse_error", "--tier", "trn2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    tyro_version = importlib.metadata.version("tyro")
+    assert f"absent   tyro._errors.on_parse_error: tyro {tyro_version} has no tyro._errors.on_parse_error: " in out.stdout
+    assert "needed by harness/titan_cli.py" in out.stdout
+
+
 def test_every_required_name_has_a_suite_file_that_needs_it():
     """A declaration nothing uses is stale: the check could only ever refuse a fork for it."""
     from harness import titan_check as check
