@@ -11,7 +11,8 @@ nightly's first step and in the dry run (every name, each missing one with its f
 Hooks too: attributes the harness replaces on a built trainer (``batch_generator``,
 ``train_step``, ``metrics_processor.logger``). A renamed hook fails no import, the
 replacement is just never called, so each is declared with the code that must call it
-(``read_by``) or the ``__init__`` that must assign it (``sets``), checked in the bytecode.
+(``read_by``) or the ``__init__`` that must assign it (``sets``), checked in the bytecode,
+and replaced only through :func:`wrap_hook`, which checks it again on the rank.
 
 And one name of tyro, torchtitan's CLI parser: its parse-error hook (``on_parse_error``).
 
@@ -394,6 +395,32 @@ def resolve(entry: TitanName):
     if entry.sets or entry.read_by:
         _check_hook(entry, module, obj)
     return obj
+
+
+def hook(owner, name: str):
+    """The declared hook ``name`` (``"Trainer.batch_generator"``) as the built ``owner`` holds it.
+
+    Checked as the names check checks it (present, still called or assigned by torchtitan),
+    so a fork without it fails on the rank in one line naming the hook and the suite file
+    that wraps it, never an AttributeError or a wrapper never called (no step-1 record, so
+    a reference loss silently absent).
+    """
+    entry = BY_NAME.get(name)
+    if entry is None or not (entry.read_by or entry.sets) or "." not in name:
+        raise AttributeError(f"{name!r} is no hook of recipes.titan.NAMES; declare it there with read_by= or sets=")
+    attribute = name.rsplit(".", 1)[-1]
+    try:
+        resolve(entry)
+        if not hasattr(owner, attribute):
+            raise _missing(entry, f"{attribute} on the built {type(owner).__qualname__}")
+    except TitanNameError as e:
+        raise TitanNameError(f"{e}; the hook is wrapped by {', '.join(entry.files)}") from None
+    return getattr(owner, attribute)
+
+
+def wrap_hook(owner, name: str, wrap) -> None:
+    """Replace the declared hook ``name`` on ``owner`` by ``wrap(original)`` (checked by :func:`hook`)."""
+    setattr(owner, name.rsplit(".", 1)[-1], wrap(hook(owner, name)))
 
 
 def entries(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanName]:
