@@ -4,7 +4,7 @@ Each refusal is one line naming the path, what is wrong with it and the fix. Eac
 is read with the library the run itself reads it with (``json``, ``safetensors``
 headers, ``tokenizers``, ``datasets``' own choice of data files), so what passes here
 loads on every rank. A leaf of the harness: ``harness.preflight`` maps a run's options
-to paths and calls these; nothing here imports the harness.
+to paths and calls these; nothing here imports the harness but its error type (``harness.errors``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from recipes.errors import RecipeError
-
-
-class PreflightError(RecipeError):
-    """A run that cannot start; the message says what is wrong and how to fix it."""
+from harness.errors import PreflightError
 
 
 def one_line(error: BaseException) -> str:

@@ -197,38 +197,6 @@ def check_dataset_dir(opts: RunOptions) -> None:
     input_checks.check_dataset_dir(opts.dataset_dir)
 
 
-def cli_override_error(printed: str, cli_overrides: list[str]) -> PreflightError:
-    """One line from the error box torchtitan's tyro parser printed for ``cli_overrides``.
-
-    tyro (torchtitan/config/manager.py ConfigManager.parse_args -> tyro.cli) prints
-    a titled box ("Unrecognized options", "Value error", ...) and exits 2; the box's
-    first message line names the option, and "Perhaps you meant" its likely fix.
-    """
-    lines = [line.strip(" |\u2502\u2503") for line in printed.splitlines()]
-    lines = [line.strip() for line in lines]
-    rules = [i for i, line in enumerate(lines) if line and set(line) <= set("-\u2500\u2501\u254c\u2574\u2576 ")]
-    title, message = "", ""
-    if rules:
-        title = next((lines[i] for i in range(rules[0] - 1, -1, -1) if lines[i]), "")
-        end = rules[1] if len(rules) > 1 else len(lines)
-        message = " ".join(line for line in lines[rules[0] + 1 : end] if line)  # the box wraps at 80 columns
-    message = message or next((line for line in reversed(lines) if line), "no message")
-    if title and not message.startswith(title):
-        message = f"{title}: {message}"
-    hints = []
-    if "Perhaps you meant:" in lines:
-        for i in range(lines.index("Perhaps you meant:") + 1, len(lines)):
-            if i in rules:
-                break
-            if lines[i].startswith("--"):
-                hints.append(lines[i].split()[0].rstrip(","))
-    hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
-    return PreflightError(
-        f"torchtitan option refused: {message}{hint}; fix or drop it (torchtitan options are "
-        f"--SECTION.FIELD VALUE of the recipe's Trainer.Config; given: {' '.join(cli_overrides)})"
-    )
-
-
 def check_export_dir(opts: RunOptions) -> None:
     export_dir = opts.export_dir
     if export_dir is None:

@@ -107,31 +107,35 @@ MOE_BF16_EXPERTS = Tolerance(
 def install(trainer, opts, run_dir: Path, rank: int) -> None:
     """Record the batches step 1 consumes on this rank, for runs that load weights.
 
-    Wraps ``trainer.batch_generator`` (torchtitan 0.3.0 ``Trainer.train`` calls
-    ``self.batch_generator(self.dataloader)``): the first ``gradient_accumulation_steps ×
-    num_pipeline_parallel_microbatches`` batches are the ones ``train_step`` sums into the
-    step-1 loss. They are written when the first step fetches them, after the checkpoint
-    load, so the RoPE frequencies recorded are the ones step 1 runs with.
+    Wraps the declared hook ``Trainer.batch_generator`` (``Trainer.train`` calls it; wrap_hook
+    refuses a trainer without it, never a run with no record): the first ``gradient_accumulation_steps
+    × num_pipeline_parallel_microbatches`` batches are the ones ``train_step`` sums into the step-1
+    loss. They are written when the first step fetches them, after the checkpoint load, so the
+    RoPE frequencies recorded are the ones step 1 runs with.
     """
+    from recipes import titan
+
     if opts.init != "hf":
         return
     dims = trainer.parallel_dims
     if (dims.tp, dims.cp, dims.pp) != (1, 1, 1):
         return  # each rank's batch is one data-parallel shard only when TP, CP and PP are 1
     count = trainer.gradient_accumulation_steps * trainer.num_pipeline_parallel_microbatches
-    generate = trainer.batch_generator
 
-    def batch_generator(data_iterable):
-        batches = generate(data_iterable)
-        first = [next(batches) for _ in range(count)]
-        # Fetched inside step 1 (Trainer.train increments step first). A run resumed from a
-        # torchtitan checkpoint starts later and holds weights other than --model-dir's: no record.
-        if trainer.step == 1:
-            write_rank_record(Path(run_dir) / RECORD_DIR, rank, dims.world_size, first, trainer.model_parts[0])
-        yield from first
-        yield from batches
+    def recording(generate):
+        def batch_generator(data_iterable):
+            batches = generate(data_iterable)
+            first = [next(batches) for _ in range(count)]
+            # Fetched inside step 1 (Trainer.train increments step first). A run resumed from a
+            # torchtitan checkpoint starts later and holds weights other than --model-dir's: no record.
+            if trainer.step == 1:
+                write_rank_record(Path(run_dir) / RECORD_DIR, rank, dims.world_size, first, trainer.model_parts[0])
+            yield from first
+            yield from batches
 
-    trainer.batch_generator = batch_generator
+        return batch_generator
+
+    titan.wrap_hook(trainer, "Trainer.batch_generator", recording)
 
 
 def write_rank_record(directory: Path, rank: int, world: int, batches, model) -> Path:

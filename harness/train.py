@@ -156,13 +156,16 @@ PRELOAD_MARKER = "torchtitan.trainer"
 
 
 def record_steps(trainer, path: Path) -> None:
-    """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none)."""
-    from recipes.titan import LoggerContainer
+    """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none), through the declared hook."""
+    from recipes import titan
 
-    loggers = LoggerContainer()
-    loggers.add_logger(trainer.metrics_processor.logger)
-    loggers.add_logger(StepRecorder(path))
-    trainer.metrics_processor.logger = loggers
+    def beside(logger):
+        loggers = titan.LoggerContainer()
+        loggers.add_logger(logger)
+        loggers.add_logger(StepRecorder(path))
+        return loggers
+
+    titan.wrap_hook(trainer.metrics_processor, "MetricsProcessor.logger", beside)
 
 
 def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
