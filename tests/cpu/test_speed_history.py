@@ -153,9 +153,13 @@ def test_history_reads_the_benchmark_history(tmp_path):
     assert overhead["series"]["cpu"] == measured and overhead["reference"] == 1.1
 
 
-def test_history_reads_the_nightly_trend_and_plots_its_published_values(tmp_path):
-    """Lines written by ``python -m harness.ci trend``: published-lane goldens per night, list values as match/no match."""
-    trend = tmp_path / "trend.jsonl"
+def test_history_reads_the_nightly_trend_and_plots_its_published_values(tmp_path, monkeypatch):
+    """The nightly's runs log: run records and ``python -m harness.ci trend`` lines of the same nights.
+
+    Published-lane goldens are plotted per night (list values as match / no match); a trn2 run's
+    step-1 loss is drawn against the published number its init measures.
+    """
+    log = tmp_path / "runs.jsonl"
     rows = [
         {"recipe": "native_qwen3", "tier": "trn2", "key": "step1_loss_hf", "lane": "published", "published": 6.54,
          "measured": 6.55},
@@ -164,22 +168,31 @@ def test_history_reads_the_nightly_trend_and_plots_its_published_values(tmp_path
         {"recipe": "native_qwen3", "tier": "cpu", "key": "step1_loss_hf", "lane": "exact", "published": None,
          "measured": 1.5},
     ]  # fmt: skip
-    for torch_version, measured in (("2.14.0", 6.55), ("2.15.0", 6.61)):
+    run = {"run_dir": "/runs/native_qwen3-as_published-hf", "recipe": "native_qwen3", "tier": "trn2", "init": "hf",
+           "nproc": 64, "steps": [{"loss": 6.55}], "losses": [6.55], "speed": {"mfu_pct": 31.0, "neff_cache": "cold"}}
+    for night, torch_version, measured in (("night-a", "2.14.0", 6.55), ("night-b", "2.15.0", 6.61)):
+        monkeypatch.setenv(speed.NIGHT_ENV, night)
         rows[0]["measured"] = measured
         tests = tmp_path / "tests.json"
         tests.write_text(json.dumps({"versions": {"torch": torch_version}, "goldens": rows, "tests": []}))
-        assert ci.append_trend(tests, trend) == 0
-        time.sleep(1.1)  # each trend line is its own point in time (its date, to the second)
+        speed.append_record(log, speed.run_record(run, versions={"torch": torch_version}))
+        assert ci.append_trend(tests, log) == 0
+        run["speed"] = {"mfu_pct": 33.0, "neff_cache": "warm"}
     out = tmp_path / "plots"
-    assert history_command(trend, out).returncode == 0
+    assert history_command(log, out).returncode == 0
     summary = json.loads((out / history.SUMMARY).read_text())
-    first, second = summary["nights"]
-    assert summary["version_changes"] == [{"night": second, "index": 1, "changes": {"torch": ["2.14.0", "2.15.0"]}}]
+    assert summary["nights"] == ["night-a", "night-b"]  # a night's run records and trend line share one point
+    assert summary["version_changes"] == [{"night": "night-b", "index": 1, "changes": {"torch": ["2.14.0", "2.15.0"]}}]
     plots = summary["plots"]
-    assert set(plots) == {"published-step1_loss_hf", "published-export_missing_keys"}  # the exact lane is not a claim
-    assert plots["published-step1_loss_hf"]["series"] == {"native_qwen3.trn2": {first: 6.55, second: 6.61}}
+    published = {p for p in plots if p.startswith("published-")}
+    assert published == {"published-step1_loss_hf", "published-export_missing_keys"}  # the exact lane is no claim
+    assert plots["published-step1_loss_hf"]["series"] == {"native_qwen3.trn2": {"night-a": 6.55, "night-b": 6.61}}
     assert plots["published-step1_loss_hf"]["reference"] == 6.54
-    assert plots["published-export_missing_keys"]["series"] == {"native_qwen3.trn2": {first: 1.0, second: 1.0}}
+    assert plots["published-export_missing_keys"]["series"] == {"native_qwen3.trn2": {"night-a": 1.0, "night-b": 1.0}}
+    assert plots["step1_loss-trn2"]["reference"] == 6.54
+    series = "trn2:native_qwen3-as_published-hf"
+    assert plots["speed-mfu_pct"]["series"] == {series: {"night-a": 31.0, "night-b": 33.0}}
+    assert plots["speed-neff_cache"]["series"] == {series: {"night-a": 0.0, "night-b": 1.0}}
 
 
 def test_an_unreadable_history_is_refused_in_one_line(tmp_path):
