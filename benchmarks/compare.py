@@ -265,7 +265,8 @@ def rows(measurements: list[Measurement]) -> list[list]:
     return out
 
 
-HEADER = ["command", "checkout", "reps", "wall s", "wall min-max", "CPU s", "CPU min-max", "exit codes", "others' CPU s"]
+HEADER = ["command", "checkout", "reps", "wall s", "wall min-max", "CPU s", "CPU min-max", "exit codes",
+          "others' CPU s"]
 
 
 # ------------------------------------------------------------------------------------------------- the command
@@ -273,8 +274,10 @@ HEADER = ["command", "checkout", "reps", "wall s", "wall min-max", "CPU s", "CPU
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help=f"commit to compare against (default {DEFAULT_BASELINE})")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of repro and test-fast per checkout (default 3)")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE,
+                        help=f"commit to compare against (default {DEFAULT_BASELINE})")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="repetitions of repro and test-fast per checkout (default 3)")
     parser.add_argument("--suite-reps", type=int, default=1, help="repetitions of make test per checkout (default 1)")
     parser.add_argument("--only", default=",".join(TARGETS), help="comma-separated subset of suite,repro,fast")
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the current checkout (default: this one)")
@@ -340,7 +343,8 @@ def compare(args, argv: list[str], echo=print) -> int:
     log_dir = (args.out.parent if args.out else DEFAULT_OUT_DIR) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     with baseline_worktree(repo, baseline, venv) as path:
-        checkouts = {"baseline": Checkout("baseline", path, baseline), "current": Checkout("current", repo, current_commit(repo))}
+        checkouts = {"baseline": Checkout("baseline", path, baseline),
+                     "current": Checkout("current", repo, current_commit(repo))}
         for checkout in checkouts.values():
             checkout.targets = {t for t in TARGETS.values() if has_target(checkout.path, t)}
         echo(f"compare {args.baseline} ({baseline[:9]}) vs {repo}: {', '.join(args.only)}; logs in {log_dir}")
