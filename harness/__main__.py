@@ -20,10 +20,11 @@ from recipes.tiers import TIERS
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
 STARTED = time.perf_counter()
 
-USAGE = """usage: python -m harness {list,run} ...
+USAGE = """usage: python -m harness {list,run,history} ...
 
-  list   list recipes, tiers and kernel overrides
-  run    run recipes under torchrun and write the report (python -m harness run --help)"""
+  list     list recipes, tiers and kernel overrides
+  run      run recipes under torchrun and write the report (python -m harness run --help)
+  history  plot every published number and speed figure across nights (python -m harness history --help)"""
 
 
 #: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
@@ -288,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     if command == "list":
         return cmd_list(None)
+    if command == "history":
+        from harness.history import main as history_main
+
+        return history_main(rest)
     if command != "run":
         print(USAGE, file=sys.stderr if command not in ("-h", "--help") else sys.stdout)
         return 0 if command in ("-h", "--help") else 2

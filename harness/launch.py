@@ -18,6 +18,7 @@ from typing import IO
 from harness.options import RunOptions
 from harness import processes
 from harness.processes import RUN_DIR_ENV
+from harness.speed import record_run
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
 from harness.train import PROVENANCE_FILE, RUN_FILE, STEPS_FILE, _prctl, die_with_parent
@@ -101,6 +102,10 @@ class RunResult:
     provenance: dict = field(default_factory=dict)
     #: The signal that stopped the launcher mid-run ("SIGTERM"), else None.
     interrupted: str | None = None
+    #: Wall clock (time.time()) when the launch started: the origin of the time to the first step.
+    started_unix_s: float | None = None
+    #: ``harness.speed.Speed`` as a dict: step time, tokens/s, MFU, time to the first step, NEFF cache.
+    speed: dict = field(default_factory=dict)
 
     @property
     def losses(self) -> list[float]:
@@ -385,7 +390,7 @@ def launch(
     argv = torchrun_command(opts, cli_overrides)
     env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE), RUN_DIR_ENV: str(run_dir)}
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
-    started = time.perf_counter()
+    started, started_unix_s = time.perf_counter(), time.time()
     shown = 0
     timed_out = stalled = False
     progressed = started
@@ -442,7 +447,9 @@ def launch(
         steps=steps,
         provenance={**read_provenance(run_dir), "inputs": add_input_key(run_dir, opts)},
         interrupted=signal.Signals(signum).name if signum is not None else None,
+        started_unix_s=started_unix_s,
     )
+    record_run(result)  # speed figures; one line to $QWEN3_RUNS_LOG
     if stopped is not None:
         raise Interrupted(signum, result) from stopped
     if timed_out or stalled or proc.returncode != 0:

@@ -379,6 +379,16 @@ def timing_line(t: dict) -> str:
     )
 
 
+def speed_cells(speed: dict) -> list[str]:
+    """MFU, time to the first step and NEFF cache state of a run (``harness.speed``); "–" where not measured."""
+    mfu, first = speed.get("mfu_pct"), speed.get("time_to_first_step_s")
+    return [
+        "n/a" if speed and speed.get("peak_tflops") is None else "–" if mfu is None else f"{mfu:.1f}%",
+        "–" if first is None else f"{first:.1f}",
+        speed.get("neff_cache", "–"),
+    ]
+
+
 def md_table(header: list[str], rows: list[list]) -> list[str]:
     """A markdown table's lines (header, separator, rows) from cells already formatted as text."""
     return [
@@ -424,12 +434,16 @@ def markdown(report: dict) -> str:
                 r["recipe"], r["tier"], r["init"], r["nproc"], f"{r['seq_len']}×{r['local_batch_size']}",
                 _fmt(r["losses"][0] if r["losses"] else None), _fmt(r["losses"][-1] if r["losses"] else None),
                 len(steps), f"{sum(tps) / len(tps) if tps else 0:,.0f}",
-                f"{sum(times) / len(times) if times else 0:.3f}", _status(r),
+                f"{sum(times) / len(times) if times else 0:.3f}", *speed_cells(r.get("speed") or {}), _status(r),
             ])  # fmt: skip
         header = ["recipe", "tier", "init", "procs", "seq×batch", "step-1 loss", "last loss", "steps", "tokens/s",
-                  "s/step", "status"]  # fmt: skip
+                  "s/step", "MFU", "to step 1 (s)", "NEFF cache", "status"]  # fmt: skip
         lines += ["## Runs", ""] + md_table(header, rows)
         lines.append("")
+        peaks = {(r["speed"]["peak_tflops"], r["speed"]["peak_source"]) for r in report["runs"]
+                 if (r.get("speed") or {}).get("peak_tflops")}  # fmt: skip
+        lines += [f"MFU against a peak of {p:g} TFLOPS per rank ({source})." for p, source in sorted(peaks)]
+        lines += [""] if peaks else []
     if report.get("loss_curves"):
         lines += ["## Loss curves", ""]
         lines += [f"- [{name}]({png})" for name, png in report["loss_curves"].items()]

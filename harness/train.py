@@ -132,6 +132,8 @@ class StepRecorder:
             "tflops": metrics["tflops"],
             "mfu_pct": metrics.get("mfu(%)"),
             "wall_s": time.perf_counter() - self.started,
+            # wall-clock end of the step: the launcher's time to the first step (harness.speed).
+            "unix_s": time.time(),
         }
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
