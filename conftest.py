@@ -23,6 +23,8 @@ for _key, _value in OFFLINE_ENV.items():
 pytest_plugins = ["harness.pytest_report"]
 
 TIER_MARKERS = ("cpu", "neuron")
+#: The tier (recipes.tiers) a test of each marker runs on: its goldens are the only ones it may judge.
+TIER_OF_MARKER = {"cpu": "cpu", "neuron": "trn2"}
 
 
 def pytest_configure(config):
@@ -34,6 +36,8 @@ def pytest_configure(config):
     from recipes.platform import neuron
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if config.option.markexpr.strip() == "cpu":  # the cpu tier holds no core, whatever the host has
+        return
     if not worker or "NEURON_RT_VISIBLE_CORES" in os.environ or not neuron.device_nodes():
         return
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
@@ -163,7 +167,7 @@ def pytest_sessionfinish(session, exitstatus):
     write = reporter.write_line if reporter else print
     write(goldens.format_changes(changes, len(proposals)))
     if changes and config.getoption("--accept-goldens"):
-        for path in goldens.apply_changes(changes):
+        for path in goldens.apply_changes(changes, proposals):
             write(f"wrote {path}")
     elif changes:
         write("nothing written: rerun with ACCEPT=1 (make goldens ACCEPT=1) to record these")
@@ -173,6 +177,9 @@ def pytest_sessionfinish(session, exitstatus):
 def golden(request, record_property):
     """``golden(recipe, tier, key, measured, reason=...)``: record, then assert against the goldens file.
 
+    ``tier`` must be the tier under test (tests/cpu: "cpu", tests/neuron: "trn2"): a cpu test
+    that judged a trn2 golden would pass a trn2 claim nobody measured on trn2.
+
     With ``--update-goldens`` an exact-lane value is proposed instead (NaN/inf refused; the
     session lists old → new and writes only with ``--accept-goldens``); published and proxy
     values are always asserted. ``portable_rtol=`` gives an exact value its own tolerance in
@@ -181,9 +188,17 @@ def golden(request, record_property):
     """
     from harness import goldens
 
+    under_test = next(TIER_OF_MARKER[m] for m in TIER_MARKERS if request.node.get_closest_marker(m))
+
     def check(recipe: str, tier: str, key: str, measured, reason: str = "", portable_rtol: float | None = None,
               inputs: dict | None = None):  # fmt: skip
         """``inputs``: the run's input key (harness.provenance.input_key) for goldens keyed by inputs."""
+        if tier != under_test:
+            pytest.fail(
+                f"golden({recipe!r}, {tier!r}, {key!r}) in a {under_test} test ({request.node.nodeid}): a test "
+                f"records and judges only its own tier's goldens ({under_test!r}); a {tier} value is measured "
+                f"by a {tier} test", pytrace=False,
+            )  # fmt: skip
         record_property(f"{recipe}.{tier}.{key}", measured)
         if inputs is not None:
             record_property(f"{recipe}.{tier}.{key}.inputs", inputs)

@@ -1,5 +1,6 @@
-"""``python -m benchmarks [suite|overhead|recipes|all]``: figures about the suite, not timed tests.
+"""``python -m benchmarks [suite|overhead|recipes|all|compare]``: figures about the suite, not timed tests.
 
+    compare   issue 27's goals: make test, test-fast, repro here vs a baseline commit (benchmarks/compare.py)
     overhead  `python -m harness run` vs a bare `torchrun -m torchtitan.train` of the same config
     recipes   per recipe: step time, tokens/s, peak memory (trn2: MFU, compile cold vs warm)
     suite     wall time of `pytest -m cpu -n auto`, per test (several minutes)
@@ -20,7 +21,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_OUT_DIR, Section, machine, table
+from benchmarks.common import DEFAULT_OUT_DIR, HISTORY, Section, append_history, machine, table
 
 ORDER = ("overhead", "recipes", "suite")
 
@@ -69,7 +70,7 @@ def run_section(name: str, args) -> Section:
 
 
 def document(args, argv: list[str], date: str, sections: list[Section]) -> dict:
-    from harness.report import versions
+    from harness.environment import versions
 
     goals = [{"benchmark": s.name, **asdict(g)} for s in sections for g in s.goals]
     measured = [g["met"] for g in goals if g["met"] is not None]
@@ -104,17 +105,6 @@ def show(section: Section) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: One JSON line per benchmark run, committed with the code, so the suite's cost is seen over time.
-HISTORY = Path(__file__).resolve().parent / "history.jsonl"
-
-
-def append_history(path: Path, doc: dict) -> None:
-    """Append the run's goals (measured vs target), versions and machine as one line."""
-    line = {k: doc[k] for k in ("date", "command", "tier", "versions", "machine", "goals", "all_goals_met")}
-    with path.open("a") as f:
-        f.write(json.dumps(line, default=str, sort_keys=True) + "\n")
-
-
 def default_out(which: str, tier: str, stamp: str) -> Path:
     return DEFAULT_OUT_DIR / f"{which}-{tier}-{stamp}.json"
 
@@ -122,6 +112,10 @@ def default_out(which: str, tier: str, stamp: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up live under make/CI too
+    if argv[:1] == ["compare"]:
+        from benchmarks.compare import main as compare_main
+
+        return compare_main(argv[1:])
     args = parse_args(argv)
     date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     out = (args.out or default_out(args.which, args.tier, time.strftime("%Y%m%d-%H%M%S"))).resolve()

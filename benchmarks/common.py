@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -14,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.report import cpu_model
+from harness.environment import KERNEL_ISA_FLAGS, cpu_model
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "report" / "bench"
@@ -35,10 +36,15 @@ class Goal:
     measured: float | None
     met: bool | None
     note: str = ""
+    #: Over the repetitions: {"median", "min", "max", "n"} of the measured value (None: one value or none).
+    spread: dict | None = None
 
     def line(self) -> str:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[self.met]
         measured = "–" if self.measured is None else f"{self.measured:.4g}"
+        if self.spread:
+            s = self.spread
+            measured += f" (median of {s['n']}; min-max {s['min']:.4g}-{s['max']:.4g})"
         note = f" ({self.note})" if self.note else ""
         return f"goal {self.name}: {self.target}, measured {measured}: {verdict}{note}"
 
@@ -231,6 +237,17 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's instruction-set flags that decide which kernels torch runs (``KERNEL_ISA_FLAGS``), as present."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    flags = set(line.partition(":")[2].split())
+    return [f for f in KERNEL_ISA_FLAGS if f in flags]
+
+
 def machine() -> dict:
     """The machine behind the figures; load average shows how shared it was."""
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -238,6 +255,7 @@ def machine() -> dict:
         "hostname": platform.node(),
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
         "mem_total_gib": round(pages / 2**30, 1),
@@ -264,3 +282,14 @@ def table(header: list[str], rows: list[list]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
 
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+#: One JSON line per benchmark run, committed with the code, so the suite's cost is seen over time.
+HISTORY = Path(__file__).resolve().parent / "history.jsonl"
+
+
+def append_history(path: Path, doc: dict) -> None:
+    """Append the run's goals (measured vs target), versions and machine as one line."""
+    line = {k: doc[k] for k in ("date", "command", "tier", "versions", "machine", "goals", "all_goals_met")}
+    with path.open("a") as f:
+        f.write(json.dumps(line, default=str, sort_keys=True) + "\n")

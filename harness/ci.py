@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from harness import goldens
 from harness.pytest_report import VERDICT_SUFFIX
+from harness.launch.speed import NIGHT_ENV
 
 
 def executed(test: dict) -> bool:
@@ -203,8 +205,10 @@ def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | 
 def append_trend(report_path: Path, trend_path: Path) -> int:
     """One line per night: date, versions, and every golden measurement with its verdict."""
     report = json.loads(report_path.read_text())
+    night = os.environ.get(NIGHT_ENV)  # set by the nightly: the night's run records share it (harness history)
     line = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **({"night": night} if night else {}),
         "versions": report.get("versions", {}),
         "goldens": report.get("goldens", []),
         "outcomes": {t["test"]: t["outcome"] for t in report["tests"]},

@@ -42,11 +42,17 @@ def from_env() -> Fault | None:
 
 
 def install(trainer, rank: int) -> None:
-    """Wrap ``trainer.train_step`` so the configured fault fires on its rank and step."""
+    """Wrap the declared hook ``Trainer.train_step`` so the configured fault fires on its rank and step."""
+    from recipes import titan
+
     fault = from_env()
     if fault is None or fault.rank != rank:
         return
-    original = trainer.train_step
+    titan.wrap_hook(trainer, "Trainer.train_step", lambda original: _faulty(trainer, fault, rank, original))
+
+
+def _faulty(trainer, fault: Fault, rank: int, original):
+    """``original`` (the trainer's ``train_step``), with ``fault`` fired first at its step."""
 
     def train_step(*args, **kwargs):
         if trainer.step == fault.step:
@@ -64,4 +70,4 @@ def install(trainer, rank: int) -> None:
                         next(part.parameters()).fill_(float("nan"))
         return original(*args, **kwargs)
 
-    trainer.train_step = train_step
+    return train_step

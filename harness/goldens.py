@@ -148,7 +148,7 @@ def lock_sha256(path: Path = LOCK_FILE) -> str | None:
 
 def environment_metadata() -> dict:
     """What decides the bits of an exact-lane value: lock, versions, machine and CPU kernels."""
-    from harness.report import cpu_fingerprint, versions
+    from harness.environment import cpu_fingerprint, versions
 
     found = versions()
     return {
@@ -385,16 +385,25 @@ def update_exact(
     measured: dict[str, object],
     reasons: dict[str, str],
     portable_rtols: dict[str, float | None] | None = None,
+    unchanged: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Rewrite the exact-lane values of a goldens file from a real run; published values stay.
 
     ``portable_rtols`` sets an entry's own cross-environment tolerance; an entry not named
-    there keeps the one it has.
+    there keeps the one it has. ``unchanged``: keys this run measured equal to the file's. The
+    file's environment speaks for all its exact values: stamping one this run did not measure is refused.
     """
     check_finite(recipe, tier, measured)
     portable_rtols = portable_rtols or {}
     path = goldens_path(recipe, tier)
     data = json.loads(path.read_text()) if path.exists() else {"values": {}}
+    done = {*measured, *unchanged}
+    stale = sorted(k for k, e in data["values"].items() if e.get("lane") == "exact" and k not in done)
+    differs = environment_differences(data.get("metadata") or {}, environment_metadata())
+    if stale and differs:
+        raise GoldenError(f"{path}: exact golden(s) {stale} were not measured in this run and the file's environment "
+                          f"differs ({', '.join(differs)}): writing would stamp them as measured here. Measure them in "
+                          "the same run (`make goldens`: the whole cpu tier), or remove them")  # fmt: skip
     for key, value in measured.items():
         entry = data["values"].get(key)
         if entry is not None and entry.get("lane") in CLAIM_LANES:
@@ -477,7 +486,7 @@ def format_changes(changes: list[Change], measured: int) -> str:
     return "\n".join([head, *(c.line() for c in changes)])
 
 
-def apply_changes(changes: list[Change]) -> list[Path]:
+def apply_changes(changes: list[Change], proposals: list[dict] = ()) -> list[Path]:
     by_file: dict[tuple[str, str], list[Change]] = {}
     for c in changes:
         by_file.setdefault((c.recipe, c.tier), []).append(c)
@@ -485,6 +494,7 @@ def apply_changes(changes: list[Change]) -> list[Path]:
         update_exact(
             recipe, tier, {c.key: c.new for c in group}, {c.key: c.reason for c in group},
             {c.key: c.portable_rtol for c in group if c.portable_rtol is not None},
+            unchanged=[p["key"] for p in proposals if (p["recipe"], p["tier"]) == (recipe, tier)],
         )  # fmt: skip
         for (recipe, tier), group in sorted(by_file.items())
     ]

@@ -8,6 +8,7 @@ as published, to the precision published.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,40 @@ CLAIMS = {
     )
 }
 
+#: The tutorial's versions. The suite's own pins are checked against them (``pin_differences``):
+#: requirements-neuron.txt and recipes/platform/neuron_versions.py (trn2) against all of them,
+#: requirements-lock.txt (cpu: upstream torchtitan 0.3.0, no Neuron) against ``CPU_SHARED``.
 PINS = {
     "torch": "2.14.0",
     "torch-neuronx": "2.14.3",
     "transformers": "5.16.0",
     "torchtitan-neuron": "release-2.33 (0.2.2+neuron.1)",
 }
+CPU_SHARED = ("torch", "transformers")
+
+
+def names_release(pin: str, published: str) -> bool:
+    """Whether a requirements pin (``2.14.3.0.*``, ``2.14.0``) is the published release or a finer one of it."""
+    have = pin.removesuffix(".*").split("+")[0].split(".")
+    want = published.split(".")
+    return have[: len(want)] == want
+
+
+def pin_differences(lock: Path | None = None, neuron: Path | None = None) -> list[str]:
+    """Where the suite's pins leave the tutorial's, one line each naming the file, the package and both versions."""
+    from harness.environment import CPU_LOCK
+    from recipes.platform import neuron_versions
+
+    lock, neuron = lock or CPU_LOCK, neuron or neuron_versions.REQUIREMENTS
+    wanted = [(lock, name) for name in CPU_SHARED] + [(neuron, n) for n in ("torch", "torch-neuronx", "transformers")]
+    out = []
+    for path, name in wanted:
+        pin = neuron_versions.pins(path).get(name)
+        if pin is None or not names_release(pin, PINS[name]):
+            out.append(f"{path.name}: {name} is pinned {pin or 'nowhere'}, the tutorial's is {PINS[name]} "
+                       f"(harness.published.PINS); pin the tutorial's, or say in the report why not")  # fmt: skip
+    titan = f"{neuron_versions.TORCHTITAN_NEURON_REF} ({neuron_versions.TORCHTITAN_VERSION})"
+    if titan != PINS["torchtitan-neuron"]:
+        out.append(f"recipes/platform/neuron_versions.py: TorchTitan Neuron is {titan}, the tutorial's is "
+                   f"{PINS['torchtitan-neuron']}")  # fmt: skip
+    return out

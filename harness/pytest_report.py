@@ -159,7 +159,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if not _is_controller(config) or not _RECORDS:
         return
-    from harness.report import versions
+    from harness.environment import versions
 
     report_dir = Path(config.getoption("--report-dir"))
     report_dir.mkdir(parents=True, exist_ok=True)

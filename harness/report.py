@@ -4,106 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform as _platform
-from importlib import metadata
 from pathlib import Path
 
+from harness.environment import cpu_fingerprint, cpu_model, torchtitan_neuron, versions  # noqa: F401 -- in every report
 from harness.published import CLAIMS, SOURCE
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
-
-VERSIONED_PACKAGES = (
-    "torch",
-    "torchtitan",
-    "transformers",
-    "safetensors",
-    "tokenizers",
-    "datasets",
-    "torch-neuronx",
-    "neuronx-cc",
-    "nki",
-    "nkilib",
-)
-
-
-#: CPU flags that select which fp32 kernels torch, MKL and oneDNN run.
-KERNEL_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
-#: Environment variables that override those kernel choices.
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE", "DNNL_MAX_CPU_ISA")
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    return fields
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), for fingerprints, benchmarks and cost figures."""
-    return _cpuinfo().get("model name") or _platform.processor() or "unknown"
-
-
-def _blas() -> str:
-    """The BLAS / oneDNN builds torch was compiled with, from ``torch.__config__.show()``."""
-    import re
-
-    import torch
-
-    shown = torch.__config__.show()
-    found = [m.group(0) for m in re.finditer(r"(Math Kernel Library Version \S+|MKL-DNN v\S+|BLAS_INFO=\w+)", shown)]
-    return "; ".join(found) or "unknown"
-
-
-def cpu_fingerprint() -> dict:
-    """What decides the bits of an fp32 CPU result beyond package versions.
-
-    Two machines with the same capability name can still run different kernels
-    (MKL picks its code path per CPU model), so the model, the ISA flags, the BLAS
-    build and any kernel-selecting environment variable are all part of it.
-    """
-    import torch
-
-    info = _cpuinfo()
-    flags = set(info.get("flags", "").split())
-    return {
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_model": cpu_model(),
-        "isa": [f for f in KERNEL_ISA_FLAGS if f in flags],
-        "blas": _blas(),
-        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
-    }
-
-
-def versions() -> dict[str, str | None]:
-    """Installed versions of the packages a result depends on (None: not installed)."""
-    found = {}
-    for name in VERSIONED_PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    found["torchtitan-neuron"] = torchtitan_neuron()
-    found["python"] = _platform.python_version()
-    found["machine"] = f"{_platform.machine()} {_platform.system()}"
-    return found
-
-
-def torchtitan_neuron() -> str | None:
-    """TorchTitan Neuron's ref and commit as scripts/neuron_venv.sh installed them; None where it did not."""
-    from recipes.platform.torchtitan_checkout import checkout_info, describe
-
-    info = checkout_info()
-    return describe(info) if info["installed"] else None
-
 
 def load(report_dir: Path) -> dict:
     path = report_dir / RESULTS_JSON
@@ -379,6 +286,16 @@ def timing_line(t: dict) -> str:
     )
 
 
+def speed_cells(speed: dict) -> list[str]:
+    """MFU, time to the first step and NEFF cache state of a run (``harness.launch.speed``); "–" where not measured."""
+    mfu, first = speed.get("mfu_pct"), speed.get("time_to_first_step_s")
+    return [
+        "n/a" if speed and speed.get("peak_tflops") is None else "–" if mfu is None else f"{mfu:.1f}%",
+        "–" if first is None else f"{first:.1f}",
+        speed.get("neff_cache", "–"),
+    ]
+
+
 def md_table(header: list[str], rows: list[list]) -> list[str]:
     """A markdown table's lines (header, separator, rows) from cells already formatted as text."""
     return [
@@ -424,12 +341,16 @@ def markdown(report: dict) -> str:
                 r["recipe"], r["tier"], r["init"], r["nproc"], f"{r['seq_len']}×{r['local_batch_size']}",
                 _fmt(r["losses"][0] if r["losses"] else None), _fmt(r["losses"][-1] if r["losses"] else None),
                 len(steps), f"{sum(tps) / len(tps) if tps else 0:,.0f}",
-                f"{sum(times) / len(times) if times else 0:.3f}", _status(r),
+                f"{sum(times) / len(times) if times else 0:.3f}", *speed_cells(r.get("speed") or {}), _status(r),
             ])  # fmt: skip
         header = ["recipe", "tier", "init", "procs", "seq×batch", "step-1 loss", "last loss", "steps", "tokens/s",
-                  "s/step", "status"]  # fmt: skip
+                  "s/step", "MFU", "to step 1 (s)", "NEFF cache", "status"]  # fmt: skip
         lines += ["## Runs", ""] + md_table(header, rows)
         lines.append("")
+        peaks = {(r["speed"]["peak_tflops"], r["speed"]["peak_source"]) for r in report["runs"]
+                 if (r.get("speed") or {}).get("peak_tflops")}  # fmt: skip
+        lines += [f"MFU against a peak of {p:g} TFLOPS per rank ({source})." for p, source in sorted(peaks)]
+        lines += [""] if peaks else []
     if report.get("loss_curves"):
         lines += ["## Loss curves", ""]
         lines += [f"- [{name}]({png})" for name, png in report["loss_curves"].items()]

@@ -47,6 +47,8 @@ class StepRecorder:
             "tflops": metrics["tflops"],
             "mfu_pct": metrics.get("mfu(%)"),
             "wall_s": time.perf_counter() - self.started,
+            # wall-clock end of the step: the launcher's time to the first step (harness.launch.speed).
+            "unix_s": time.time(),
         }
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -71,20 +73,23 @@ PRELOAD_MARKER = "torchtitan.trainer"
 
 
 def record_steps(trainer, path: Path) -> None:
-    """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none)."""
-    from recipes.titan import LoggerContainer
+    """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none), through the declared hook."""
+    from recipes import titan
 
-    loggers = LoggerContainer()
-    loggers.add_logger(trainer.metrics_processor.logger)
-    loggers.add_logger(StepRecorder(path))
-    trainer.metrics_processor.logger = loggers
+    def beside(logger):
+        loggers = titan.LoggerContainer()
+        loggers.add_logger(logger)
+        loggers.add_logger(StepRecorder(path))
+        return loggers
+
+    titan.wrap_hook(trainer.metrics_processor, "MetricsProcessor.logger", beside)
 
 
 def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
 
-    from harness import faults, reference
+    from harness import faults, first_batch
     from harness.export import FINAL_STATE_FILE, finish_export, record_final_state
 
     from harness.config import build_config
@@ -102,7 +107,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         if rank == 0:
             write_provenance(opts, config, run_dir / PROVENANCE_FILE)
         faults.install(trainer, rank)
-        reference.install(trainer, opts, run_dir, rank)  # --init hf: step 1's batches, for the host's reference loss
+        first_batch.install(trainer, opts, run_dir, rank)  # --init hf: step 1's batches, for the host's reference loss
         trainer.train()
         if opts.export:
             record_final_state(trainer, run_dir / FINAL_STATE_FILE, rank)

@@ -106,6 +106,21 @@ class Tier:
         return model_dir or self.tokenizer_dir
 
 
+#: Test switch: how the cpu tier's ranks start, "exec" or "preloaded" (unset: the tier's own,
+#: "preloaded"). The lifecycle and fault tests run each case on both paths with it; trn2 keeps
+#: the tutorial's "exec" (forking ranks after a Neuron import is unverified).
+RANK_START_ENV = "QWEN3_RANK_START"
+RANK_STARTS = ("exec", "preloaded")
+
+
+def _rank_start(default: str) -> str:
+    """``$QWEN3_RANK_START`` if set, else ``default``; any other value is refused at import, naming the fix."""
+    value = os.environ.get(RANK_START_ENV) or default
+    if value not in RANK_STARTS:
+        raise ValueError(f"{RANK_START_ENV}={value!r}: use one of {', '.join(RANK_STARTS)}, or unset it")
+    return value
+
+
 def _env_path(name: str) -> Path | None:
     value = os.environ.get(name)
     return Path(value) if value else None
@@ -133,7 +148,8 @@ CPU = Tier(
     runs_nki_kernels=False,
     # A tiny run is mostly start-up: nproc imports of torch+torchtitan (~9 s of CPU each) cost
     # more than its steps; forked from one preloaded server they cost one.
-    rank_start="preloaded",
+    # $QWEN3_RANK_START=exec starts them as trn2 does (the tests run both paths).
+    rank_start=_rank_start("preloaded"),
     extra_env={"OMP_NUM_THREADS": "1"},
 )
 

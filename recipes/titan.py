@@ -11,7 +11,10 @@ nightly's first step and in the dry run (every name, each missing one with its f
 Hooks too: attributes the harness replaces on a built trainer (``batch_generator``,
 ``train_step``, ``metrics_processor.logger``). A renamed hook fails no import, the
 replacement is just never called, so each is declared with the code that must call it
-(``read_by``) or the ``__init__`` that must assign it (``sets``), checked in the bytecode.
+(``read_by``) or the ``__init__`` that must assign it (``sets``), checked in the bytecode,
+and replaced only through :func:`wrap_hook`, which checks it again on the rank.
+
+And one name of tyro, torchtitan's CLI parser: its parse-error hook (``on_parse_error``).
 
 Which upstream the fork is. In pytorch/torchtitan (git log -S on main, read up to
 2026-08-21) the newest names here appeared 2026-06-05..07-20: ``CosSinRoPE`` 02d24f017,
@@ -97,21 +100,15 @@ NAMES: tuple[TitanName, ...] = (
         ".to_dict writes the resolved config of a dry run",
         files=("harness/train.py",),
     ),
-    TitanName(
-        "ConfigManager",
-        "torchtitan.config.manager",
-        "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config",
-    ),
-    TitanName(
-        "TORCH_DTYPE_MAP",
-        "torchtitan.config",
-        "the dtype the dry run builds the model in (training.dtype), as the trainer does",
-    ),
-    TitanName(
-        "set_default_dtype",
-        "torchtitan.tools.utils",
-        "building the model on the meta device in training.dtype, as the trainer does (dry run)",
-    ),
+    TitanName("ConfigManager", "torchtitan.config.manager",
+              "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config"),  # fmt: skip
+    TitanName("on_parse_error", "tyro._errors", "turning a torchtitan option its parser (tyro, tyro >= 1.0.14) "
+              "refuses into one line from tyro's structured event, not its printed box; absent, tyro's own message "
+              "stands above a generic refusal", required=False, files=("harness/config/titan_cli.py",)),  # fmt: skip
+    TitanName("TORCH_DTYPE_MAP", "torchtitan.config",
+              "the dtype the dry run builds the model in (training.dtype), as the trainer does"),  # fmt: skip
+    TitanName("set_default_dtype", "torchtitan.tools.utils",
+              "building the model on the meta device in training.dtype, as the trainer does (dry run)"),  # fmt: skip
     TitanName(
         "CompileConfig",
         "torchtitan.config",
@@ -152,11 +149,8 @@ NAMES: tuple[TitanName, ...] = (
         keywords=("log_freq",),
         keywords_of="Config",
     ),
-    TitanName(
-        "LoggerContainer",
-        "torchtitan.components.metrics",
-        "recording torchtitan's own step metrics beside its loggers (harness/train.py record_steps)",
-    ),
+    TitanName("LoggerContainer", "torchtitan.components.metrics",
+              "recording torchtitan's own step metrics beside its loggers (harness/train.py record_steps)"),  # fmt: skip
     TitanName(
         "HuggingFaceTextDataLoader",
         "torchtitan.hf_datasets.text_datasets",
@@ -164,21 +158,12 @@ NAMES: tuple[TitanName, ...] = (
         keywords=("dataset", "dataset_path", "infinite"),
         keywords_of="Config",
     ),
-    TitanName(
-        "decoder_vocab_size",
-        "torchtitan.models.common.config_utils",
-        "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG,
-    ),
-    TitanName(
-        "Decoder",
-        "torchtitan.models.common.decoder",
-        "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG,
-    ),
-    TitanName(
-        "RoPE",
-        "torchtitan.models.common.rope",
-        "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))",
-    ),
+    TitanName("decoder_vocab_size", "torchtitan.models.common.config_utils",
+              "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG),  # fmt: skip
+    TitanName("Decoder", "torchtitan.models.common.decoder",
+              "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG),  # fmt: skip
+    TitanName("RoPE", "torchtitan.models.common.rope",
+              "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))"),  # fmt: skip
     # --- Qwen3 specs ---------------------------------------------------------------------
     TitanName(
         "model_registry",
@@ -192,12 +177,8 @@ NAMES: tuple[TitanName, ...] = (
         'SDPA in every layer, what the tutorial\'s attn_backend="sdpa" means (recipes/specs.py)',
         used_by=("native_qwen3", "nki_moe"),
     ),
-    TitanName(
-        "qwen3_32b",
-        "torchtitan.models.qwen3.config_registry",
-        'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")',
-        used_by=("native_qwen3",),
-    ),
+    TitanName("qwen3_32b", "torchtitan.models.qwen3.config_registry",
+              'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")', used_by=("native_qwen3",)),  # fmt: skip
     TitanName(
         "qwen3_30b_a3b",
         "torchtitan.models.qwen3.config_registry",
@@ -236,12 +217,8 @@ NAMES: tuple[TitanName, ...] = (
         "turning a stock CosSinRoPE / GroupedExperts config into the kernel's config, fields kept",
         used_by=_OVERRIDES,
     ),
-    TitanName(
-        "apply_overrides",
-        "torchtitan.config",
-        "applying --override specs to the config tree before anything is built",
-        used_by=_OVERRIDES,
-    ),
+    TitanName("apply_overrides", "torchtitan.config",
+              "applying --override specs to the config tree before anything is built", used_by=_OVERRIDES),  # fmt: skip
     TitanName(
         "OverrideConfig",
         "torchtitan.config",
@@ -257,24 +234,12 @@ NAMES: tuple[TitanName, ...] = (
         used_by=_OVERRIDES,
         attr="_REGISTRY",
     ),
-    TitanName(
-        "ModelSpec",
-        "torchtitan.protocols.model_spec",
-        "finding the model config inside a spec when scoping --override globs",
-        used_by=_OVERRIDES,
-    ),
-    TitanName(
-        "_yarn_inv_freq",
-        "torchtitan.models.common.rope",
-        "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does",
-        used_by=_ROPE_MODULE,
-    ),
-    TitanName(
-        "_maybe_check_max_pos",
-        "torchtitan.models.common.rope",
-        "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does",
-        used_by=_ROPE_MODULE,
-    ),
+    TitanName("ModelSpec", "torchtitan.protocols.model_spec",
+              "finding the model config inside a spec when scoping --override globs", used_by=_OVERRIDES),  # fmt: skip
+    TitanName("_yarn_inv_freq", "torchtitan.models.common.rope",
+              "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does", used_by=_ROPE_MODULE),  # fmt: skip
+    TitanName("_maybe_check_max_pos", "torchtitan.models.common.rope",
+              "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does", used_by=_ROPE_MODULE),  # fmt: skip
     TitanName(
         "GroupedExperts",
         "torchtitan.models.common.moe",
@@ -282,12 +247,8 @@ NAMES: tuple[TitanName, ...] = (
         used_by=("grouped_experts", "nki_moe"),
     ),
     # --- the Transformers modeling backend (tutorial config 1) -------------------------------
-    TitanName(
-        "transformers_modeling_backend_full",
-        f"{_HF_PKG}.config_registry",
-        "tutorial config 1 starts from transformers_modeling_backend_full()",
-        used_by=_HF,
-    ),
+    TitanName("transformers_modeling_backend_full", f"{_HF_PKG}.config_registry",
+              "tutorial config 1 starts from transformers_modeling_backend_full()", used_by=_HF),  # fmt: skip
     TitanName(
         "HFTransformerModel",
         _HF_PKG,
@@ -305,12 +266,8 @@ NAMES: tuple[TitanName, ...] = (
     ),
     TitanName("TitanModelConfig", _HF_PKG, "the backend's dense model config (--layers N)", used_by=_HF),
     TitanName("TitanMoeModelConfig", _HF_PKG, "the backend's MoE model config, without expert bias", used_by=_HF),
-    TitanName(
-        "HFTransformerStateDictAdapter",
-        f"{_HF_PKG}.state_dict_adapter",
-        "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it",
-        used_by=_HF,
-    ),
+    TitanName("HFTransformerStateDictAdapter", f"{_HF_PKG}.state_dict_adapter",
+              "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it", used_by=_HF),  # fmt: skip
     # --- Trainer hooks the harness replaces on a built trainer ------------------------------------
     TitanName("Trainer.batch_generator", "torchtitan.trainer", "recording step 1's batches for the host reference "
               "(Trainer.train must fetch batches through it)", attr="Trainer.batch_generator", read_by="Trainer.train",
@@ -351,17 +308,18 @@ NAMES: tuple[TitanName, ...] = (
 BY_NAME: dict[str, TitanName] = {n.name: n for n in NAMES}
 
 
-def installed_version() -> str:
-    """The installed torchtitan distribution's version (``importlib.metadata``)."""
+def installed_version(distribution: str = "torchtitan") -> str:
+    """The installed distribution's version (``importlib.metadata``)."""
     try:
-        return importlib.metadata.version("torchtitan")
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "(not installed)"
 
 
 def _missing(entry: TitanName, what: str) -> TitanNameError:
+    package = "tyro" if entry.module.partition(".")[0] == "tyro" else "torchtitan"
     if not entry.required:
-        return TitanNameError(f"torchtitan {installed_version()} has no {what}: {entry.purpose}")
+        return TitanNameError(f"{package} {installed_version(package)} has no {what}: {entry.purpose}")
     return TitanNameError(
         f"torchtitan {installed_version()} has no {what}, which the suite needs for {entry.purpose}. "
         "Install the torchtitan the suite pins (cpu: requirements-lock.txt; trn2: torchtitan-neuron "
@@ -437,6 +395,32 @@ def resolve(entry: TitanName):
     if entry.sets or entry.read_by:
         _check_hook(entry, module, obj)
     return obj
+
+
+def hook(owner, name: str):
+    """The declared hook ``name`` (``"Trainer.batch_generator"``) as the built ``owner`` holds it.
+
+    Checked as the names check checks it (present, still called or assigned by torchtitan),
+    so a fork without it fails on the rank in one line naming the hook and the suite file
+    that wraps it, never an AttributeError or a wrapper never called (no step-1 record, so
+    a reference loss silently absent).
+    """
+    entry = BY_NAME.get(name)
+    if entry is None or not (entry.read_by or entry.sets) or "." not in name:
+        raise AttributeError(f"{name!r} is no hook of recipes.titan.NAMES; declare it there with read_by= or sets=")
+    attribute = name.rsplit(".", 1)[-1]
+    try:
+        resolve(entry)
+        if not hasattr(owner, attribute):
+            raise _missing(entry, f"{attribute} on the built {type(owner).__qualname__}")
+    except TitanNameError as e:
+        raise TitanNameError(f"{e}; the hook is wrapped by {', '.join(entry.files)}") from None
+    return getattr(owner, attribute)
+
+
+def wrap_hook(owner, name: str, wrap) -> None:
+    """Replace the declared hook ``name`` on ``owner`` by ``wrap(original)`` (checked by :func:`hook`)."""
+    setattr(owner, name.rsplit(".", 1)[-1], wrap(hook(owner, name)))
 
 
 def entries(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanName]:

@@ -1,19 +1,21 @@
-"""Refuse a bad run before any rank starts: one message that names the value and the fix."""
+"""Refuse a bad run before any rank starts: one message that names the value and the fix.
+
+The options are checked here; the files they name (config.json, weights, tokenizer, data) and the
+directories a run writes are checked by ``harness.checks.inputs``, whose ``PreflightError`` this re-exports.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from recipes.errors import RecipeError
+from harness.checks import inputs as input_checks
+from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
 from harness.options import INITS, RunOptions
-from recipes import specs
 from recipes.tiers import TIERS
 
-
-class PreflightError(RecipeError):
-    """A run that cannot start; the message says what is wrong and how to fix it."""
+__all__ = ["JSONL_FIX", "PreflightError", "check_jsonl_text", "jsonl_problem", "preflight",
+           "read_safetensors_header"]  # fmt: skip
 
 
 def check_names(opts: RunOptions) -> None:
@@ -113,16 +115,23 @@ def check_nodes(opts: RunOptions) -> None:
         )
 
 
-def read_hf_config(model_dir: Path) -> dict:
-    """``recipes.specs.read_hf_config`` (the one reader), its refusal as a ``PreflightError``."""
-    try:
-        return specs.read_hf_config(model_dir)
-    except RecipeError as e:
-        raise PreflightError(str(e)) from None
+def read_hf_config(model_dir) -> dict:
+    """``model_dir``'s config.json as one JSON object (``input_checks.read_config_json``)."""
+    return input_checks.read_config_json(model_dir)
+
+
+def check_model_config(opts: RunOptions) -> None:
+    """When the run reads config.json (its weights, or the HF backend's model): a model the recipe trains."""
+    from recipes.registry import RECIPES
+
+    if opts.model_dir is None or not RECIPES[opts.recipe].reads_config(opts.init):
+        return
+    hf = read_hf_config(opts.model_dir)
+    input_checks.check_model_config(opts.model_dir / "config.json", hf, opts.recipe, opts.init)
 
 
 def check_model_dir(opts: RunOptions) -> None:
-    """With ``--init hf`` the weights directory must exist and hold safetensors."""
+    """With ``--init hf``: the weights directory, its config.json and every safetensors header and index entry."""
     if opts.init != "hf":
         return
     model_dir = opts.model_dir
@@ -132,43 +141,18 @@ def check_model_dir(opts: RunOptions) -> None:
             "QWEN3_4B_DIR to a local Qwen3-4B-Instruct-2507 directory), or use --init random"
         )
     if not model_dir.is_dir():
-        raise PreflightError(f"--model-dir {model_dir} does not exist or is not a directory")
-    read_hf_config(model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
+        state = "is a file, not a directory" if model_dir.exists() else "does not exist"
         raise PreflightError(
-            f"--model-dir {model_dir} holds no *.safetensors weights; the recipes load only "
-            "safetensors (never pickled .bin files)"
+            f"--model-dir {model_dir} {state}; point it at a Hugging Face model directory "
+            "(config.json, tokenizer.json, *.safetensors)"
         )
-    for path in files:
-        read_safetensors_header(path)
-
-
-def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
-    """``{tensor: (dtype, shape)}`` through ``safetensors.safe_open``, which checks the header and the size.
-
-    safe_open refuses a header that is too small, too large or not JSON, and a file shorter
-    than its header says ("incomplete metadata, file not fully covered"): each becomes one line.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            slices = {key: f.get_slice(key) for key in f.keys()}
-            return {key: (s.get_dtype(), s.get_shape()) for key, s in slices.items()}
-    except SafetensorError as e:
-        what = "is truncated" if "not fully covered" in str(e) else "has a corrupt safetensors header"
-        raise PreflightError(f"{path} {what} ({e}); re-copy or re-download the model directory") from None
+    check_model_config(opts)
+    input_checks.check_weights(model_dir)
 
 
 def check_tokenizer(opts: RunOptions) -> None:
-    """The recipes read the tokenizer from --tokenizer-dir, else the model directory."""
-    tokenizer_dir = opts.tokenizer_dir
-    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
-        raise PreflightError(
-            f"{Path(tokenizer_dir) / 'tokenizer.json'} does not exist: the run tokenizes with the "
-            "tokenizer of --model-dir; copy the model's tokenizer.json (and tokenizer_config.json) there"
-        )
+    """The recipes read the tokenizer from --tokenizer-dir, else the model directory: it must load."""
+    input_checks.check_tokenizer_dir(opts.tokenizer_dir)
 
 
 def check_checkpoint_tensors(opts: RunOptions, spec) -> None:
@@ -209,95 +193,8 @@ def check_checkpoint_tensors(opts: RunOptions, spec) -> None:
 
 
 def check_dataset_dir(opts: RunOptions) -> None:
-    data = opts.dataset_dir
-    if data is None or not data.is_dir():
-        raise PreflightError(
-            f"--dataset-dir {data} does not exist; point it at a directory of *.jsonl files "
-            'with one {"text": ...} object per line'
-        )
-    files = sorted(data.glob("*.jsonl")) + sorted(data.glob("*.json"))  # both read as JSON lines
-    if not files:
-        raise PreflightError(
-            f"--dataset-dir {data} holds no *.jsonl or *.json data files; "
-            'put the corpus there as one {"text": ...} object per line'
-        )
-    for path in files:
-        check_jsonl_text(path)
-
-
-#: The fix every data refusal names.
-JSONL_FIX = 'each line must be one JSON object with a non-empty "text" string, e.g. {"text": "..."}'
-
-
-def check_jsonl_text(path: Path) -> int:
-    """Every record of a JSON-lines corpus file is an object with a non-empty "text" string.
-
-    Streams the file once, one line in memory at a time, so a bad line anywhere is
-    refused with its number before any rank starts (torchtitan's loader would fail in
-    every rank, mid-run, with pyarrow's "Unexpected character ..."). Cost: one
-    ``json.loads`` per line, about 0.3 s per 100 MB of c4-like text on one core.
-    Blank lines are skipped, as the loader does. Returns the number of records.
-    """
-    records = 0
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            records += 1
-            problem = jsonl_problem(raw)
-            if problem:
-                raise PreflightError(f"{path}:{number}: {problem}; {JSONL_FIX}")
-    if not records:
-        raise PreflightError(f"{path} holds no text (the file is empty); {JSONL_FIX}")
-    return records
-
-
-def jsonl_problem(raw: bytes) -> str | None:
-    """What is wrong with one JSON-lines record, or None."""
-    try:
-        record = json.loads(raw)
-    except UnicodeDecodeError as e:
-        return f"not UTF-8 (byte {e.start} of the line)"
-    except json.JSONDecodeError as e:
-        return f"not JSON ({e.msg} at column {e.colno})"
-    if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not an object"
-    text = record.get("text")
-    if not isinstance(text, str) or not text.strip():
-        return 'no non-empty "text" string' + ("" if "text" in record else f" (keys: {', '.join(sorted(record)) or 'none'})")
-    return None
-
-
-def cli_override_error(printed: str, cli_overrides: list[str]) -> PreflightError:
-    """One line from the error box torchtitan's tyro parser printed for ``cli_overrides``.
-
-    tyro (torchtitan/config/manager.py ConfigManager.parse_args -> tyro.cli) prints
-    a titled box ("Unrecognized options", "Value error", ...) and exits 2; the box's
-    first message line names the option, and "Perhaps you meant" its likely fix.
-    """
-    lines = [line.strip(" |\u2502\u2503") for line in printed.splitlines()]
-    lines = [line.strip() for line in lines]
-    rules = [i for i, line in enumerate(lines) if line and set(line) <= set("-\u2500\u2501\u254c\u2574\u2576 ")]
-    title, message = "", ""
-    if rules:
-        title = next((lines[i] for i in range(rules[0] - 1, -1, -1) if lines[i]), "")
-        end = rules[1] if len(rules) > 1 else len(lines)
-        message = " ".join(line for line in lines[rules[0] + 1 : end] if line)  # the box wraps at 80 columns
-    message = message or next((line for line in reversed(lines) if line), "no message")
-    if title and not message.startswith(title):
-        message = f"{title}: {message}"
-    hints = []
-    if "Perhaps you meant:" in lines:
-        for i in range(lines.index("Perhaps you meant:") + 1, len(lines)):
-            if i in rules:
-                break
-            if lines[i].startswith("--"):
-                hints.append(lines[i].split()[0].rstrip(","))
-    hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
-    return PreflightError(
-        f"torchtitan option refused: {message}{hint}; fix or drop it (torchtitan options are "
-        f"--SECTION.FIELD VALUE of the recipe's Trainer.Config; given: {' '.join(cli_overrides)})"
-    )
+    """The files torchtitan's loader reads from --dataset-dir, every record with its "text"."""
+    input_checks.check_dataset_dir(opts.dataset_dir)
 
 
 def check_export_dir(opts: RunOptions) -> None:
@@ -314,13 +211,23 @@ def check_export_dir(opts: RunOptions) -> None:
                 f"--export-dir {export_dir} is inside the source --model-dir {opts.model_dir}; "
                 "the source weights are never written to: choose another directory"
             )
-    if export_dir.exists() and not export_dir.is_dir():
-        raise PreflightError(f"--export-dir {export_dir} exists and is not a directory")
+    input_checks.check_output_dir(
+        export_dir, "pass an --export-dir that is a writable directory, or a new path in one"
+    )
     if export_dir.is_dir() and any(export_dir.iterdir()) and not opts.overwrite:
         raise PreflightError(
             f"--export-dir {export_dir} is not empty; pass --overwrite to replace it, "
             "or choose a new directory"
         )
+
+
+def check_run_dir(opts: RunOptions) -> None:
+    """The run's directory (``REPORT_DIR/runs/NAME``: run.json, logs, checkpoints) can be made and written."""
+    if opts.run_dir is None:
+        return
+    input_checks.check_output_dir(
+        opts.run_dir, "pass a --report-dir that is a writable directory, or a new path in one"
+    )
 
 
 def check_hf_model(opts: RunOptions) -> None:
@@ -352,6 +259,7 @@ def check_hf_model(opts: RunOptions) -> None:
             f"recipe 'hf_backend' trains Qwen3 causal LMs ({', '.join(ARCHITECTURES)}): point "
             "--model-dir at a Qwen3 checkpoint"
         )
+    check_model_config(opts)
 
 
 def check_torchtitan_names(opts: RunOptions) -> None:
@@ -377,4 +285,28 @@ def preflight(opts: RunOptions) -> RunOptions:
     check_tokenizer(resolved)
     check_dataset_dir(resolved)
     check_export_dir(resolved)
+    check_run_dir(resolved)
     return resolved
+
+
+def check_config_paths(opts: RunOptions, config) -> None:
+    """The tokenizer, data and run directory the built config names, where torchtitan options moved them.
+
+    ``--hf_assets_path``, ``--dataloader.dataset_path`` and ``--dump_folder`` reach the config after
+    ``preflight`` checked the run's own paths; relative ones are read from the ranks' working
+    directory, the repository root.
+    """
+    from recipes.tiers import REPO_ROOT
+
+    def where(value) -> Path | None:
+        return (REPO_ROOT / value).resolve() if value else None
+
+    tokenizer_dir = where(config.hf_assets_path)
+    if tokenizer_dir is not None and tokenizer_dir != opts.tokenizer_dir:
+        input_checks.check_tokenizer_dir(tokenizer_dir)
+    dataset_dir = where(getattr(config.dataloader, "dataset_path", None))
+    if dataset_dir is not None and dataset_dir != opts.dataset_dir:
+        input_checks.check_dataset_dir(dataset_dir)
+    run_dir = where(config.dump_folder)
+    if run_dir is not None and run_dir != opts.run_dir:
+        input_checks.check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")

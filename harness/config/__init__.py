@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.checks import preflight
+from harness.checks import check_config_paths, preflight
 from harness.checks.config import check_config
 from harness.options import RunOptions
 
@@ -52,6 +52,7 @@ def checked_config(opts: RunOptions, cli_overrides: list[str] = ()) -> tuple[Run
     resolved = preflight(opts)
     config = build_config(resolved, cli_overrides)
     check_config(resolved, config)
+    check_config_paths(resolved, config)  # what torchtitan options (--hf_assets_path, --dump_folder) moved
     return resolved, config
 
 

@@ -5,15 +5,31 @@ torchtitan's ``ConfigManager.parse_args`` starts from ``--module M --config F``:
 what ``F`` returned (torchtitan/config/manager.py). The harness hands it the built config
 as this module's config function ``staged``, so the overrides go through torchtitan's
 public entry, its tyro rules and its validation, and no private method is replaced.
+
+A refused option becomes one :class:`PreflightError` line from the structured event tyro
+hands a parse-error hook (``tyro._errors.on_parse_error``, tyro >= 1.0.14, declared in
+``recipes.titan.NAMES``) just before it would print its error box and exit 2: which
+option, which value, and the fix. Nothing tyro prints is read back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import io
 import sys
 
+from harness.checks.errors import PreflightError
+
 _staged = None
+
+#: How many of the closest spellings are tried on torchtitan's parser for "did you mean".
+SUGGESTIONS_TRIED = 3
+#: difflib ratio below which a spelling is no suggestion.
+SUGGESTION_CUTOFF = 0.6
+#: Why a refusal has no line of its own when tyro (< 1.0.14) offers no parse-error hook.
+NO_HOOK = "this tyro has no tyro._errors.on_parse_error"
 
 
 def staged():
@@ -23,28 +39,166 @@ def staged():
     return _staged
 
 
+class _Refused(Exception):
+    """tyro's parse-error event, carried out of ``tyro.cli`` (not a ValueError: tyro catches those)."""
+
+    def __init__(self, event):
+        super().__init__(type(event).__name__)
+        self.event = event
+
+
+def _refuse(event) -> None:
+    raise _Refused(event)
+
+
+def _parse(cli_overrides: list[str], on_parse_error):
+    """torchtitan's ``ConfigManager.parse_args`` on the staged config; tyro's events raised as ``_Refused``."""
+    from recipes.titan import ConfigManager
+
+    with on_parse_error(_refuse) if on_parse_error else contextlib.nullcontext():
+        return ConfigManager().parse_args(["--module", __name__, "--config", "staged", *cli_overrides])
+
+
 def apply_cli_overrides(config, cli_overrides: list[str]):
     """``config`` with torchtitan's CLI overrides applied, as ``torchtitan.train`` would apply them.
 
-    torchtitan's tyro parser prints an error box and exits 2 on a bad option; that
-    becomes one ``PreflightError`` line naming the option, so the launcher refuses it
-    once, before any rank starts, instead of once per rank.
+    A refused option is one ``PreflightError`` line, so the launcher refuses it once,
+    before any rank starts, instead of once per rank.
     """
     global _staged
-    from harness.checks import cli_override_error
-    from recipes.titan import ConfigManager
+    from recipes import titan
 
+    on_parse_error, _ = titan.optional("on_parse_error")
+    cli_overrides = list(cli_overrides)
     printed = io.StringIO()
     _staged = config
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            parsed = ConfigManager().parse_args(["--module", __name__, "--config", "staged", *cli_overrides])
+            parsed = _parse(cli_overrides, on_parse_error)
+    except _Refused as refused:
+        raise cli_override_error(refused.event, cli_overrides, config, on_parse_error) from None
     except SystemExit as e:
         if e.code in (0, None):  # --help: show it, as torchtitan.train would
             sys.stdout.write(printed.getvalue())
             raise
-        raise cli_override_error(printed.getvalue(), list(cli_overrides)) from None
+        sys.stderr.write(printed.getvalue())  # no event reached the hook: tyro printed its own reason
+        why = "tyro exited without a parse-error event" if on_parse_error else NO_HOOK
+        raise PreflightError(_refusal(f"see tyro's message above ({why})", cli_overrides)) from None
     finally:
         _staged = None
     sys.stderr.write(printed.getvalue())
     return parsed
+
+
+def cli_override_error(event, cli_overrides: list[str], config, on_parse_error) -> PreflightError:
+    """One line for tyro's parse-error ``event`` on ``cli_overrides``: the option, the value and the fix.
+
+    ``config`` is the staged config and ``on_parse_error`` tyro's hook: a suggested option
+    is one torchtitan's parser takes on that config.
+    """
+    try:
+        what = describe(event, cli_overrides, lambda flag: closest_option(config, flag, on_parse_error))
+    except (AttributeError, TypeError) as e:  # the event is tyro's private API: a new tyro may reshape it
+        what = f"{type(event).__name__} (tyro's event could not be read: {e})"
+    return PreflightError(_refusal(what, cli_overrides))
+
+
+def _refusal(what: str, cli_overrides: list[str]) -> str:
+    return (
+        f"torchtitan option refused: {what}; fix or drop it (torchtitan options are --SECTION.FIELD VALUE "
+        f"of the recipe's Trainer.Config; given: {' '.join(cli_overrides)})"
+    )
+
+
+def describe(event, cli_overrides: list[str], suggest) -> str:
+    """What is wrong, from the event's class and fields (tyro/_errors.py), never from its rendering.
+
+    The classes are told apart by name (``UnrecognizedArgs``, ``BadValue``, ...; subclasses
+    too), so the harness imports nothing of tyro's but the declared hook.
+    """
+    kinds = {cls.__name__ for cls in type(event).__mro__}
+    if "UnrecognizedArgs" in kinds:
+        flags = [t.split("=", 1)[0] for t in event.tokens if t.startswith("--")]
+        if not flags:
+            return f"unexpected value {' '.join(event.tokens)} (no option before it takes it)"
+        fix = suggest(flags[0])
+        return f"unknown option {flags[0]}" + (f" (did you mean {fix}?)" if fix else "")
+    if "BadValue" in kinds:
+        arg = event.argument
+        if event.offending_value is None:  # reason "too_few_values"
+            return f"{arg.display_name()} is missing its value ({arg.lowered.metavar})"
+        return f"{arg.display_name()} takes no value, got {event.offending_value!r}"
+    if "InvalidChoice" in kinds:
+        return f"{event.argument.display_name()} got {event.value!r}; choose one of {', '.join(event.choices)}"
+    if "InstantiationFailure" in kinds:
+        reason = " ".join(event.message.split("\n\n", 1)[0].split())
+        if event.argument is None:
+            return f"the config refused the options: {reason}"
+        name = event.argument.display_name()
+        value = given_value(cli_overrides, name)
+        got = f", not {value!r}" if value is not None else ""
+        return f"{name} takes {event.argument.lowered.metavar}{got} ({reason})"
+    if "MissingArgs" in kinds:
+        return "missing required option " + ", ".join(a.arg.display_name() for a in event.missing_arguments)
+    return f"tyro's {type(event).__name__}"  # a kind of refusal added after tyro 1.0.17
+
+
+def _spelling(flag: str) -> str:
+    """tyro accepts ``_`` and ``-`` alike inside a flag name (``--lr-scheduler.decay-ratio``)."""
+    name = flag.split("=", 1)[0]
+    dashes = len(name) - len(name.lstrip("-"))
+    return name[:dashes] + name[dashes:].replace("-", "_")
+
+
+def given_value(cli_overrides: list[str], flag: str) -> str | None:
+    """The value ``cli_overrides`` gives ``flag`` (``--f V`` or ``--f=V``), in the user's spelling."""
+    for i, token in enumerate(cli_overrides):
+        if _spelling(token) != _spelling(flag):
+            continue
+        if "=" in token:
+            return token.split("=", 1)[1]
+        return cli_overrides[i + 1] if i + 1 < len(cli_overrides) else None
+    return None
+
+
+def config_options(config, prefix: str = "--"):
+    """``--SECTION.FIELD`` for every leaf of the config's dataclass tree (``--S.no_F`` too for booleans).
+
+    A superset of what torchtitan's parser takes (tyro hides suppressed and callable
+    fields): a suggestion is tried on the parser before it is shown (:func:`accepted`).
+    """
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from config_options(value, f"{prefix}{field.name}.")
+            continue
+        yield f"{prefix}{field.name}"
+        if isinstance(value, bool):
+            section, _, name = f"{prefix}{field.name}".rpartition(".")
+            yield f"{section}.no_{name}" if section else f"--no_{name[2:]}"
+
+
+def accepted(option: str, on_parse_error) -> bool:
+    """torchtitan's parser knows ``option``: given alone, tyro refuses anything but an unknown option."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            _parse([option], on_parse_error)
+    except _Refused as refused:
+        return "UnrecognizedArgs" not in {cls.__name__ for cls in type(refused.event).__mro__}
+    except ValueError:  # parsed; torchtitan's own validation refused the resulting config
+        return True
+    return True
+
+
+def closest_option(config, flag: str, on_parse_error) -> str | None:
+    """The option torchtitan's parser takes that is spelled closest to ``flag``, or None."""
+    wanted = _spelling(flag)
+    options = sorted(set(config_options(config)))
+
+    def score(option: str) -> float:
+        same_field = option.rsplit(".", 1)[-1].lstrip("-") == wanted.rsplit(".", 1)[-1].lstrip("-")
+        return max(difflib.SequenceMatcher(a=wanted, b=option).ratio(), 0.9 if same_field else 0.0)
+
+    ranked = sorted(((score(o), o) for o in options), key=lambda pair: (-pair[0], pair[1]))
+    tried = [o for s, o in ranked[:SUGGESTIONS_TRIED] if s >= SUGGESTION_CUTOFF]
+    return next((o for o in tried if accepted(o, on_parse_error)), None)

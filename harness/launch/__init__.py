@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import IO
 
 from harness.options import RunOptions
+from harness.launch import processes
+from harness.launch.processes import RUN_DIR_ENV
+from harness.launch.speed import record_run
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
 from harness.launch.child import _prctl, die_with_parent
-from harness.run_dir import ERROR_FILE, RUN_DIR_ENV, RUN_FILE, read_provenance, read_steps
+from harness.run_dir import ERROR_FILE, RUN_FILE, read_provenance, read_steps
 
 LOG_TAIL_LINES = 40
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
@@ -98,6 +101,10 @@ class RunResult:
     provenance: dict = field(default_factory=dict)
     #: The signal that stopped the launcher mid-run ("SIGTERM"), else None.
     interrupted: str | None = None
+    #: Wall clock (time.time()) when the launch started: the origin of the time to the first step.
+    started_unix_s: float | None = None
+    #: ``harness.launch.speed.Speed`` as a dict: step time, tokens/s, MFU, time to the first step, NEFF cache.
+    speed: dict = field(default_factory=dict)
 
     @property
     def losses(self) -> list[float]:
@@ -205,33 +212,6 @@ def first_failure(run_dir: Path) -> str | None:
     rank = message.get("extraInfo", {}).get("rank", "?")
     text = str(message.get("message", "")).strip().splitlines()
     return f"rank {rank} failed first: {text[-1] if text else 'no message'}"
-
-
-def descendants_of(pid: int) -> list[int]:
-    """Every process below ``pid``: torchrun's ranks (in sessions of their own), or harness.launch.elastic's forkserver and its ranks."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie left for init to reap counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
@@ -352,7 +332,8 @@ def end_run(proc: subprocess.Popen) -> None:
     is SIGKILLed, and the ranks (not in torchrun's process group: torch elastic starts
     each with ``start_new_session``, subprocess_handler.py) die by their own death signal.
     """
-    ranks = descendants_of(proc.pid)
+    procs = processes.table()
+    ranks = [procs[pid] for pid in processes.descendants_of(proc.pid, procs)]
     deadline = time.monotonic() + GRACE_S
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:  # reaped: its pid may already be another process's
@@ -364,7 +345,7 @@ def end_run(proc: subprocess.Popen) -> None:
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
     proc.wait()
-    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline + GRACE_S:
+    while any(processes.still_running(rank) for rank in ranks) and time.monotonic() < deadline + GRACE_S:
         time.sleep(0.1)
 
 
@@ -374,6 +355,7 @@ def launch(
     echo=print,
     timeout_s: float | None = None,
     prestarted: Prestarted | None = None,
+    stall_timeout_s: float | None = None,
 ) -> RunResult:
     """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
 
@@ -382,7 +364,9 @@ def launch(
     rank are ended before it returns; an interrupt re-raises with what was measured.
     ``timeout_s`` defaults to the tier's ``launch_timeout_s`` (long on trn2: cold NEFF compiles).
     ``prestarted``: this run's ``harness.launch.elastic``, started while the run was checked
-    (a "preloaded" tier starts one here otherwise).
+    (a "preloaded" tier starts one here otherwise). ``stall_timeout_s``: also end the run
+    when no new step arrives for that long after its first one (a hung collective ends
+    seconds after it hangs, not at ``timeout_s``; the fault tests use it); None: no such limit.
     """
     if timeout_s is None:
         timeout_s = opts.tier_preset.launch_timeout_s
@@ -393,9 +377,10 @@ def launch(
     argv = torchrun_command(opts, cli_overrides)
     env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE), RUN_DIR_ENV: str(run_dir)}
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
-    started = time.perf_counter()
+    started, started_unix_s = time.perf_counter(), time.time()
     shown = 0
-    timed_out = False
+    timed_out = stalled = False
+    progressed = started
     stopped: BaseException | None = None
     if prestarted is None:
         prestarted = prestart(opts)
@@ -413,9 +398,13 @@ def launch(
                 steps = read_steps(run_dir)
                 for step in steps[shown:]:
                     echo(_progress(step, opts.steps))
-                shown = len(steps)
+                if len(steps) > shown:
+                    shown, progressed = len(steps), time.perf_counter()
                 if timeout_s is not None and time.perf_counter() - started > timeout_s:
                     timed_out = True
+                    break
+                if stall_timeout_s is not None and shown and time.perf_counter() - progressed > stall_timeout_s:
+                    stalled = True
                     break
         except (Interrupted, KeyboardInterrupt) as stop:
             stopped = stop
@@ -445,11 +434,17 @@ def launch(
         steps=steps,
         provenance={**read_provenance(run_dir), "inputs": add_input_key(run_dir, opts)},
         interrupted=signal.Signals(signum).name if signum is not None else None,
+        started_unix_s=started_unix_s,
     )
+    record_run(result)  # speed figures; one line to $QWEN3_RUNS_LOG
     if stopped is not None:
         raise Interrupted(signum, result) from stopped
-    if timed_out or proc.returncode != 0:
-        why = failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
+    if timed_out or stalled or proc.returncode != 0:
+        if stalled:
+            why = (f"no new step for {stall_timeout_s:g} s after step {steps[-1]['step']} "
+                   "(a hung collective or a stuck rank); every rank was ended")  # fmt: skip
+        else:
+            why = failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
         raise LaunchError(
             f"{opts.recipe} on {opts.tier} failed after {result.wall_s:.0f} s: {why}.\n{rank_log_tails(run_dir)}",
             result=result,

@@ -45,8 +45,15 @@ def logical_neuron_cores() -> int:
     return lnc
 
 
+#: ``QWEN3_HIDE_NEURON_DEVICES=1``: this process and its children see no Neuron device. The cpu
+#: tier's tests set it (tests/cpu/conftest.py), so they run the same on a trn2 instance as anywhere.
+HIDE_DEVICES_ENV = "QWEN3_HIDE_NEURON_DEVICES"
+
+
 def device_nodes() -> list[str]:
-    """``/dev/neuron*`` character devices: one per Neuron device (16 on trn2.48xlarge)."""
+    """``/dev/neuron*`` character devices: one per Neuron device (16 on trn2.48xlarge); none when hidden."""
+    if os.environ.get(HIDE_DEVICES_ENV) == "1":
+        return []
     return sorted(glob.glob("/dev/neuron[0-9]*"))
 
 

@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import json
+import os
 
-from recipes.tiers import FIXTURES
+import pytest
+from filelock import FileLock
+
+from recipes.tiers import FIXTURES, RANK_START_ENV, RANK_STARTS, TIERS
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 STEPS = 5
+
+
+#: What a trn2 host may export that a cpu test must not see (tests/neuron/requires.py's switch and the
+#: Neuron runtime's variables: NEURON_RT_VISIBLE_CORES, NEURON_LOGICAL_NC_CONFIG, ...).
+HOST_NEURON_ENV = ("QWEN3_REQUIRE_TRN2",)
+
+
+@pytest.fixture(autouse=True)
+def no_host_neuron(monkeypatch):
+    """Every cpu test sees a machine without Neuron, whatever the host has: no /dev/neuron* (the
+    suite's own detection hook, recipes.platform.neuron.device_nodes, inherited by child processes
+    through QWEN3_HIDE_NEURON_DEVICES) and none of the host's NEURON_* or QWEN3_REQUIRE_TRN2 settings."""
+    from recipes.platform.neuron import HIDE_DEVICES_ENV
+
+    for name in [*HOST_NEURON_ENV, *(n for n in os.environ if n.startswith("NEURON_"))]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(HIDE_DEVICES_ENV, "1")
+
+
+@pytest.fixture(params=RANK_STARTS)
+def rank_start(request, monkeypatch) -> str:
+    """Run a lifecycle or fault test once per way ranks start: "exec" (trn2's) and "preloaded" (the cpu tier's).
+
+    In this process (``harness.launch.launch``) through the cpu tier itself; in a
+    ``python -m harness run`` child through ``$QWEN3_RANK_START`` (recipes.tiers).
+    """
+    monkeypatch.setenv(RANK_START_ENV, request.param)
+    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(TIERS["cpu"], rank_start=request.param))
+    return request.param
 
 
 @pytest.fixture(scope="session")
@@ -69,18 +103,32 @@ def hf_backend_random_run(recipe_run):
 
 
 @pytest.fixture(scope="session")
-def hf_backend_random_4b_width_run(recipe_run):
-    """hf_backend random init at the real Qwen3-4B width and vocab: the main job's full-width preset.
+def random_init_proxy(shared_dir):
+    """``random_init_proxy(recipe)`` → the 4B-width random-init proxy's step 1, scored forward-only.
 
-    One layer, 2048 tokens, one process (harness.__main__.FULL_WIDTH_RANDOM_INIT), built from
-    fixtures/qwen3-4b-instruct-2507/config.json (no weights); 1-5 min and ~6-10 GB on 2 cores.
+    The main job's full-width preset (harness.verdicts.FULL_WIDTH_RANDOM_INIT: real Qwen3-4B
+    width and vocab, ONE layer, 2048 tokens, one process, seed 0), built and initialised by the
+    trainer and scored without a backward pass or optimizer (harness.step1_forward, bitwise the
+    trainer's step 1: tests/cpu/test_step1_forward.py). Once per session per recipe; about
+    50 s / 7 GB (native) and 75 s / 9.5 GB (HF backend) on the shared 2-core machine.
     """
-    from harness.__main__ import FULL_WIDTH_RANDOM_INIT
-    from recipes.specs import QWEN3_4B_INSTRUCT_2507
-    from recipes.tiers import CPU
+    from harness import step1_forward
 
-    preset = {k: v for k, v in FULL_WIDTH_RANDOM_INIT.items()}
-    return recipe_run(
-        "hf-backend-random-4b-width", recipe="hf_backend", tier="cpu", init="random", seed=0,
-        model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir, **preset,
-    )  # fmt: skip
+    def score(recipe: str) -> dict:
+        name = f"random-init-proxy-{recipe}"
+        done = shared_dir / f"{name}.json"
+        with FileLock(str(shared_dir / f"{name}.lock")):
+            if not done.exists():
+                # recipe_run's real-width lock (conftest.py at the root): one real-width process at a time.
+                with FileLock(str(shared_dir / "real-width.lock")):
+                    try:
+                        result = step1_forward.run(step1_forward.proxy_options(recipe, 0, shared_dir / name))
+                    except step1_forward.Step1ForwardError as e:
+                        result = {"error": str(e)}
+                done.write_text(json.dumps(result))
+        result = json.loads(done.read_text())
+        if "error" in result:
+            pytest.fail(f"forward-only proxy {name!r} failed:\n{result['error']}", pytrace=False)
+        return result
+
+    return score

@@ -1,7 +1,8 @@
 """Bad input stops before any rank starts: one message naming the value and the fix, exit 2, nothing written.
 
-Most refusals call ``python -m harness``'s ``main`` in this process (the same code, without
-importing torch again for every case); ``IN_A_FRESH_PROCESS`` cases run the real command line.
+The first refusals call ``python -m harness``'s ``main`` in this process (the same code, without
+importing torch again for every case); ``fresh_process`` cases, and every case of the second half
+(each file a run reads, each directory it writes), run the real command line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +188,312 @@ def test_non_empty_export_dir_is_refused_without_overwrite(tmp_path):
     out, elapsed = run_main("native_qwen3", "--init", "hf", "--export-dir", str(export), report_dir=tmp_path / "r")
     assert_refused(out, elapsed, tmp_path / "r", str(export), "--overwrite")
     assert (export / "keep.txt").read_text() == "a previous export"
+
+
+# --- every file a run reads and every directory it writes, through the real command line ---------------
+#
+# One bad input per case, built in tmp_path from the fixtures, through ``python -m harness run`` in a fresh
+# process: exit 2, ONE stderr line naming the path, the problem and the fix, and no rank started (launch
+# prints "N process(es), run dir ..." and writes run.json under the report dir before torchrun: neither).
+
+LAUNCH_LINE = "process(es), run dir"
+ERROR_PREFIX = "python -m harness run: error: "
+#: --steps 1 and --init hf (no full-width random-init run is added): a check that fails to refuse costs one short run.
+PLAIN = ("native_qwen3", "--init", "hf", "--steps", "1")
+HF = (*PLAIN, "--model-dir")
+
+
+def assert_one_line_refusal(out, elapsed, path, problem, fix, noise=()) -> str:
+    """Exit 2 before launch, stderr one error line holding ``path``, ``problem`` and ``fix``; returns it."""
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-4000:])
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip() and not line.startswith(tuple(noise))]
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), out.stderr
+    for fragment in (str(path), problem, fix):
+        assert fragment in lines[0], (fragment, lines[0])
+    assert LAUNCH_LINE not in out.stdout and "[rank" not in out.stderr, out.stdout
+    assert elapsed < 60, f"refusal took {elapsed:.0f} s"
+    return lines[0]
+
+
+def refused(tmp_path, record_property, args, path, problem, fix, report_dir=None, noise=()) -> str:
+    report_dir = report_dir or tmp_path / "report"
+    out, elapsed = run_main(*args, report_dir=report_dir, fresh_process=True)
+    record_property("refusal_s", round(elapsed, 2))
+    line = assert_one_line_refusal(out, elapsed, path, problem, fix, noise)
+    if not report_dir.is_file():  # a --report-dir that is a file: its test checks the file is untouched
+        assert not report_dir.exists(), f"a refused run wrote {sorted(report_dir.rglob('*'))}"
+    return line
+
+
+def edit_config(model, **changes):
+    """Change keys of ``model``'s config.json (None deletes one)."""
+    path = model / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        config.pop(key) if value is None else config.__setitem__(key, value)
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("recipe, model_type, fix", [
+    ("native_qwen3", "llama", "point --model-dir at a Qwen3ForCausalLM checkpoint"),
+    ("native_qwen3", "qwen3_moe", "or run recipe hf_backend on it"),
+    ("hf_backend", "llama", "point --model-dir at a Qwen3ForCausalLM or Qwen3MoeForCausalLM checkpoint"),
+])  # fmt: skip
+def test_config_of_another_model_type(tmp_path, record_property, recipe, model_type, fix):
+    """Seen failing: trained as dense Qwen3, scored on the host against the model config.json names:
+    "reference ... Δ -0.879" (llama, both recipes), "Δ -6.38" (qwen3_moe), exit 1."""
+    config = edit_config(model := copy_fixture(tmp_path), model_type=model_type)
+    args = (recipe, *HF[1:], str(model))
+    refused(tmp_path, record_property, args, config, f"model_type is {model_type!r}", fix)
+
+
+def test_hf_backend_reads_config_json_with_random_init_too(tmp_path):
+    """The HF backend builds what config.json says with any --init (in process: a subprocess would add
+    the full-width random-init run to the plan, ~100 s, should the check ever stop refusing)."""
+    from harness.options import RunOptions
+    from harness.checks import PreflightError, preflight
+
+    model = copy_fixture(tmp_path)
+    edit_config(model, model_type="llama")
+    with pytest.raises(PreflightError, match="model_type is 'llama'"):
+        preflight(RunOptions(recipe="hf_backend", init="random", model_dir=model))
+
+
+def test_architectures_that_disagree_with_model_type(tmp_path, record_property):
+    """A dense model_type under a MoE architecture. Seen failing: ranks started and failed, then the
+    launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
+    model = copy_fixture(tmp_path)
+    config = edit_config(model, architectures=["Qwen3MoeForCausalLM"])
+    args = ("hf_backend", "--init", "hf", "--steps", "1", "--model-dir", str(model))
+    refused(tmp_path, record_property, args, config, "disagree with model_type 'qwen3'", "re-copy config.json")
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "vocab_size", "head_dim", "tie_word_embeddings", "rope_theta"])
+def test_config_without_a_key_the_model_is_built_from(tmp_path, record_property, key):
+    """Seen failing: the run trained, then the host reference raised "RuntimeError: You set
+    `ignore_mismatched_sizes` to `False`" (sizes: transformers' defaults) or, without tie_word_embeddings
+    or RoPE theta, gave a reference mismatch with every known suspect "ruled out"; exit 1."""
+    change = {"rope_parameters": {"rope_type": "default"}} if key == "rope_theta" else {key: None}
+    config = edit_config(model := copy_fixture(tmp_path), **change)
+    named = "rope_theta or rope_parameters.rope_theta" if key == "rope_theta" else key
+    refused(tmp_path, record_property, (*HF, str(model)), config, f"has no {named}", "re-copy config.json")
+
+
+def test_config_size_given_as_a_string(tmp_path, record_property):
+    """Seen failing: refused with the wrong fix "accept with --allow-mismatch hidden_size"."""
+    model = copy_fixture(tmp_path)
+    config = edit_config(model, hidden_size="128")
+    line = refused(tmp_path, record_property, (*HF, str(model)), config, "hidden_size is '128', not a positive integer",
+                   "re-copy config.json")  # fmt: skip
+    assert "--allow-mismatch" not in line
+
+
+@pytest.mark.parametrize("text, problem", [('{"model_type": "qwen3",', "is not valid JSON"), ("[1, 2]", "holds a JSON list")])
+def test_config_that_is_not_a_json_object(tmp_path, record_property, text, problem):
+    model = copy_fixture(tmp_path)
+    (model / "config.json").write_text(text)
+    refused(tmp_path, record_property, (*HF, str(model)), model / "config.json", problem, "re-copy config.json")
+
+
+def test_truncated_tokenizer_json(tmp_path, record_property):
+    """Seen failing: "Exception: EOF while parsing a value at line 1717 column 0" traceback (provenance), exit 1."""
+    model = copy_fixture(tmp_path)
+    tokenizer = model / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes()[: tokenizer.stat().st_size // 2])
+    refused(tmp_path, record_property, (*HF, str(model)), tokenizer, "EOF while parsing", "re-copy tokenizer.json")
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda text: text[:-40], "is not valid JSON"),
+    (lambda text: json.dumps({**json.loads(text), "eos_token": 5}), "eos_token is 5"),
+])  # fmt: skip
+def test_invalid_tokenizer_config(tmp_path, record_property, change, problem):
+    """Seen failing: ranks started and raised in torchtitan's tokenizer ("[rank1]: json.decoder.JSONDecodeError"),
+    then the launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
+    model = copy_fixture(tmp_path)
+    path = model / "tokenizer_config.json"
+    path.write_text(change(path.read_text()))
+    refused(tmp_path, record_property, (*HF, str(model)), path, problem, "re-copy")
+
+
+def test_tokenizer_moved_by_a_torchtitan_option(tmp_path, record_property):
+    """``--hf_assets_path`` reaches the config after the run's own paths are checked.
+
+    Seen failing: rank 0 raised "Exception: EOF while parsing ..." in torchtitan's tokenizer, exit 1.
+    """
+    tokenizer_dir = copy_fixture(tmp_path)
+    tokenizer = tokenizer_dir / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes()[:1000])
+    args = ("native_qwen3", "--init", "hf", "--hf_assets_path", str(tokenizer_dir))
+    # torchtitan's own logger, once its parser has run on a CLI option, warns on stderr before the refusal.
+    noise = ("initial_load_model_only=True has no effect", "model.safetensors.index.json not found at hf_assets_path")
+    refused(tmp_path, record_property, args, tokenizer, "not a tokenizer", "re-copy tokenizer.json", noise=noise)
+
+
+def shard_fixture(tmp_path, names=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
+    """The fixture's weights split into two shards with their index, as the Hub ships large models."""
+    from safetensors.torch import load_file, save_file
+
+    model = copy_fixture(tmp_path)
+    state = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    keys = sorted(state)
+    weight_map = {}
+    for name, part in zip(names, (keys[: len(keys) // 2], keys[len(keys) // 2 :])):
+        save_file({k: state[k] for k in part}, model / name)
+        weight_map.update(dict.fromkeys(part, name))
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return model
+
+
+def test_sharded_weights_with_their_index_pass(tmp_path):
+    """The control of the index cases below: the same shards, all present, are accepted."""
+    from harness.checks.inputs import check_weights
+
+    headers = check_weights(shard_fixture(tmp_path))
+    assert sorted(headers) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert sum(map(len, headers.values())) == 24  # every tensor of the 2-layer fixture, tied head dropped
+
+
+def test_index_naming_a_missing_shard(tmp_path, record_property):
+    """Seen failing: refused as "has no tensor 'model.layers.1...' ... point --model-dir at weights of this
+    model", naming neither the index nor the missing shard."""
+    model = shard_fixture(tmp_path)
+    (model / "model-00002-of-00002.safetensors").unlink()
+    refused(tmp_path, record_property, (*HF, str(model)), model / "model.safetensors.index.json",
+            "names shard model-00002-of-00002.safetensors", "copy the missing shard")  # fmt: skip
+
+
+def test_shard_names_without_a_number(tmp_path, record_property):
+    """torchtitan numbers shards by their names. Seen failing: "AttributeError: 'NoneType' object has no
+    attribute 'group'" traceback (torchtitan's StateDictAdapter), exit 1."""
+    model = shard_fixture(tmp_path, names=("first.safetensors", "second.safetensors"))
+    refused(tmp_path, record_property, (*HF, str(model)), model / "model.safetensors.index.json",
+            "holds no number", "rename the shard")  # fmt: skip
+
+
+def test_shards_without_their_index(tmp_path, record_property):
+    """Seen failing: trained, then the host reference was "not computed" (transformers found no
+    model.safetensors), exit 1."""
+    model = shard_fixture(tmp_path)
+    (model / "model.safetensors.index.json").unlink()
+    refused(tmp_path, record_property, (*HF, str(model)), model, "neither model.safetensors nor",
+            "restore the model.safetensors.index.json")  # fmt: skip
+
+
+def test_truncated_safetensors_header(tmp_path, record_property):
+    model = copy_fixture(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # inside the JSON header
+    refused(tmp_path, record_property, (*HF, str(model)), weights, "corrupt safetensors header", "re-download")
+
+
+def test_model_dir_that_is_a_file(tmp_path, record_property):
+    """Seen failing: "does not exist or is not a directory", no fix."""
+    weights = FIXTURE_DIR / "model.safetensors"
+    refused(tmp_path, record_property, (*HF, str(weights)), weights, "is a file, not a directory",
+            "point it at a Hugging Face model directory")  # fmt: skip
+
+
+def test_empty_dataset_dir(tmp_path, record_property):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    args = (*PLAIN, "--dataset-dir", str(corpus))
+    refused(tmp_path, record_property, args, corpus, "holds no *.jsonl or *.json data files", "put the corpus there")
+
+
+def test_dataset_dir_that_is_a_file(tmp_path, record_property):
+    """Seen failing: refused with "does not exist" for a file that exists."""
+    data = FIXTURES / "corpus" / "train.jsonl"
+    args = (*PLAIN, "--dataset-dir", str(data))
+    refused(tmp_path, record_property, args, data, "is a file, not a directory", f"(e.g. {data.parent})")
+
+
+def test_jsonl_without_text_through_the_cli(tmp_path, record_property):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text('{"url": "x"}\n')
+    args = (*PLAIN, "--dataset-dir", str(corpus))
+    refused(tmp_path, record_property, args, corpus / "train.jsonl", 'no non-empty "text"', '{"text": "..."}')
+
+
+def test_dataset_dir_where_datasets_would_read_other_files(tmp_path, record_property):
+    """datasets reads the most common extension only. Seen failing: trained on the two .txt lines, the
+    jsonl unread, and the verdict was a reference mismatch; exit 1."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(FIXTURES / "corpus" / "train.jsonl", corpus / "corpus.jsonl")  # no split name: all files are "train"
+    (corpus / "notes.txt").write_text("a note\n")
+    (corpus / "todo.txt").write_text("a list\n")
+    args = (*PLAIN, "--dataset-dir", str(corpus))
+    refused(tmp_path, record_property, args, corpus, "as text files (notes.txt, todo.txt)", "move those files out")
+
+
+def test_dataset_dir_without_a_train_split(tmp_path, record_property):
+    """A file named test.jsonl is datasets' test split. Seen failing: ranks started and failed, then the
+    launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(FIXTURES / "corpus" / "train.jsonl", corpus / "test.jsonl")
+    args = (*PLAIN, "--dataset-dir", str(corpus))
+    refused(tmp_path, record_property, args, corpus, "finds no train split", "e.g. to train.jsonl")
+
+
+def test_report_dir_that_is_a_file(tmp_path, record_property):
+    """Seen failing: "NotADirectoryError: [Errno 20] Not a directory: '.../runs/...'" traceback, exit 1."""
+    report = tmp_path / "report.txt"
+    report.write_text("not a directory")
+    refused(tmp_path, record_property, PLAIN, report, "is a file, not a directory",
+            "pass a --report-dir that is a writable directory", report_dir=report)  # fmt: skip
+    assert report.read_text() == "not a directory"
+
+
+def test_runs_dir_inside_the_report_dir_that_is_a_file(tmp_path, record_property):
+    """Seen failing: a NotADirectoryError traceback, exit 1."""
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "runs").write_text("")
+    out, elapsed = run_main(*PLAIN, report_dir=report, fresh_process=True)
+    record_property("refusal_s", round(elapsed, 2))
+    assert_one_line_refusal(out, elapsed, report / "runs", "is a file, not a directory",
+                            "pass a --report-dir")  # fmt: skip
+    assert sorted(p.name for p in report.iterdir()) == ["runs"] and (report / "runs").read_text() == ""
+
+
+def unwritable_dir(tmp_path):
+    """A directory this process cannot write: mode 0555 as a user; as root (which ignores modes), /proc/sys."""
+    import os
+
+    if os.geteuid() != 0:
+        path = tmp_path / "read-only"
+        path.mkdir(mode=0o555)
+        return path
+    path = Path("/proc/sys")
+    if os.access(path, os.W_OK):
+        pytest.skip("running as root on a host whose /proc/sys is writable: no unwritable directory to test with")
+    return path
+
+
+def test_report_dir_that_is_not_writable(tmp_path, record_property):
+    """Seen failing: a FileNotFoundError traceback from mkdir, exit 1."""
+    parent = unwritable_dir(tmp_path)
+    report = parent / "report"
+    refused(tmp_path, record_property, PLAIN, parent, "not writable",
+            "pass a --report-dir that is a writable directory", report_dir=report)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_export_dir_that_cannot_be_written(tmp_path, record_property, kind):
+    """Seen failing: refused without a fix ("exists and is not a directory"); unwritable: trained, then
+    the export failed on rank 0, exit 1."""
+    if kind == "file":
+        export = named = tmp_path / "export.txt"
+        export.write_text("")
+        problem = "is a file, not a directory"
+    else:
+        named = unwritable_dir(tmp_path)
+        export, problem = named / "export", "not writable"
+    args = (*PLAIN, "--export-dir", str(export))
+    refused(tmp_path, record_property, args, named, problem, "pass an --export-dir that is a writable directory")

@@ -21,7 +21,7 @@ from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROK
 from harness.bump.report import _golden_cell
 from harness.bump.results import Result, first_line, junit_key, load_run
 from harness.bump.tier import TierRun, baseline_is_current, code_sha256, tier_env
-from harness.lockcheck import pins
+from harness.environment import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
 

@@ -89,28 +89,78 @@ def test_reloaded_logits_equal_torchtitan_logits(export_dir, export_state_dict, 
     assert diff == 0.0
 
 
-def test_export_holds_the_trained_weights(native_hf_run, export_dir, record_property):
-    """Every exported tensor is bit for bit what rank 0 held after the last step, and training
-    moved at least one away from the source checkpoint (an export of the source would fail)."""
+#: tests/cpu/test_nki_moe.py's shared run of config 3 (the same name and options: launched once).
+NKI_MOE_RUN = dict(recipe="nki_moe", tier="cpu", nproc=2, steps=4, init="random", seed=0)
+
+
+@pytest.fixture(scope="module")
+def nki_moe_run(recipe_run) -> dict:
+    return recipe_run("nki-moe-2proc", **NKI_MOE_RUN)
+
+
+@pytest.fixture(scope="module")
+def nki_moe_initial_state(nki_moe_run, tmp_path_factory) -> dict[str, str]:
+    """What config 3's ranks held before step 1 (random init: no source checkpoint), in the export's names.
+
+    The run's options, built by the trainer in 2 new ranks and hashed after init
+    (harness.step1_forward --initial-state). That it is the run's own init is checked, not
+    assumed: the same weights on the same first batch must score the run's step-1 loss.
+    """
+    from harness import step1_forward
+    from harness.options import RunOptions
+
+    run_dir = tmp_path_factory.mktemp("nki-moe-initial")
+    scored = step1_forward.run(RunOptions(run_dir=run_dir, **NKI_MOE_RUN), initial_state=True)
+    assert scored["loss"] == nki_moe_run["losses"][0], (scored["loss"], nki_moe_run["losses"][0])
+    return json.loads((run_dir / step1_forward.INITIAL_STATE_FILE).read_text())
+
+
+def safetensors_hashes(directory: Path) -> dict[str, str]:
+    """sha256 of every tensor in ``directory``'s safetensors files, by name (harness.export.tensor_sha256)."""
     from safetensors import safe_open
 
-    from harness.export import FINAL_STATE_FILE, tensor_sha256
+    from harness.export import tensor_sha256
 
-    trained = json.loads((Path(native_hf_run["run_dir"]) / FINAL_STATE_FILE).read_text())
-    exported, source = {}, {}
-    for path in sorted(export_dir.glob("*.safetensors")):
+    hashes = {}
+    for path in sorted(directory.glob("*.safetensors")):
         with safe_open(path, "pt") as f:
-            exported.update({k: tensor_sha256(f.get_tensor(k)) for k in f.keys()})
-    with safe_open(FIXTURE_DIR / "model.safetensors", "pt") as f:
-        source = {k: tensor_sha256(f.get_tensor(k)) for k in f.keys()}
+            hashes.update({k: tensor_sha256(f.get_tensor(k)) for k in f.keys()})
+    return hashes
+
+
+#: Every recipe run that exports after >= 1 optimizer step: its shared run, and the weights it
+#: started from (a source checkpoint, or for a random init the init itself).
+EXPORTING_RUNS = {
+    "native_qwen3": ("native_hf_run", FIXTURE_DIR),
+    "hf_backend": ("hf_backend_hf_run", FIXTURE_DIR),
+    "hf_backend-moe": ("hf_backend_moe_run", FIXTURES / "qwen3-moe-tiny"),
+    "nki_moe": ("nki_moe_run", None),
+}
+
+
+@pytest.mark.parametrize("case", EXPORTING_RUNS)
+def test_export_holds_the_trained_weights(case, request, record_property):
+    """Every exported tensor is bit for bit what rank 0 held after the last step, and training
+    moved at least one away from the weights it started from (an export of those would fail)."""
+    from harness.export import EXPORT_DIR_NAME, FINAL_STATE_FILE
+
+    run_fixture, source_dir = EXPORTING_RUNS[case]
+    run = request.getfixturevalue(run_fixture)
+    assert len(run["losses"]) >= 1, run["losses"]
+    export_dir = Path(run["export_dir"] or Path(run["run_dir"]) / EXPORT_DIR_NAME)
+    trained = json.loads((Path(run["run_dir"]) / FINAL_STATE_FILE).read_text())
+    exported = safetensors_hashes(export_dir)
+    source = safetensors_hashes(source_dir) if source_dir else request.getfixturevalue("nki_moe_initial_state")
     mismatched = sorted(k for k in exported if trained.get(k) != exported[k])
     moved = sorted(k for k in exported if source.get(k) != exported[k])
-    record_property("export_tensors", len(exported))
-    record_property("export_tensors_not_the_trained_state", mismatched)
-    record_property("export_tensors_moved_from_source", len(moved))
-    assert exported and not mismatched, f"export differs from the trained state in {mismatched}"
+    record_property(f"{case}_export_tensors", len(exported))
+    record_property(f"{case}_export_tensors_not_the_trained_state", mismatched)
+    record_property(f"{case}_export_tensors_moved_from_start", len(moved))
+    assert exported, f"no safetensors in {export_dir}"
+    assert not mismatched, f"{len(mismatched)} of {len(exported)} exported tensors are not the trained state: {mismatched[:5]}"
     assert set(exported) <= set(trained), sorted(set(exported) - set(trained))
-    assert moved, "every exported tensor equals the source checkpoint's: the export is not of the trained model"
+    assert set(exported) <= set(source), f"names the starting weights lack: {sorted(set(exported) - set(source))}"
+    assert moved, "every exported tensor equals the weights the run started from: the export is not of the trained model"
 
 
 def test_export_opens_directly_with_from_pretrained(export_dir, tokens):

@@ -3,39 +3,31 @@
 Each test asserts what the failing rank itself wrote (its exception or the line
 ``harness/faults.py`` prints before it acts), found in that rank's section of the
 failure message, not the harness's own headers ("--- rank N: ...") or summary.
+Each runs on both ways ranks start (the ``rank_start`` fixture: "exec", trn2's
+torchrun, and "preloaded", the cpu tier's harness.launch.elastic), and a watch of the
+run's processes must have seen torchrun and every rank alive before "none left"
+is believed (tests/cpu/run_watch.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from harness.faults import ENV
-from harness.launch import LaunchError, launch
+from harness.launch import GRACE_S, LaunchError, launch
 from harness.options import RunOptions
 from harness.checks import preflight
+from run_watch import RunWatch, describe, run_roles
+
+NPROC = 2
 
 
 #: The header harness.launch.rank_log_tails puts before each rank's log tail.
 RANK_HEADER = re.compile(r"^--- rank (\S+): last \d+ lines of .*$", re.MULTILINE)
-
-
-def processes_started_from(run_dir) -> list[int]:
-    """Live processes whose command line names this run's directory (torchrun and its ranks)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-        except OSError:
-            continue
-        if str(run_dir) in cmdline:
-            found.append(int(pid))
-    return found
 
 
 def rank_sections(message: str) -> dict[str, str]:
@@ -47,19 +39,39 @@ def rank_sections(message: str) -> dict[str, str]:
     }
 
 
-def launch_failing(tmp_path, cli_overrides=(), steps: int = 4, timeout_s: float = 240) -> tuple[LaunchError, float]:
+@dataclass
+class Failed:
+    error: LaunchError
+    #: Seconds from the launch to launch() raising, and to the launcher's last new step (None: no step).
+    elapsed: float
+    last_step_at: float | None
+    watch: RunWatch
+
+
+def launch_failing(tmp_path, cli_overrides=(), steps: int = 4, **limits) -> Failed:
+    """Launch a run that must fail, watching its processes from before the launch to the end."""
     opts = preflight(
-        RunOptions(recipe="native_qwen3", tier="cpu", nproc=2, steps=steps, init="random", run_dir=tmp_path, export=False)
-    )
+        RunOptions(recipe="native_qwen3", tier="cpu", nproc=NPROC, steps=steps, init="random", run_dir=tmp_path,
+                   export=False)
+    )  # fmt: skip
     started = time.perf_counter()
-    with pytest.raises(LaunchError) as failure:
-        launch(opts, list(cli_overrides), echo=lambda line: None, timeout_s=timeout_s)
-    return failure.value, time.perf_counter() - started
+    shown = []
+    with RunWatch(tmp_path) as watch, pytest.raises(LaunchError) as failure:
+        launch(opts, list(cli_overrides), echo=lambda line: shown.append(time.perf_counter() - started), **limits)
+    # shown[0] is the launcher's "N process(es), run dir" line; each later one a new step.
+    return Failed(failure.value, time.perf_counter() - started, shown[-1] if len(shown) > 1 else None, watch)
 
 
-def launch_with_fault(tmp_path, monkeypatch, fault: str, timeout_s: float) -> tuple[LaunchError, float]:
+def launch_with_fault(tmp_path, monkeypatch, fault: str, **limits) -> Failed:
     monkeypatch.setenv(ENV, fault)
-    return launch_failing(tmp_path, timeout_s=timeout_s)
+    return launch_failing(tmp_path, **limits)
+
+
+def assert_none_left(watch: RunWatch, rank_start: str) -> None:
+    """Torchrun (or harness.launch.elastic and its forkserver) and every rank were seen alive; none is alive now."""
+    watch.saw(**run_roles(rank_start, NPROC, launcher=False))  # the launcher is this test's own process
+    left = watch.kill_left()
+    assert left == [], f"{len(left)} process(es) of the run outlived launch(): {describe(left)}"
 
 
 def test_rank_sections_split_the_failure_message():
@@ -67,9 +79,10 @@ def test_rank_sections_split_the_failure_message():
     assert rank_sections(message) == {"0": "\nzero\n", "1": "\none"}
 
 
-def test_a_raising_rank_shows_its_own_exception(tmp_path, record_property):
+def test_a_raising_rank_shows_its_own_exception(tmp_path, rank_start, record_property):
     """Both ranks fail torchtitan's batch check; each one's own traceback reaches the failure."""
-    error, _ = launch_failing(tmp_path, ["--training.local_batch_size", "0"], steps=1, timeout_s=300)
+    failed = launch_failing(tmp_path, ["--training.local_batch_size", "0"], steps=1, timeout_s=300)
+    error = failed.error
     sections = rank_sections(str(error))
     record_property("failing_rank_sections", sorted(sections))
     assert sorted(sections) == ["0", "1"], str(error)[-2000:]
@@ -80,34 +93,43 @@ def test_a_raising_rank_shows_its_own_exception(tmp_path, record_property):
     # The summary names the first rank to fail (torch elastic's error file) and its exception.
     record_property("failing_rank_summary", error.summary)
     assert re.search(r"rank [01] failed first: AssertionError", error.summary), error.summary
+    assert_none_left(failed.watch, rank_start)
 
 
-def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(tmp_path, monkeypatch, record_property):
-    error, elapsed = launch_with_fault(tmp_path, monkeypatch, "die@1:2", timeout_s=240)
-    record_property("rank_death_seconds_to_fail", elapsed)
-    sections = rank_sections(str(error))
-    assert "[fault injection] die on rank 1 at step 2" in sections.get("1", ""), str(error)[-2000:]
+def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(tmp_path, monkeypatch, rank_start, record_property):
+    failed = launch_with_fault(tmp_path, monkeypatch, "die@1:2", timeout_s=240)
+    record_property("rank_death_seconds_to_fail", failed.elapsed)
+    sections = rank_sections(str(failed.error))
+    assert "[fault injection] die on rank 1 at step 2" in sections.get("1", ""), str(failed.error)[-2000:]
     assert "[fault injection]" not in sections.get("0", "")
-    assert "torchrun exited" in error.summary
-    assert processes_started_from(tmp_path) == []
+    assert "torchrun exited" in failed.error.summary
+    assert_none_left(failed.watch, rank_start)
 
 
-#: Test-only launch timeout for the hang: step 2 is reached ~8 s after launch here (about 15 s
-#: on a loaded 2-core CI runner), so 40 s leaves room and spends no minute waiting (it was 75 s).
-HANG_TIMEOUT_S = 40
+#: Test-only stall limit for the hang (``launch(stall_timeout_s=...)``): no new step for this
+#: long after step 1 ends the run. A step takes ~0.4 s here (a few s on a loaded 2-core runner),
+#: so 10 s leaves room; the whole launch's timeout (tested in test_platform.py) would have to
+#: wait for start-up too (it was 40 s, and exec ranks start slower than preloaded ones).
+STALL_S = 10
 
 
-def test_a_hung_collective_is_ended_by_the_timeout(tmp_path, monkeypatch, record_property):
-    error, elapsed = launch_with_fault(tmp_path, monkeypatch, "hang@1:2", timeout_s=HANG_TIMEOUT_S)
-    record_property("hang_seconds_to_fail", elapsed)
-    assert f"timed out after {HANG_TIMEOUT_S} s" in error.summary
-    assert "[fault injection] hang on rank 1 at step 2" in rank_sections(str(error)).get("1", ""), str(error)[-2000:]
-    assert elapsed < HANG_TIMEOUT_S + 30
-    assert processes_started_from(tmp_path) == []
+def test_a_hung_collective_is_ended_by_the_stall_timeout(tmp_path, monkeypatch, rank_start, record_property):
+    failed = launch_with_fault(tmp_path, monkeypatch, "hang@1:2", timeout_s=240, stall_timeout_s=STALL_S)
+    record_property("hang_seconds_to_fail", failed.elapsed)
+    assert f"no new step for {STALL_S} s after step 1" in failed.error.summary, failed.error.summary
+    sections = rank_sections(str(failed.error))
+    assert "[fault injection] hang on rank 1 at step 2" in sections.get("1", ""), str(failed.error)[-2000:]
+    assert failed.last_step_at is not None
+    ended_after = failed.elapsed - failed.last_step_at
+    record_property("hang_seconds_from_last_step_to_fail", ended_after)
+    # The stall limit, plus end_run's GRACE_S for torchrun to close its ranks, plus a margin.
+    assert STALL_S <= ended_after < STALL_S + GRACE_S + 10
+    assert_none_left(failed.watch, rank_start)
 
 
-def test_non_finite_loss_names_the_step_and_last_good_loss(tmp_path, monkeypatch, record_property):
-    error, _ = launch_with_fault(tmp_path, monkeypatch, "nan@0:3", timeout_s=240)
+def test_non_finite_loss_names_the_step_and_last_good_loss(tmp_path, monkeypatch, rank_start, record_property):
+    failed = launch_with_fault(tmp_path, monkeypatch, "nan@0:3", timeout_s=240)
+    error = failed.error
     record_property("non_finite_summary", error.summary)
     # torchtitan 0.3.0 Trainer.train_step raises this on every rank (global_avg_loss is a SUM reduction).
     raised = "RuntimeError: Loss is not finite (global_avg_loss=nan) at step 3"
@@ -116,4 +138,4 @@ def test_non_finite_loss_names_the_step_and_last_good_loss(tmp_path, monkeypatch
     assert "loss became non-finite (nan) at step 3" in error.summary
     assert "last good loss" in error.summary and "at step 2" in error.summary
     assert [s["step"] for s in error.result.steps] == [1, 2]
-    assert processes_started_from(tmp_path) == []
+    assert_none_left(failed.watch, rank_start)

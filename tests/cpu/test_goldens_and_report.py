@@ -45,7 +45,12 @@ def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
             if g.lane not in goldens.CLAIM_LANES:
                 continue
             assert "value" not in raw[key], f"{path}: {key}"
-            assert g.value == CLAIMS[g.claim].value and g.reason, f"{path}: {key}"
+            # (its value is CLAIMS[claim] by construction: goldens.load); it must name the claim it stands for
+            if g.lane == "published":
+                assert key == g.claim, f"{path}: {key} judges the claim {g.claim!r}"
+            else:
+                assert key.startswith(g.claim + "_"), f"{path}: proxy {key} stands for {g.claim!r}: name it after it"
+            assert g.reason, f"{path}: {key}"
             if g.lane == "published":
                 assert path.stem == "trn2", f"{path}: {key}: published numbers are judged only where the tutorial ran"
             seen.add(g.claim)
@@ -133,10 +138,29 @@ def test_make_goldens_lists_changes_and_writes_only_when_accepted(tmp_path, monk
         "  new      r/t c = 3.0",
     ]
     assert path.read_text() == before
-    goldens.apply_changes(changes)
+    goldens.apply_changes(changes, proposals)
     _, values = goldens.load("r", "t")
     assert (values["a"].value, values["b"].value, values["c"].value) == (1.5, 2.25, 3.0)
     assert values["b"].reason == "deterministic" and values["c"].reason == "new one"
+
+
+def test_update_writes_only_what_this_run_measured(tmp_path, monkeypatch):
+    """The file's environment speaks for every exact value in it: a value this run did not measure is not re-stamped."""
+    monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
+    (tmp_path / "r").mkdir()
+    elsewhere = {**goldens.environment_metadata(), "lock_sha256": "another lock"}
+    path = write(tmp_path / "r" / "t.json", {"a": ENTRY, "b": {**ENTRY, "value": 2.0}}, elsewhere)
+    before = path.read_text()
+    with pytest.raises(goldens.GoldenError, match=r"\['a'\] were not measured in this run .* differs \(lock_sha256\)"):
+        goldens.update_exact("r", "t", {"b": 2.25}, {})
+    assert path.read_text() == before
+    # The run measured a too (unchanged): both now stand for this environment.
+    goldens.update_exact("r", "t", {"b": 2.25}, {}, unchanged=["a"])
+    metadata, values = goldens.load("r", "t")
+    assert (metadata, values["a"].value, values["b"].value) == (goldens.environment_metadata(), 1.5, 2.25)
+    # Recorded here already: a value changed alone leaves the others' environment true.
+    goldens.update_exact("r", "t", {"b": 2.5}, {})
+    assert goldens.load("r", "t")[1]["b"].value == 2.5
 
 
 def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -236,3 +260,11 @@ def test_workflows_parse_and_call_the_readme_commands():
     for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.ci require-ran", "harness.ci trend"):
         assert needed in nightly_steps, needed
     assert "make test" in (REPO_ROOT / ".ci/run").read_text()
+
+
+def test_the_golden_fixture_refuses_a_tier_other_than_the_one_under_test(golden):
+    """A cpu test cannot judge (or record) a trn2 golden, even one whose value it would match."""
+    from harness.published import CLAIMS
+
+    with pytest.raises(pytest.fail.Exception, match=r"in a cpu test .* only its own tier's goldens \('cpu'\)"):
+        golden("native_qwen3", "trn2", "step1_loss_hf", CLAIMS["step1_loss_hf"].value)

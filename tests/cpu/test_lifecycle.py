@@ -6,13 +6,15 @@ parent the way a CI cancel (SIGTERM) or the OOM killer (SIGKILL) would, and then
 watch /proc until no process of the run is left. The bound they assert is the
 launcher's: ``GRACE_S`` for torchrun to close its ranks, plus a margin for the
 kernel's parent-death signals and process exit on a loaded 2-core machine.
+Each runs on both ways ranks start (the ``rank_start`` fixture), and "no process
+left" counts only once a watch of the run (tests/cpu/run_watch.py) has seen the
+launcher, torchrun and every rank alive.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
@@ -23,32 +25,12 @@ import pytest
 
 from harness import report
 from harness.launch import GRACE_S
-from recipes.tiers import FIXTURES, REPO_ROOT
+from recipes.tiers import FIXTURES, RANK_START_ENV, REPO_ROOT
+from run_watch import RunWatch, describe, run_roles
 
 
 #: Seconds from the signal to the last process of the run gone (GRACE_S + margin).
 NO_ORPHANS_WITHIN_S = GRACE_S + 20
-
-
-def processes_of(run_root: Path) -> list[int]:
-    """Live (non-zombie) processes whose command line or environment names ``run_root``.
-
-    The launcher and torchrun name it on their command lines; harness.launch.elastic, its
-    forkserver and the ranks forked from it carry it in their environment (RUN_DIR_ENV).
-    """
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if (str(run_root) in cmdline or str(run_root) in environ) and state != "Z":
-            found.append(int(pid))
-    return found
 
 
 def start_long_run(report_dir: Path) -> subprocess.Popen:
@@ -73,25 +55,20 @@ def wait_for_training(report_dir: Path, parent: subprocess.Popen, timeout_s: flo
     pytest.fail(f"no training step within {timeout_s} s: {parent.communicate()}")
 
 
-def seconds_until_gone(run_root: Path, limit_s: float) -> float:
-    started = time.monotonic()
-    while processes_of(run_root) and time.monotonic() - started < limit_s:
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
-def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, record_property):
+def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, rank_start, record_property):
     report_dir = tmp_path / "report"
-    parent = start_long_run(report_dir)
-    wait_for_training(report_dir, parent)
-    assert len(processes_of(report_dir)) >= 4, "the launcher, torchrun (harness.launch.elastic) and two ranks should be running"
-    signalled = time.monotonic()
-    parent.send_signal(signal.SIGTERM)
-    out, err = parent.communicate(timeout=NO_ORPHANS_WITHIN_S + 30)
-    gone_after = seconds_until_gone(report_dir, NO_ORPHANS_WITHIN_S)
+    with RunWatch(report_dir) as watch:
+        parent = start_long_run(report_dir)
+        wait_for_training(report_dir, parent)
+        watch.wait_for(30, **run_roles(rank_start))
+        signalled = time.monotonic()
+        parent.send_signal(signal.SIGTERM)
+        out, err = parent.communicate(timeout=NO_ORPHANS_WITHIN_S + 30)
+        gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
     record_property("sigterm_seconds_to_parent_exit", time.monotonic() - signalled)
     record_property("sigterm_seconds_to_no_process", gone_after)
-    assert processes_of(report_dir) == [], "torchrun or a rank outlived a SIGTERMed launcher"
+    left = watch.kill_left()
+    assert left == [], f"torchrun or a rank outlived a SIGTERMed launcher: {describe(left)}"
     assert parent.returncode == 128 + signal.SIGTERM, (parent.returncode, err[-2000:])
     assert "INTERRUPTED by SIGTERM" in err, err[-2000:]
     runs = json.loads((report_dir / report.RESULTS_JSON).read_text())["runs"]
@@ -100,33 +77,20 @@ def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, record_proper
     record_property("sigterm_steps_kept", len(runs[0]["losses"]))
 
 
-def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, record_property):
+def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, rank_start, record_property):
     """The OOM killer's case: no handler runs; the kernel's parent-death signals end torchrun, then its ranks."""
     report_dir = tmp_path / "report"
-    parent = start_long_run(report_dir)
-    wait_for_training(report_dir, parent)
-    children = processes_of(report_dir)
-    assert len(children) >= 4, "the launcher, torchrun (harness.launch.elastic) and two ranks should be running"
-    parent.kill()
-    parent.communicate(timeout=30)
-    gone_after = seconds_until_gone(report_dir, NO_ORPHANS_WITHIN_S)
+    with RunWatch(report_dir) as watch:
+        parent = start_long_run(report_dir)
+        wait_for_training(report_dir, parent)
+        watch.wait_for(30, **run_roles(rank_start))
+        parent.kill()
+        parent.communicate(timeout=30)
+        gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
     record_property("sigkill_seconds_to_no_process", gone_after)
-    left = processes_of(report_dir)
-    for pid in left:  # never leave them to the rest of the suite
-        os.kill(pid, signal.SIGKILL)
-    assert left == [], f"{len(left)} process(es) of the run outlived a SIGKILLed launcher"
+    left = watch.kill_left()  # never leave them to the rest of the suite
+    assert left == [], f"{len(left)} process(es) of the run outlived a SIGKILLed launcher: {describe(left)}"
     assert gone_after < NO_ORPHANS_WITHIN_S
-
-
-def forkserver_of(run_root: Path) -> int | None:
-    """The pid of the run's prestarted forkserver (multiprocessing's, started by harness.launch.elastic), once it exists."""
-    for pid in processes_of(run_root):
-        try:
-            if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
-        except OSError:
-            continue
-    return None
 
 
 #: Seconds from SIGKILL of the launcher, while its prestarted forkserver still imports, to no process left:
@@ -134,41 +98,57 @@ def forkserver_of(run_root: Path) -> int | None:
 NO_ORPHANS_WHILE_CHECKING_S = 5
 
 
-def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, record_property):
-    """Killed before its run is checked, the launcher leaves neither harness.launch.elastic nor its importing forkserver."""
+def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, monkeypatch, record_property):
+    """Killed before its run is checked, the launcher leaves neither harness.launch.elastic nor its importing forkserver.
+
+    "preloaded" only: an "exec" launcher starts nothing before its checks pass (the refusal
+    tests below see, on that path, no process of the run but the launcher).
+    """
+    monkeypatch.setenv(RANK_START_ENV, "preloaded")
     report_dir = tmp_path / "report"
-    parent = start_long_run(report_dir)
-    deadline = time.monotonic() + 120
-    while forkserver_of(report_dir) is None:
-        assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
-        time.sleep(0.05)
-    assert not report_dir.exists(), "the checks had already passed: this test needs the launcher still checking"
-    parent.kill()
-    parent.communicate(timeout=30)
-    gone_after = seconds_until_gone(report_dir, NO_ORPHANS_WITHIN_S)
+    with RunWatch(report_dir) as watch:
+        parent = start_long_run(report_dir)
+        deadline = time.monotonic() + 120
+        while watch.most["forkserver"] < 1:
+            assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
+            time.sleep(0.05)
+        watch.saw(launcher=1, torchrun=1, forkserver=1)
+        assert not report_dir.exists(), "the checks had already passed: this test needs the launcher still checking"
+        parent.kill()
+        parent.communicate(timeout=30)
+        gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
     record_property("sigkill_while_checking_seconds_to_no_process", gone_after)
-    left = processes_of(report_dir)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert left == [], f"{len(left)} process(es) outlived a launcher killed during its checks"
+    left = watch.kill_left()
+    assert left == [], f"{len(left)} process(es) outlived a launcher killed during its checks: {describe(left)}"
     assert gone_after < NO_ORPHANS_WHILE_CHECKING_S, f"the forkserver outlived its parent by {gone_after:.1f} s"
 
 
-def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path):
+def assert_refused_before_any_rank(watch: RunWatch, rank_start: str) -> None:
+    """The launcher was seen; no rank ever was (nor, on "exec", anything else); nothing is left."""
+    watch.saw(launcher=1)
+    allowed = {"launcher"} | ({"torchrun", "forkserver", "other"} if rank_start == "preloaded" else set())
+    started = {role for role in watch.roles.values()} - allowed
+    assert not started, f"a refused run started {sorted(started)} ({watch.summary()})"
+    left = watch.kill_left()
+    assert left == [], f"the prestarted harness.launch.elastic (or its forkserver) outlived the refusal: {describe(left)}"
+
+
+def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path, rank_start):
     report_dir = tmp_path / "report"
     started = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "all", "--tier", "cpu", "--report-dir", str(report_dir),
-         "--training.stepz", "3"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    with RunWatch(report_dir) as watch:
+        out = subprocess.run(
+            [sys.executable, "-m", "harness", "run", "all", "--tier", "cpu", "--report-dir", str(report_dir),
+             "--training.stepz", "3"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, out.stderr
     assert "--training.stepz" in errors[0] and "--training.steps" in errors[0], errors[0]
     assert "Traceback" not in out.stderr and "╭" not in out.stderr, "tyro's box is turned into one line"
     assert not report_dir.exists(), "nothing may start or be written"
-    assert processes_of(report_dir) == [], "the prestarted harness.launch.elastic (or its forkserver) outlived the refusal"
+    assert_refused_before_any_rank(watch, rank_start)
     assert time.perf_counter() - started < 120
 
 
@@ -185,8 +165,8 @@ def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
 
 def test_goldens_are_judged_on_what_the_config_really_holds():
     """``--training.seq_len 64`` through torchtitan's CLI is not the default launch: no golden applies."""
-    from harness.__main__ import golden_key
     from harness.config import as_configured
+    from harness.verdicts import golden_key
     from harness.options import RunOptions
     from harness.checks import preflight
     from harness.config import build_config
@@ -200,23 +180,25 @@ def test_goldens_are_judged_on_what_the_config_really_holds():
     assert golden_key(seeded) is None
 
 
-def test_a_malformed_line_deep_in_the_dataset_is_refused_with_file_and_line(tmp_path):
+def test_a_malformed_line_deep_in_the_dataset_is_refused_with_file_and_line(tmp_path, rank_start):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     good = (FIXTURES / "corpus" / "train.jsonl").read_text().splitlines()[:50]
     (corpus / "train.jsonl").write_text("\n".join(good[:37] + ["null-ish {not json"] + good[37:]) + "\n")
     report_dir = tmp_path / "report"
-    out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
-         "--dataset-dir", str(corpus), "--report-dir", str(report_dir)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    with RunWatch(report_dir) as watch:
+        out = subprocess.run(
+            [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
+             "--dataset-dir", str(corpus), "--report-dir", str(report_dir)],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, out.stderr
     assert f"{corpus / 'train.jsonl'}:38: not JSON" in errors[0], errors[0]
     assert '{"text": "..."}' in errors[0]
     assert not report_dir.exists()
+    assert_refused_before_any_rank(watch, rank_start)
 
 
 def _add_runs(report_dir: str, writer: int, count: int) -> None:

@@ -382,8 +382,8 @@ def test_every_environment_variable_in_the_readme_is_read_by_the_suite():
     """Each QWEN3_* / NEURON_* name in README is a string in recipes/, a conftest or tests/neuron/requires.py, or $NAME in scripts/."""
     named = set(re.findall(r"\b((?:QWEN3|NEURON)_[A-Z0-9_]+)\b", README.read_text()))
     assert TRN2_ENV <= named, f"README does not document {sorted(TRN2_ENV - named)}"
-    python = [*(REPO_ROOT / "recipes").rglob("*.py"), REPO_ROOT / "conftest.py", REPO_ROOT / "tests/neuron/conftest.py",
-              REPO_ROOT / "tests/neuron/requires.py"]  # fmt: skip
+    python = [*(REPO_ROOT / "recipes").rglob("*.py"), *(REPO_ROOT / "harness").rglob("*.py"), REPO_ROOT / "conftest.py",
+              REPO_ROOT / "tests/neuron/conftest.py", REPO_ROOT / "tests/neuron/requires.py"]  # fmt: skip
     python_text = "\n".join(path.read_text() for path in python)
     shell_text = "\n".join(path.read_text() for path in (REPO_ROOT / "scripts").glob("*.sh"))
     unread = sorted(

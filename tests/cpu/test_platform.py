@@ -294,6 +294,10 @@ def test_pytest_configure_gives_each_xdist_worker_its_slice(fake_neuron_ls, monk
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
     monkeypatch.setattr(neuron, "device_nodes", lambda: [f"/dev/neuron{i}" for i in range(16)])
+    monkeypatch.setattr(pytestconfig.option, "markexpr", "cpu")
+    root_conftest.pytest_configure(pytestconfig)
+    assert "NEURON_RT_VISIBLE_CORES" not in os.environ, "a cpu-tier session holds no NeuronCore"
+    monkeypatch.setattr(pytestconfig.option, "markexpr", "neuron")
     root_conftest.pytest_configure(pytestconfig)
     assert os.environ["NEURON_RT_VISIBLE_CORES"] == "48-63"
 

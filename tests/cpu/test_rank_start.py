@@ -14,7 +14,7 @@ from harness.launch import launch
 from harness.options import RunOptions
 from harness.checks import preflight
 from recipes.tiers import CPU, TIERS
-from test_lifecycle import processes_of
+from run_watch import RunWatch, describe
 
 
 def test_exec_ranks_train_bitwise_like_the_preloaded_ones(native_random_run, tmp_path, monkeypatch, record_property):
@@ -34,13 +34,17 @@ def test_exec_ranks_train_bitwise_like_the_preloaded_ones(native_random_run, tmp
     assert exec_run.losses == native_random_run["losses"], "the two start paths trained differently"
 
 
-def test_a_refused_run_leaves_no_prestarted_process(tmp_path):
+def test_a_refused_run_leaves_no_prestarted_process(tmp_path, monkeypatch):
     """``python -m harness run`` prestarts harness.launch.elastic before its checks; a refusal ends it, rank-less."""
     from harness.__main__ import main
 
+    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="preloaded"))
     report_dir = tmp_path / "report"
-    code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])
+    with RunWatch(report_dir) as watch:
+        code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])
     assert code == 2
-    assert processes_of(report_dir) == [], "the prestarted harness.launch.elastic (or its forkserver) outlived a refusal"
+    watch.saw(torchrun=1)  # harness.launch.elastic was prestarted (this process is the launcher)
+    assert watch.most["rank"] == 0, f"a refused run started a rank ({watch.summary()})"
+    left = watch.kill_left()
+    assert left == [], f"the prestarted harness.launch.elastic (or its forkserver) outlived a refusal: {describe(left)}"
     assert not report_dir.exists(), "a refused run wrote something"
-

@@ -224,9 +224,87 @@ def test_a_logger_the_metrics_processor_no_longer_sets_is_named():
     assert "assignment self.logger in torchtitan.components.metrics.MetricsProcessor.logger" in out.stdout
 
 
+def test_a_tyro_without_parse_error_hooks_is_a_finding_not_a_failure():
+    """tyro < 1.0.14 has no tyro._errors.on_parse_error: refused options keep tyro's own message (harness.config.titan_cli)."""
+    out = titan_check("import tyro._errors as m; del m.on_parse_error", "--tier", "trn2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    tyro_version = importlib.metadata.version("tyro")
+    assert f"absent   tyro._errors.on_parse_error: tyro {tyro_version} has no tyro._errors.on_parse_error: " in out.stdout
+    assert "needed by harness/config/titan_cli.py" in out.stdout
+
+
 def test_every_required_name_has_a_suite_file_that_needs_it():
     """A declaration nothing uses is stale: the check could only ever refuse a fork for it."""
     from harness import titan_check as check
 
     unused = [e.qualified for e in titan.NAMES if e.required and not check.users(e)]
     assert unused == []
+
+
+# --- hooks are replaced only through recipes.titan.wrap_hook, which checks them on the rank (issue 26) ---------
+
+
+def test_a_hook_the_built_object_lacks_is_named_with_the_file_that_wraps_it():
+    with pytest.raises(titan.TitanNameError) as e:
+        titan.hook(object(), "Trainer.batch_generator")
+    assert str(e.value).startswith(f"torchtitan {VERSION} has no batch_generator on the built object, which the suite "
+                                   "needs for recording step 1's batches for the host reference")  # fmt: skip
+    assert str(e.value).endswith("; the hook is wrapped by harness/reference.py")
+    with pytest.raises(AttributeError, match="'Trainer' is no hook of recipes.titan.NAMES"):
+        titan.hook(object(), "Trainer")
+
+
+#: A torchtitan whose Trainer lacks a hook, or no longer calls it: what the rank must say.
+RANK_HIDE = {
+    "removed": (
+        "del m.Trainer.batch_generator",
+        f"torchtitan {VERSION} has no torchtitan.trainer.Trainer.batch_generator, which the suite needs for "
+        "recording step 1's batches for the host reference",
+    ),
+    # Before wrap_hook this rank ended 0 with no step-1 record: the reference loss silently None.
+    "no longer called": (
+        "m.Trainer.train = lambda self: None",
+        f"torchtitan {VERSION} has no read of self.batch_generator in torchtitan.trainer.Trainer.train "
+        "(a hook it no longer calls)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANK_HIDE))
+def test_a_rank_whose_trainer_lacks_a_hook_refuses_naming_it(case, tmp_path):
+    """The launcher's names check is passed (run.json written first), then the hook goes: the rank itself refuses."""
+    hide, expected = RANK_HIDE[case]
+    run_dir = tmp_path / "run"
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from harness.launch import write_run_file
+        from harness.options import RunOptions
+        from harness.checks import preflight
+        opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="hf", steps=1, export=False))
+        write_run_file(RunOptions(**{{**vars(opts), "run_dir": {str(run_dir)!r}}}).resolved())
+        import torchtitan.trainer as m
+        {hide}
+        from harness.train import main
+        sys.exit(main(["--run-dir", {str(run_dir)!r}]))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("harness.train: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith(f"harness.train: error: {expected}"), errors[0]
+    assert errors[0].endswith("; the hook is wrapped by harness/reference.py"), errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not (run_dir / "first_batch").exists(), "no step may run"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -78,7 +78,7 @@ def test_without_a_record_the_expected_ref_is_named(tmp_path, monkeypatch):
 
 
 def test_the_report_versions_name_the_ref_and_commit(installed, tmp_path, monkeypatch):
-    from harness.report import versions
+    from harness.environment import versions
 
     _, sha, _ = installed
     assert versions()["torchtitan-neuron"] == describe(checkout_info())

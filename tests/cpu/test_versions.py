@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness import lockcheck
+from harness import environment as lockcheck
 
 
 def test_installed_packages_match_the_lock(record_property):

@@ -1,4 +1,9 @@
-"""Installed and imported packages vs the pinned requirements: name every package that drifted.
+"""The environment a run measured in: versions, the CPU's fingerprint, and the packages that drifted from the lock.
+
+One place for what every report, golden and benchmark records about the machine and its
+packages (the fingerprint), and for the lock check that names every package that drifted.
+
+The lock check:
 
 Two views, because they can disagree: the distributions ``importlib.metadata``
 lists (what pip installed), and the modules Python actually imports. A second
@@ -8,6 +13,9 @@ packages the recipes import directly, the import is checked too.
 """
 
 from __future__ import annotations
+
+import os
+import platform as _platform
 
 import importlib
 import importlib.util
@@ -138,3 +146,96 @@ def drift(path: Path) -> list[str]:
         elif not _matches(version, pin):
             problems.append(f"{name}: pinned {pin} in {path.name}, installed {version}")
     return problems + import_drift(path)
+
+
+# The fingerprint: what results.json, goldens and benchmarks record about this machine.
+
+VERSIONED_PACKAGES = (
+    "torch",
+    "torchtitan",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+    "datasets",
+    "torch-neuronx",
+    "neuronx-cc",
+    "nki",
+    "nkilib",
+)
+
+
+#: CPU flags that select which fp32 kernels torch, MKL and oneDNN run.
+KERNEL_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+#: Environment variables that override those kernel choices.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE", "DNNL_MAX_CPU_ISA")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for fingerprints, benchmarks and cost figures."""
+    return _cpuinfo().get("model name") or _platform.processor() or "unknown"
+
+
+def _blas() -> str:
+    """The BLAS / oneDNN builds torch was compiled with, from ``torch.__config__.show()``."""
+    import re
+
+    import torch
+
+    shown = torch.__config__.show()
+    found = [m.group(0) for m in re.finditer(r"(Math Kernel Library Version \S+|MKL-DNN v\S+|BLAS_INFO=\w+)", shown)]
+    return "; ".join(found) or "unknown"
+
+
+def cpu_fingerprint() -> dict:
+    """What decides the bits of an fp32 CPU result beyond package versions.
+
+    Two machines with the same capability name can still run different kernels
+    (MKL picks its code path per CPU model), so the model, the ISA flags, the BLAS
+    build and any kernel-selecting environment variable are all part of it.
+    """
+    import torch
+
+    info = _cpuinfo()
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": cpu_model(),
+        "isa": [f for f in KERNEL_ISA_FLAGS if f in flags],
+        "blas": _blas(),
+        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+    }
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages a result depends on (None: not installed)."""
+    found = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    found["torchtitan-neuron"] = torchtitan_neuron()
+    found["python"] = _platform.python_version()
+    found["machine"] = f"{_platform.machine()} {_platform.system()}"
+    return found
+
+
+def torchtitan_neuron() -> str | None:
+    """TorchTitan Neuron's ref and commit as scripts/neuron_venv.sh installed them; None where it did not."""
+    from recipes.platform.torchtitan_checkout import checkout_info, describe
+
+    info = checkout_info()
+    return describe(info) if info["installed"] else None

@@ -1,0 +1,136 @@
+"""Step-1 loss, explained: the run's own first batch scored by transformers on the host.
+
+A step-1 loss from loaded weights only says something when we know what those
+weights *should* score on that batch. Every run that loads weights (``--init hf``)
+records, on every rank, the batches its step 1 consumed (token ids, labels, the
+per-document positions torchtitan's loader hands RoPE), how the model attends
+(causal over the whole packed window, or per document), and the RoPE inverse
+frequencies the model really holds after init and checkpoint load. After the
+launch, the harness scores exactly those tokens with transformers'
+``AutoModelForCausalLM`` from the same weights directory, in fp32 on the host
+CPU, outside torchtitan and outside the device, averaged as torchtitan averages
+(every rank's token sum / the global valid-token count).
+
+The verdict compares the measured step-1 loss with that reference under a
+stated per-tier tolerance (:data:`TOLERANCES`). When the measured loss is above
+(or below) the reference by more than the tolerance, or a weights-loaded loss is
+implausible for a trained model (above :data:`PLAUSIBLE_FRACTION` × ln V), the
+diagnosis measures the suspects that are cheap to test on the host, each as its
+effect on the reference (:func:`diagnose`):
+
+* ``tokenizer``: the run's tokenizer (``hf_assets_path``) is not the weights'
+  own; the same text is re-packed with the model directory's tokenizer and scored.
+* ``rope_theta``: the run's RoPE theta is not config.json's; the batch is scored
+  with the run's theta.
+* ``inv_freq``: the RoPE inverse frequencies the run's model held are not what
+  its own theta gives (torchtitan issue 4783: the Transformers backend leaves
+  ``inv_freq`` as ``to_empty()`` memory); the batch is scored with the held ones.
+
+``python -m harness.reference RUN_DIR`` prints the check of one run;
+``python -m harness.reference cost`` measures what the reference costs per
+token and layer at the real 4B width on this CPU and extrapolates to a trn2
+global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+from harness.first_batch import (  # noqa: F401 -- the record's names, where the reference's users look for them
+    ATTENTIONS,
+    IGNORE_INDEX,
+    RECORD_DIR,
+    IncompleteRecord,
+    Record,
+    ReferenceError,
+    attention_of,
+    held_inv_freq,
+    install,
+    load_record,
+    write_rank_record,
+)
+from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolerances, ReferenceCheck
+from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
+from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
+from harness.reference.suspects import RunInfo, diagnose
+
+def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False) -> ReferenceCheck:
+    """Reference loss of ``record`` from ``run``'s weights, the verdict, and the diagnosis when needed."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    model = model if model is not None else load_reference_model(Path(run.model_dir))
+    loaded = time.perf_counter()
+    reference = batch_loss(model, record.batches, record.attention)
+    scored = time.perf_counter()
+    tolerance = tolerance or tolerance_for(run.tier, Path(run.model_dir), run.recipe)
+    result = ReferenceCheck(
+        measured=run.measured, reference=reference, tolerance=tolerance.value, tolerance_reason=tolerance.reason,
+        vocab_size=model.config.vocab_size, tokens=record.tokens, ranks=record.ranks, attention=record.attention,
+        model_dir=str(run.model_dir), kept_defects=list(record.kept_defects), judged=tolerance.measured,
+    )  # fmt: skip
+    if result.needs_diagnosis or always_diagnose:
+        result.suspects = diagnose(result, run, record, model)
+    result.cost = {
+        "load_s": loaded - started,
+        "score_s": scored - loaded,
+        "total_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_started,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+    return result
+
+
+def check_run_dir(
+    run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False,
+    model=None,
+) -> ReferenceCheck | None:
+    """The reference check of one run directory, or None when the run recorded no batch.
+
+    ``model``: a ``load_reference_model`` of the run's weights directory, to reuse across runs.
+    """
+    record = load_record(run_dir)
+    if record is None:
+        return None
+    run = RunInfo.from_run_dir(run_dir, allow_no_step=allow_no_step)
+    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose)
+
+
+def summary(result: ReferenceCheck) -> str:
+    text = (
+        f"step-1 loss {result.measured:.7g} vs reference {result.reference:.7g} (transformers fp32 on the host, "
+        f"{result.tokens} tokens of {result.ranks} rank(s)): Δ {result.difference:+.3g}, tolerance {result.tolerance:g}: "
+        f"{result.verdict}"
+    )
+    diagnosis = result.diagnosis()
+    return text + (f"\n  diagnosis: {diagnosis}" if diagnosis else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.reference", description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", help="a run directory, or 'cost'")
+    parser.add_argument("--diagnose", action="store_true", help="measure every suspect even when the verdict passes")
+    parser.add_argument("--config-dir", type=Path, help="cost: config.json to size the model from")
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args(argv)
+    if args.what == "cost":
+        from recipes.specs import QWEN3_4B_INSTRUCT_2507
+
+        from harness.reference.cost import measure_cost
+
+        print(json.dumps(measure_cost(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
+        return 0
+    result = check_run_dir(Path(args.what), always_diagnose=args.diagnose)
+    if result is None:
+        print(f"{args.what} recorded no first batch (random init, or TP/CP/PP > 1)", file=sys.stderr)
+        return 2
+    print(summary(result))
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m harness.reference RUN_DIR | cost``."""
+
+import sys
+
+from harness.reference import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""What the reference costs at the real 4B width on this CPU, measured, and extrapolated to a trn2 batch."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+from harness.reference.scoring import batch_loss
+
+#: A trn2 global batch at the tutorial's launch: 64 ranks × local batch 1 × 2048 tokens.
+TRN2_GLOBAL_ROWS = 64
+
+
+def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: int = 2048, threads: int | None = None) -> dict:
+    """Host CPU time and memory of the reference at the real width, measured, then extrapolated.
+
+    Random weights at ``layers`` depths: two depths separate the per-layer cost from the
+    fixed one (embedding, final norm, the 151,936-row head), so a 2048-token row of the
+    full model costs ``fixed + n_layers × per_layer``. CPU seconds, not wall time, are
+    the figure to scale (other processes on a shared machine stretch wall time).
+    The full model's fp32 size is counted on the meta device.
+    """
+    import gc
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from harness.environment import cpu_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    full = AutoConfig.from_pretrained(config_dir)
+    with torch.device("meta"):
+        full_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(full).parameters())
+    measured = {}
+    for n in layers:
+        config = AutoConfig.from_pretrained(config_dir)
+        config.num_hidden_layers = n
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:n]
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+        ids = torch.randint(0, config.vocab_size, (1, seq_len))
+        batch = {"input": ids, "positions": torch.arange(seq_len)[None], "labels": torch.roll(ids, -1, 1)}
+        batch_loss(model, [batch], "causal")  # warm-up
+        started, cpu = time.perf_counter(), time.process_time()
+        batch_loss(model, [batch], "causal")
+        measured[n] = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu}
+        del model
+        gc.collect()
+    a, b = layers[0], layers[-1]
+    per_layer = (measured[b]["cpu_s"] - measured[a]["cpu_s"]) / (b - a)
+    fixed = measured[a]["cpu_s"] - a * per_layer
+    per_row = fixed + full.num_hidden_layers * per_layer
+    return {
+        "config": str(config_dir),
+        "seq_len": seq_len,
+        "threads": torch.get_num_threads(),
+        "cpu_model": cpu_model(),
+        "by_layers": measured,
+        "per_row_fixed_cpu_s": fixed,
+        "per_row_per_layer_cpu_s": per_layer,
+        "full_layers": full.num_hidden_layers,
+        "per_row_full_model_cpu_s": per_row,
+        "trn2_global_batch_rows": TRN2_GLOBAL_ROWS,
+        "trn2_global_batch_cpu_hours": per_row * TRN2_GLOBAL_ROWS / 3600,
+        "full_model_params": full_params,
+        "full_model_fp32_gib": full_params * 4 / 2**30,
+        "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }

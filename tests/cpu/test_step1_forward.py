@@ -1,0 +1,40 @@
+"""The forward-only step-1 scorer (harness.step1_forward) gives the trainer's own step-1 loss, bit for bit.
+
+The 4B-width random-init proxies (test_native_qwen3.py, test_hf_backend.py) score their
+step 1 through it instead of training a step, so it must score what a launch's step 1
+scores: the same config, model, init, batch and loss arithmetic. Each case here is a
+real launch (``harness.launch.launch``, what ``python -m harness run`` starts) of one
+optimizer step, and the scorer in new processes on the same options. (A third case, 2 ranks
+of the MoE, is tests/cpu/test_export.py's nki_moe_initial_state.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.options import RunOptions
+from recipes.tiers import FIXTURES
+
+#: The recipes whose 4B-width proxies score through the scorer, on the tiny fixture, as the
+#: proxies run: one process, random init, nothing saved. Launched with ``steps=1``.
+CASES = {
+    "native_qwen3-random": dict(recipe="native_qwen3", init="random"),
+    "hf_backend-random": dict(recipe="hf_backend", init="random", model_dir=FIXTURES / "qwen3-tiny"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_forward_only_step1_loss_is_the_trainers_bitwise(case, recipe_run, tmp_path, record_property):
+    """Same fp32 ops in the same order (train_step's forward half, no_grad): equal, not close."""
+    from harness import step1_forward
+
+    options = dict(tier="cpu", nproc=1, steps=1, seed=0, export=False, **CASES[case])
+    trained = recipe_run(f"step1-{case}", **options)
+    scored = step1_forward.run(RunOptions(run_dir=tmp_path / "forward", **options))
+    record_property(f"{case}_trainer_step1_loss", trained["losses"][0])
+    record_property(f"{case}_forward_only_step1_loss", scored["loss"])
+    record_property(f"{case}_forward_only_wall_s", scored["wall_s"])
+    assert scored["global_valid_tokens"] == trained["seq_len"] * trained["local_batch_size"] * trained["nproc"]
+    assert scored["loss"] == trained["losses"][0], (
+        f"forward-only {scored['loss']!r} vs the trainer's step 1 {trained['losses'][0]!r}"
+    )
