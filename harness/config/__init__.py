@@ -51,8 +51,8 @@ def checked_config(opts: RunOptions, cli_overrides: list[str] = ()) -> tuple[Run
     """
     resolved = preflight(opts)
     config = build_config(resolved, cli_overrides)
+    check_config_paths(resolved, config)  # the files torchtitan options (--hf_assets_path, --dump_folder) moved to
     check_config(resolved, config)
-    check_config_paths(resolved, config)  # what torchtitan options (--hf_assets_path, --dump_folder) moved
     return resolved, config
 
 

@@ -57,6 +57,7 @@ from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolera
 from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
 from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
 from harness.reference.suspects import RunInfo, diagnose
+from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost  # noqa: F401 -- python -m harness.reference cost
 
 def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False) -> ReferenceCheck:
     """Reference loss of ``record`` from ``run``'s weights, the verdict, and the diagnosis when needed."""
@@ -119,8 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.what == "cost":
         from recipes.specs import QWEN3_4B_INSTRUCT_2507
-
-        from harness.reference.cost import measure_cost
 
         print(json.dumps(measure_cost(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
         return 0

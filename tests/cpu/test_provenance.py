@@ -12,7 +12,7 @@ from harness.options import RunOptions
 from harness.checks import preflight
 from harness.provenance import MismatchError, dataset_info, mismatches
 from recipes.tiers import FIXTURES
-from harness.config import build_config
+from harness.config import build_config, checked_config
 
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
@@ -20,7 +20,8 @@ BASELINE = dict(recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", 
 
 
 def build(**options):
-    return build_config(preflight(RunOptions(**options)))
+    """The config as the launcher checks it: every refusal before launch, then the build (harness.config.checked_config)."""
+    return checked_config(RunOptions(**options))[1]
 
 
 def permuted_tokenizer(directory):
@@ -86,8 +87,7 @@ def test_seq_len_above_max_position_embeddings_is_refused(tmp_path):
 def test_allowed_mismatch_is_a_warning_the_provenance_repeats(capsys):
     from harness import provenance
 
-    opts = preflight(RunOptions(init="hf", rope_theta=10000.0, allow_mismatch=["rope_theta"]))
-    config = build_config(opts)
+    opts, config = checked_config(RunOptions(init="hf", rope_theta=10000.0, allow_mismatch=["rope_theta"]))
     assert "warning: allowed mismatch rope_theta" in capsys.readouterr().err
     allowed = [m for m in mismatches(opts, config) if m.name in opts.allow_mismatch]
     record = provenance.provenance(opts, config, allowed)

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from harness import ci, history, report, speed
+from harness import ci, history, report
+from harness.launch import speed
 from recipes.tiers import REPO_ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from harness import environment as lockcheck
+from harness import environment
 
 
 def test_installed_packages_match_the_lock(record_property):
-    problems = lockcheck.drift(lockcheck.CPU_LOCK)
+    problems = environment.drift(environment.CPU_LOCK)
     record_property("lock_drift", problems)
     assert not problems, "installed packages drifted from requirements-lock.txt (run `make venv`):\n" + "\n".join(problems)
 
@@ -14,7 +14,7 @@ def test_installed_packages_match_the_lock(record_property):
 def test_drift_names_each_package(tmp_path):
     lock = tmp_path / "requirements-lock.txt"
     lock.write_text("torch==1.0.0 \\\n    --hash=sha256:00\nno-such-package-xyz==1.2\ntransformers==5.16.0\n")
-    problems = lockcheck.drift(lock)
+    problems = environment.drift(lock)
     assert any(p.startswith("torch: pinned 1.0.0") and "installed 2.14.0" in p for p in problems), problems
     assert "no-such-package-xyz: pinned 1.2 in requirements-lock.txt, not installed" in problems
     assert not any(p.startswith("transformers") for p in problems)
@@ -30,7 +30,7 @@ def test_a_shadowing_copy_on_pythonpath_is_named(tmp_path):
     fake = tmp_path / "shadow" / "transformers"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('__version__ = "9.9.9"\n')
-    code = "from harness import lockcheck\nprint('\\n'.join(lockcheck.drift(lockcheck.CPU_LOCK)))"
+    code = "from harness import environment\nprint('\\n'.join(environment.drift(environment.CPU_LOCK)))"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "shadow")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
