@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test neuron-venv test-neuron bench lock fixtures goldens bump clean
+.PHONY: venv repro test test-fast neuron-venv test-neuron bench lock fixtures goldens bump clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,11 @@ repro: venv
 # The cpu test tier, in parallel on every core.
 test: venv
 	$(PY) -m pytest -m cpu -n auto --dist loadgroup $(PYTEST_ARGS)
+
+# The everyday lane: every cpu test not marked slow (tiny sizes; every recipe's config, refusals, report
+# paths, one real launch of the main job). What it leaves to `make test`: README "Tests".
+test-fast: venv
+	$(PY) -m pytest -m "cpu and not slow" -n auto --dist loadgroup $(PYTEST_ARGS)
 
 # Figures, not tests: harness overhead, per-recipe step time/tokens/s/memory, suite wall time
 # (report/bench/*.json; several minutes). E.g. BENCH_ARGS="overhead --reps 6" or "recipes --tier trn2".

@@ -105,6 +105,7 @@ def test_unknown_tier(tmp_path):
     assert_refused(out, elapsed, tmp_path / "r", "'tpu'", "cpu, trn2")
 
 
+@pytest.mark.slow
 def test_trn2_tier_without_a_neuron_device(tmp_path):
     out, elapsed = run_main("native_qwen3", "--tier", "trn2", report_dir=tmp_path / "r", fresh_process=True)
     assert_refused(out, elapsed, tmp_path / "r", "--tier trn2", "no Neuron device", "--tier cpu")
@@ -241,6 +242,7 @@ def edit_config(model, **changes):
     ("native_qwen3", "qwen3_moe", "or run recipe hf_backend on it"),
     ("hf_backend", "llama", "point --model-dir at a Qwen3ForCausalLM or Qwen3MoeForCausalLM checkpoint"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_config_of_another_model_type(tmp_path, record_property, recipe, model_type, fix):
     """Seen failing: trained as dense Qwen3, scored on the host against the model config.json names:
     "reference ... Δ -0.879" (llama, both recipes), "Δ -6.38" (qwen3_moe), exit 1."""
@@ -261,6 +263,7 @@ def test_hf_backend_reads_config_json_with_random_init_too(tmp_path):
         preflight(RunOptions(recipe="hf_backend", init="random", model_dir=model))
 
 
+@pytest.mark.slow
 def test_architectures_that_disagree_with_model_type(tmp_path, record_property):
     """A dense model_type under a MoE architecture. Seen failing: ranks started and failed, then the
     launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
@@ -271,6 +274,7 @@ def test_architectures_that_disagree_with_model_type(tmp_path, record_property):
 
 
 @pytest.mark.parametrize("key", ["hidden_size", "vocab_size", "head_dim", "tie_word_embeddings", "rope_theta"])
+@pytest.mark.slow
 def test_config_without_a_key_the_model_is_built_from(tmp_path, record_property, key):
     """Seen failing: the run trained, then the host reference raised "RuntimeError: You set
     `ignore_mismatched_sizes` to `False`" (sizes: transformers' defaults) or, without tie_word_embeddings
@@ -281,6 +285,7 @@ def test_config_without_a_key_the_model_is_built_from(tmp_path, record_property,
     refused(tmp_path, record_property, (*HF, str(model)), config, f"has no {named}", "re-copy config.json")
 
 
+@pytest.mark.slow
 def test_config_size_given_as_a_string(tmp_path, record_property):
     """Seen failing: refused with the wrong fix "accept with --allow-mismatch hidden_size"."""
     model = copy_fixture(tmp_path)
@@ -291,6 +296,7 @@ def test_config_size_given_as_a_string(tmp_path, record_property):
 
 
 @pytest.mark.parametrize("text, problem", [('{"model_type": "qwen3",', "is not valid JSON"), ("[1, 2]", "holds a JSON list")])
+@pytest.mark.slow
 def test_config_that_is_not_a_json_object(tmp_path, record_property, text, problem):
     model = copy_fixture(tmp_path)
     (model / "config.json").write_text(text)
@@ -309,6 +315,7 @@ def test_truncated_tokenizer_json(tmp_path, record_property):
     (lambda text: text[:-40], "is not valid JSON"),
     (lambda text: json.dumps({**json.loads(text), "eos_token": 5}), "eos_token is 5"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_invalid_tokenizer_config(tmp_path, record_property, change, problem):
     """Seen failing: ranks started and raised in torchtitan's tokenizer ("[rank1]: json.decoder.JSONDecodeError"),
     then the launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
@@ -318,6 +325,7 @@ def test_invalid_tokenizer_config(tmp_path, record_property, change, problem):
     refused(tmp_path, record_property, (*HF, str(model)), path, problem, "re-copy")
 
 
+@pytest.mark.slow
 def test_tokenizer_moved_by_a_torchtitan_option(tmp_path, record_property):
     """``--hf_assets_path`` reaches the config after the run's own paths are checked.
 
@@ -357,6 +365,7 @@ def test_sharded_weights_with_their_index_pass(tmp_path):
     assert sum(map(len, headers.values())) == 24  # every tensor of the 2-layer fixture, tied head dropped
 
 
+@pytest.mark.slow
 def test_index_naming_a_missing_shard(tmp_path, record_property):
     """Seen failing: refused as "has no tensor 'model.layers.1...' ... point --model-dir at weights of this
     model", naming neither the index nor the missing shard."""
@@ -366,6 +375,7 @@ def test_index_naming_a_missing_shard(tmp_path, record_property):
             "names shard model-00002-of-00002.safetensors", "copy the missing shard")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_shard_names_without_a_number(tmp_path, record_property):
     """torchtitan numbers shards by their names. Seen failing: "AttributeError: 'NoneType' object has no
     attribute 'group'" traceback (torchtitan's StateDictAdapter), exit 1."""
@@ -374,6 +384,7 @@ def test_shard_names_without_a_number(tmp_path, record_property):
             "holds no number", "rename the shard")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_shards_without_their_index(tmp_path, record_property):
     """Seen failing: trained, then the host reference was "not computed" (transformers found no
     model.safetensors), exit 1."""
@@ -383,6 +394,7 @@ def test_shards_without_their_index(tmp_path, record_property):
             "restore the model.safetensors.index.json")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_truncated_safetensors_header(tmp_path, record_property):
     model = copy_fixture(tmp_path)
     weights = model / "model.safetensors"
@@ -390,6 +402,7 @@ def test_truncated_safetensors_header(tmp_path, record_property):
     refused(tmp_path, record_property, (*HF, str(model)), weights, "corrupt safetensors header", "re-download")
 
 
+@pytest.mark.slow
 def test_model_dir_that_is_a_file(tmp_path, record_property):
     """Seen failing: "does not exist or is not a directory", no fix."""
     weights = FIXTURE_DIR / "model.safetensors"
@@ -397,6 +410,7 @@ def test_model_dir_that_is_a_file(tmp_path, record_property):
             "point it at a Hugging Face model directory")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_empty_dataset_dir(tmp_path, record_property):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -404,6 +418,7 @@ def test_empty_dataset_dir(tmp_path, record_property):
     refused(tmp_path, record_property, args, corpus, "holds no *.jsonl or *.json data files", "put the corpus there")
 
 
+@pytest.mark.slow
 def test_dataset_dir_that_is_a_file(tmp_path, record_property):
     """Seen failing: refused with "does not exist" for a file that exists."""
     data = FIXTURES / "corpus" / "train.jsonl"
@@ -411,6 +426,7 @@ def test_dataset_dir_that_is_a_file(tmp_path, record_property):
     refused(tmp_path, record_property, args, data, "is a file, not a directory", f"(e.g. {data.parent})")
 
 
+@pytest.mark.slow
 def test_jsonl_without_text_through_the_cli(tmp_path, record_property):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -419,6 +435,7 @@ def test_jsonl_without_text_through_the_cli(tmp_path, record_property):
     refused(tmp_path, record_property, args, corpus / "train.jsonl", 'no non-empty "text"', '{"text": "..."}')
 
 
+@pytest.mark.slow
 def test_dataset_dir_where_datasets_would_read_other_files(tmp_path, record_property):
     """datasets reads the most common extension only. Seen failing: trained on the two .txt lines, the
     jsonl unread, and the verdict was a reference mismatch; exit 1."""
@@ -431,6 +448,7 @@ def test_dataset_dir_where_datasets_would_read_other_files(tmp_path, record_prop
     refused(tmp_path, record_property, args, corpus, "as text files (notes.txt, todo.txt)", "move those files out")
 
 
+@pytest.mark.slow
 def test_dataset_dir_without_a_train_split(tmp_path, record_property):
     """A file named test.jsonl is datasets' test split. Seen failing: ranks started and failed, then the
     launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
@@ -450,6 +468,7 @@ def test_report_dir_that_is_a_file(tmp_path, record_property):
     assert report.read_text() == "not a directory"
 
 
+@pytest.mark.slow
 def test_runs_dir_inside_the_report_dir_that_is_a_file(tmp_path, record_property):
     """Seen failing: a NotADirectoryError traceback, exit 1."""
     report = tmp_path / "report"
@@ -476,6 +495,7 @@ def unwritable_dir(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_report_dir_that_is_not_writable(tmp_path, record_property):
     """Seen failing: a FileNotFoundError traceback from mkdir, exit 1."""
     parent = unwritable_dir(tmp_path)
@@ -485,6 +505,7 @@ def test_report_dir_that_is_not_writable(tmp_path, record_property):
 
 
 @pytest.mark.parametrize("kind", ["file", "unwritable"])
+@pytest.mark.slow
 def test_export_dir_that_cannot_be_written(tmp_path, record_property, kind):
     """Seen failing: refused without a fix ("exists and is not a directory"); unwritable: trained, then
     the export failed on rank 0, exit 1."""

@@ -34,6 +34,7 @@ def test_the_tiers_name_their_compile_backends():
     assert (CPU.compile_backend, TRN2.compile_backend) == ("inductor", "neuron")
 
 
+@pytest.mark.slow
 def test_compile_enabled_on_trn2_compiles_with_the_neuron_backend(tmp_path):
     out = dry_run(tmp_path, "--compile.enable")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -64,6 +64,7 @@ def test_trn2_config_functions_refuse_in_one_line_without_a_device(module, funct
     assert "\n" not in str(refusal.value)
 
 
+@pytest.mark.slow
 def test_torchtitan_train_runs_config_2_to_the_golden_step1_loss(tmp_path, record_property):
     """torchtitan's own entry, no harness launcher or rank entry: the same step-1 loss as the golden."""
     from benchmarks.common import run_titan_train

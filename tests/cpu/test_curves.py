@@ -104,6 +104,7 @@ CURVES = {
 
 
 @pytest.mark.parametrize("recipe", CURVES)
+@pytest.mark.slow
 def test_100_step_curve_matches_its_golden(recipe, recipe_run, golden, record_property):
     make, portable_rtol, reason = CURVES[recipe]
     run = make(recipe_run)
@@ -143,6 +144,7 @@ def test_same_batch_corpora_put_the_same_sequences_in_each_global_batch(shared_d
         assert docs_one[4 * step : 4 * step + 4] == rank0 + rank1, step
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_give_the_same_curve(same_batch, record_property):
     one, two = same_batch[1], same_batch[2]
     assert (one["nproc"], one["local_batch_size"], two["nproc"], two["local_batch_size"]) == (1, 4, 2, 2)
@@ -198,6 +200,7 @@ def test_backend_follows_native_until_the_lr_schedules_part(native, backend, rec
     assert found["first_step_beyond_tolerance"] == SAME_SCHEDULE_STEPS + 1, found
 
 
+@pytest.mark.slow
 def test_backend_with_natives_lr_schedule_gives_the_native_curve(native, recipe_run, record_property):
     aligned = curve_runs.hf_backend_native_schedule(recipe_run)
     diffs = differences(native["losses"], aligned["losses"])

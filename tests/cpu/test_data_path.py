@@ -212,6 +212,7 @@ def test_transformers_loss_on_first_batch_equals_step1_golden(batches, hf_model,
     assert measured == pytest.approx(golden, abs=STEP1_ATOL)
 
 
+@pytest.mark.slow
 def test_transformers_loss_on_first_batch_equals_live_step1(batches, hf_model, native_hf_run, record_property):
     """The same against this session's 2-rank run, so the pin holds wherever the golden is stale."""
     opts = recipe_options()

@@ -151,6 +151,7 @@ def test_native_hf_init_is_refused_without_the_theta_mismatch_allowed(refusals):
 # --- the nightly without a chip (issue 24 points 4, 5, 9, 12) -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_dry_run_checks_the_torchtitan_names_first(all_recipes):
     proc, report_dir = all_recipes
     first = proc.stdout.splitlines()[0]

@@ -139,6 +139,7 @@ EXPORTING_RUNS = {
 
 
 @pytest.mark.parametrize("case", EXPORTING_RUNS)
+@pytest.mark.slow
 def test_export_holds_the_trained_weights(case, request, record_property):
     """Every exported tensor is bit for bit what rank 0 held after the last step, and training
     moved at least one away from the weights it started from (an export of those would fail)."""

@@ -79,6 +79,7 @@ def test_rank_sections_split_the_failure_message():
     assert rank_sections(message) == {"0": "\nzero\n", "1": "\none"}
 
 
+@pytest.mark.slow
 def test_a_raising_rank_shows_its_own_exception(tmp_path, rank_start, record_property):
     """Both ranks fail torchtitan's batch check; each one's own traceback reaches the failure."""
     failed = launch_failing(tmp_path, ["--training.local_batch_size", "0"], steps=1, timeout_s=300)
@@ -96,6 +97,7 @@ def test_a_raising_rank_shows_its_own_exception(tmp_path, rank_start, record_pro
     assert_none_left(failed.watch, rank_start)
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(tmp_path, monkeypatch, rank_start, record_property):
     failed = launch_with_fault(tmp_path, monkeypatch, "die@1:2", timeout_s=240)
     record_property("rank_death_seconds_to_fail", failed.elapsed)
@@ -113,6 +115,7 @@ def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(tmp_path, mon
 STALL_S = 10
 
 
+@pytest.mark.slow
 def test_a_hung_collective_is_ended_by_the_stall_timeout(tmp_path, monkeypatch, rank_start, record_property):
     failed = launch_with_fault(tmp_path, monkeypatch, "hang@1:2", timeout_s=240, stall_timeout_s=STALL_S)
     record_property("hang_seconds_to_fail", failed.elapsed)
@@ -127,6 +130,7 @@ def test_a_hung_collective_is_ended_by_the_stall_timeout(tmp_path, monkeypatch, 
     assert_none_left(failed.watch, rank_start)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_names_the_step_and_last_good_loss(tmp_path, monkeypatch, rank_start, record_property):
     failed = launch_with_fault(tmp_path, monkeypatch, "nan@0:3", timeout_s=240)
     error = failed.error

@@ -172,6 +172,7 @@ def _differing_files(a: Path, b: Path) -> list[str]:
     return [n for n in names if not (a / n).exists() or not (b / n).exists() or _sha256(a / n) != _sha256(b / n)]
 
 
+@pytest.mark.slow
 def test_dense_checkpoint_rebuilds_deterministically(tmp_path, record_property):
     """~45 s per rebuild. The build is bitwise reproducible here, and it is what shipped.
 

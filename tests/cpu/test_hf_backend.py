@@ -245,6 +245,7 @@ def test_step1_loss_matches_native_recipe(hf_run, native_hf_run, record_property
     assert backend == pytest.approx(native, abs=STEP1_VS_NATIVE_ATOL)
 
 
+@pytest.mark.slow
 def test_step1_loss_is_far_below_random_init(hf_run, random_init_probe, record_property):
     pretrained, random = hf_run["losses"][0], random_init_probe["losses"][0]
     record_property("hf_backend_step1_loss_random", random)
@@ -310,6 +311,7 @@ def tied_geometry(dense_tokens) -> dict:
     return {"cosine": cosine, "untied_ce": untied_ce, "d": hf.config.hidden_size, "V": hf.config.vocab_size}
 
 
+@pytest.mark.slow
 def test_random_init_step1_loss_is_explained_from_first_principles(
     tied_geometry, random_init_probe, hf_backend_random_run, record_property
 ):
@@ -350,6 +352,7 @@ def test_random_init_step1_loss_is_explained_from_first_principles(
 
 
 @pytest.mark.xdist_group("real-4b-width")  # one worker runs both real-width proxies: none waits on the lock
+@pytest.mark.slow
 def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_init_proxy, golden, record_property):
     """A cpu PROXY of config 1's published random-init loss 12.43: near it, not a reproduction of it.
 
@@ -388,10 +391,12 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     golden("hf_backend", "cpu", "step1_loss_random_4b_width", result["loss"])
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_losses_in_new_processes(hf_run, hf_rerun):
     assert hf_rerun["losses"] == hf_run["losses"]
 
 
+@pytest.mark.slow
 def test_tied_embeddings_stay_tied(random_init_probe, hf_run, native_hf_run):
     """One tensor after the trainer's build and after an optimizer step; trains as the tied native model."""
     assert random_init_probe["tied_after_build"] and random_init_probe["tied_after_step"], random_init_probe
@@ -529,6 +534,7 @@ def test_non_qwen3_architecture_is_refused(tmp_path):
         preflight(hf_options(model_dir=tmp_path, init="random"))
 
 
+@pytest.mark.slow
 def test_refusal_happens_before_any_rank_starts(tmp_path):
     """``python -m harness run hf_backend`` exits 2 with one message and launches nothing."""
     report_dir = tmp_path / "report"

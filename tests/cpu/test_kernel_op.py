@@ -85,6 +85,7 @@ def stand_in_torch_neuronx(tmp_path) -> str:
     return "import torch_neuronx  # as recipes.platform.neuron.install does, before any model is built"
 
 
+@pytest.mark.slow
 def test_on_cpu_the_op_is_a_torch_custom_op_defined_on_first_use(tmp_path):
     result = probe(tmp_path)
     assert result["defined_at_import"] is False, "importing recipes must define no op (and import no torch_neuronx)"
@@ -95,6 +96,7 @@ def test_on_cpu_the_op_is_a_torch_custom_op_defined_on_first_use(tmp_path):
     assert result["refusal"].startswith(f"qwen3_trn_repro::rope_hf was defined as {CUSTOM_OP}")
 
 
+@pytest.mark.slow
 def test_where_torch_neuronx_is_loaded_the_op_is_its_nki_op_and_computes_the_same(tmp_path, stand_in_torch_neuronx):
     on_cpu = probe(tmp_path)
     with_neuronx = probe(tmp_path, preload=stand_in_torch_neuronx)

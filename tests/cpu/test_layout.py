@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import ast
 
 from recipes.tiers import REPO_ROOT
@@ -42,6 +44,7 @@ def test_the_check_finds_an_import_of_the_harness(tmp_path):
     assert found == ["harness.options"]
 
 
+@pytest.mark.slow
 def test_torchtitan_entry_builds_a_recipe_without_importing_the_harness():
     """In a fresh interpreter, the way ``torchtitan.train --module recipes.native_qwen3`` loads it."""
     import subprocess

@@ -55,6 +55,7 @@ def wait_for_training(report_dir: Path, parent: subprocess.Popen, timeout_s: flo
     pytest.fail(f"no training step within {timeout_s} s: {parent.communicate()}")
 
 
+@pytest.mark.slow
 def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, rank_start, record_property):
     report_dir = tmp_path / "report"
     with RunWatch(report_dir) as watch:
@@ -77,6 +78,7 @@ def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, rank_start, r
     record_property("sigterm_steps_kept", len(runs[0]["losses"]))
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, rank_start, record_property):
     """The OOM killer's case: no handler runs; the kernel's parent-death signals end torchrun, then its ranks."""
     report_dir = tmp_path / "report"
@@ -133,6 +135,7 @@ def assert_refused_before_any_rank(watch: RunWatch, rank_start: str) -> None:
     assert left == [], f"the prestarted harness.launch.elastic (or its forkserver) outlived the refusal: {describe(left)}"
 
 
+@pytest.mark.slow
 def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path, rank_start):
     report_dir = tmp_path / "report"
     started = time.perf_counter()
@@ -180,6 +183,7 @@ def test_goldens_are_judged_on_what_the_config_really_holds():
     assert golden_key(seeded) is None
 
 
+@pytest.mark.slow
 def test_a_malformed_line_deep_in_the_dataset_is_refused_with_file_and_line(tmp_path, rank_start):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -7,6 +7,8 @@ one-document sequences, so one launch serves both claims.
 
 from __future__ import annotations
 
+import pytest
+
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +24,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_match_one_node_with_two_processes(tmp_path, recipe_run, shared_dir, record_property):
     one_node = curve_runs.same_batch_run(recipe_run, shared_dir, nproc=2)
     options = {**curve_runs.same_batch_options(shared_dir, nproc=2), "nproc": 1}

@@ -29,6 +29,7 @@ def test_pretrained_step1_loss_matches_golden(native_hf_run, golden):
     )
 
 
+@pytest.mark.slow
 def test_pretrained_step1_loss_is_far_below_random_init(native_hf_run, native_random_run, record_property):
     pretrained, random = native_hf_run["losses"][0], native_random_run["losses"][0]
     record_property("native_step1_loss_hf", pretrained)
@@ -112,6 +113,7 @@ WIDTH_4B, VOCAB_4B = 2560, 151936
 
 
 @pytest.mark.xdist_group("real-4b-width")  # one worker runs both real-width proxies: none waits on the lock
+@pytest.mark.slow
 def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_init_proxy, golden, record_property):
     """A cpu PROXY of the tutorial's random-init step-1 loss 12.43: near it, not a reproduction of it.
 
@@ -147,6 +149,7 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     golden("native_qwen3", "cpu", "step1_loss_random_4b_width", result["loss"])
 
 
+@pytest.mark.slow
 def test_same_seed_gives_bitwise_identical_losses(recipe_run, record_property):
     runs = [
         recipe_run(f"native-determinism-{i}", recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", seed=7)

@@ -247,6 +247,7 @@ def _alive(pid: int) -> bool:
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_the_child_and_what_it_started(contract, bodies, tmp_path):
     pid_file = tmp_path / "pids"
     with pytest.raises(pytest.fail.Exception, match="did not finish in 5 s"):

@@ -168,6 +168,7 @@ def qwen3_nki_moe_config(flavor, *, n_layers, num_experts, top_k):
 '''
 
 
+@pytest.mark.slow
 def test_config3_is_built_from_the_forks_function_when_it_exists_and_every_difference_is_listed(tmp_path):
     package = tmp_path / "torchtitan_neuron" / "models" / "qwen3"
     package.mkdir(parents=True)

@@ -60,6 +60,7 @@ def test_shrunk_moe_trains_on_two_processes(recipe_run, golden, record_property)
     assert losses[-1] < losses[0], losses
 
 
+@pytest.mark.slow
 def test_rope_override_on_some_layers_leaves_training_bitwise_identical(recipe_run, record_property):
     """The custom-op RoPE is CosSinRoPE's exact twin: swapping it in changes no loss bit."""
     common = dict(recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", seed=7)
@@ -82,6 +83,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("seq_len", [200, 384])
+@pytest.mark.slow
 def test_seq_len_guard_refuses_before_training(tmp_path, seq_len):
     out = run_cli(
         "nki_moe", "--tier", "cpu", "--seq-len", str(seq_len), "--override", "rope_hf",

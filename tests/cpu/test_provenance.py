@@ -129,6 +129,7 @@ def test_provenance_fields_for_the_other_recipes(recipe, init):
     assert record["data"]["seq_len"] == 256
 
 
+@pytest.mark.slow
 def test_wrong_tokenizer_and_wrong_rope_theta_raise_the_step1_loss(recipe_run, tmp_path_factory, record_property):
     """What the checks protect against, measured: both mismatches make the same weights score worse."""
     own = recipe_run("native-determinism-1", **BASELINE)["losses"][0]

@@ -8,6 +8,8 @@ is the only real exec launch of the cpu tier, so trn2's start path stays exercis
 
 from __future__ import annotations
 
+import pytest
+
 import dataclasses
 
 from harness.launch import launch
@@ -17,6 +19,7 @@ from recipes.tiers import CPU, TIERS
 from run_watch import RunWatch, describe
 
 
+@pytest.mark.slow
 def test_exec_ranks_train_bitwise_like_the_preloaded_ones(native_random_run, tmp_path, monkeypatch, record_property):
     assert CPU.rank_start == "preloaded"
     monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="exec"))

@@ -317,6 +317,7 @@ def test_implausibility_bound_is_half_ln_v(healthy):
 # --- end to end: a fault through a real launch, the main job's verdict and report ------------------------
 
 
+@pytest.mark.slow
 def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch, record_property):
     """The trn2 as-published lane in miniature: QWEN3_HF_KEEP_DEFECTS=inv_freq reaches every rank.
 
@@ -341,6 +342,7 @@ def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch
         assert inv.reference_with_fault == pytest.approx(result.measured, abs=CPU_TOL)
 
 
+@pytest.mark.slow
 def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     report_dir = tmp_path / "report"
     out = subprocess.run(

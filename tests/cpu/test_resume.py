@@ -66,6 +66,7 @@ def resumed(recipe_run, stopped):
     return recipe_run("resume-from-25", cli_overrides=full_resume_overrides(checkpoint), **NATIVE)
 
 
+@pytest.mark.slow
 def test_a_run_stopped_at_50_is_the_first_50_steps(uninterrupted, stopped, record_property):
     """Stopping changes nothing before the stop, when the LR schedule still spans all 100 steps.
 
@@ -79,6 +80,7 @@ def test_a_run_stopped_at_50_is_the_first_50_steps(uninterrupted, stopped, recor
     assert (saved / f"step-{STOP}" / "model.safetensors.index.json").is_file()  # the HF export
 
 
+@pytest.mark.slow
 def test_resumed_steps_equal_the_uninterrupted_runs_bitwise(uninterrupted, resumed, record_property):
     """Every state comes back. Resuming without the optimizer's (``--checkpoint.exclude_from_loading
     optimizer``) gives the same step 26 and then 0.013 apart at step 27, up to 0.086."""
@@ -91,6 +93,7 @@ def test_resumed_steps_equal_the_uninterrupted_runs_bitwise(uninterrupted, resum
     assert final[0] == final[1] and final[0]
 
 
+@pytest.mark.slow
 def test_resume_from_the_hf_export_gives_the_checkpoints_next_step_loss(recipe_run, uninterrupted, stopped, record_property):
     """Weights only, from either format: same next-step loss.
 

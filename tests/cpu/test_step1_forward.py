@@ -24,6 +24,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
 def test_forward_only_step1_loss_is_the_trainers_bitwise(case, recipe_run, tmp_path, record_property):
     """Same fp32 ops in the same order (train_step's forward half, no_grad): equal, not close."""
     from harness import step1_forward

@@ -25,6 +25,7 @@ VERSION = importlib.metadata.version("torchtitan")
 ALL_TAGS = {tag for entry in titan.NAMES for tag in entry.used_by}
 
 
+@pytest.mark.slow
 def test_the_pinned_torchtitan_has_every_declared_name():
     """A canary for the cpu pin: a lock bump that drops a name fails here, naming it.
 
@@ -96,6 +97,7 @@ def test_run_tags_follow_recipe_tier_and_overrides():
     assert "rope_hf" in titan.run_tags("native_qwen3", ["rope_hf=layers.1.attention.rope"], "cpu")
 
 
+@pytest.mark.slow
 def test_a_recipe_imports_only_the_kernel_modules_it_uses():
     """native_qwen3 imports no kernel module; with --override rope_hf, only rope's (never grouped_experts')."""
     code = textwrap.dedent(
@@ -141,6 +143,7 @@ HIDE = {
 
 
 @pytest.mark.parametrize("case", sorted(HIDE))
+@pytest.mark.slow
 def test_run_refuses_in_one_line_before_any_rank(case, tmp_path):
     hide, args, missing, purpose = HIDE[case]
     report_dir = tmp_path / "report"
@@ -172,6 +175,7 @@ def titan_check(hide: str, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_names_check_passes_on_the_pinned_torchtitan_and_reports_the_forks_config3_absent():
     out = titan_check("", "--tier", "cpu")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -182,6 +186,7 @@ def test_the_names_check_passes_on_the_pinned_torchtitan_and_reports_the_forks_c
     assert "MISSING" not in out.stdout
 
 
+@pytest.mark.slow
 def test_the_names_check_names_a_name_upstream_removed_with_the_file_that_needs_it():
     """HuggingFaceTextDataLoader left upstream main on 2026-08-19 (pytorch/torchtitan 1b04fc1c3): a fork based
     after that lacks it, and the check lists it with its purpose and recipes/tutorial.py, then exits 1."""
@@ -197,6 +202,7 @@ def test_the_names_check_names_a_name_upstream_removed_with_the_file_that_needs_
     assert any(x.lstrip().startswith("MISSING  torchtitan.trainer.Trainer:") for x in lines)
 
 
+@pytest.mark.slow
 def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
     """A fork whose Trainer.train fetches batches another way would leave harness/reference.py's wrapper uncalled
     (no step-1 record, no reference): a named failure, not a silent None."""
@@ -212,6 +218,7 @@ def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
     assert "needed by harness/reference.py" in out.stdout and "needed by harness/faults.py" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_logger_the_metrics_processor_no_longer_sets_is_named():
     hide = (
         "import torchtitan.components.metrics as m\n"
@@ -224,6 +231,7 @@ def test_a_logger_the_metrics_processor_no_longer_sets_is_named():
     assert "assignment self.logger in torchtitan.components.metrics.MetricsProcessor.logger" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_tyro_without_parse_error_hooks_is_a_finding_not_a_failure():
     """tyro < 1.0.14 has no tyro._errors.on_parse_error: refused options keep tyro's own message (harness.config.titan_cli)."""
     out = titan_check("import tyro._errors as m; del m.on_parse_error", "--tier", "trn2")
@@ -271,6 +279,7 @@ RANK_HIDE = {
 
 
 @pytest.mark.parametrize("case", sorted(RANK_HIDE))
+@pytest.mark.slow
 def test_a_rank_whose_trainer_lacks_a_hook_refuses_naming_it(case, tmp_path):
     """The launcher's names check is passed (run.json written first), then the hook goes: the rank itself refuses."""
     hide, expected = RANK_HIDE[case]

@@ -96,6 +96,7 @@ def _dry_run(report_dir: Path, **env: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_trn2_dry_run_shows_the_checkout_it_would_run(installed, tmp_path):
     _, sha, record = installed
     out = _dry_run(tmp_path / "report", **{RECORD_ENV: str(record)})
@@ -105,6 +106,7 @@ def test_the_trn2_dry_run_shows_the_checkout_it_would_run(installed, tmp_path):
     assert (result["torchtitan_neuron"]["commit"], result["torchtitan_neuron"]["ref"]) == (sha, "release-2.33")
 
 
+@pytest.mark.slow
 def test_the_trn2_dry_run_without_an_install_says_so(tmp_path):
     out = _dry_run(tmp_path / "report", **{RECORD_ENV: str(tmp_path / "absent.json")})
     assert out.returncode == 0, out.stdout + out.stderr
