@@ -38,15 +38,30 @@ def test_exec_ranks_train_bitwise_like_the_preloaded_ones(native_random_run, tmp
 
 
 def test_a_refused_run_leaves_no_prestarted_process(tmp_path, monkeypatch):
-    """``python -m harness run`` prestarts harness.launch.elastic before its checks; a refusal ends it, rank-less."""
+    """``python -m harness run`` prestarts harness.launch.elastic before its checks; a refusal ends it, rank-less.
+
+    The prestarted process is seen alive through the launcher's own ``prestart`` (its Popen,
+    observed, not replaced): a refusal from the options alone can end it within one sample of
+    the process watch, so the watch only proves that no rank started and nothing is left.
+    """
+    import harness.launch
     from harness.__main__ import main
 
     monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="preloaded"))
+    real_prestart, started = harness.launch.prestart, []
+
+    def observed_prestart(opts):
+        prestarted = real_prestart(opts)
+        started.append((prestarted, prestarted is not None and prestarted.proc.poll() is None))
+        return prestarted
+
+    monkeypatch.setattr(harness.launch, "prestart", observed_prestart)
     report_dir = tmp_path / "report"
     with RunWatch(report_dir) as watch:
         code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])
     assert code == 2
-    watch.saw(torchrun=1)  # harness.launch.elastic was prestarted (this process is the launcher)
+    assert started and started[0][1], "harness.launch.elastic was not prestarted (alive) before the checks"
+    assert started[0][0].proc.poll() is not None, "the prestarted harness.launch.elastic outlived a refusal"
     assert watch.most["rank"] == 0, f"a refused run started a rank ({watch.summary()})"
     left = watch.kill_left()
     assert left == [], f"the prestarted harness.launch.elastic (or its forkserver) outlived a refusal: {describe(left)}"
