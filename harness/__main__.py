@@ -84,9 +84,22 @@ def _full_width_random_init(args, recipe: str = "native_qwen3") -> RunOptions:
         init="random",
         seed=args.seed,
         run_dir=args.report_dir / "runs" / f"{recipe}-cpu-random-4B-width-{stamp}",
+        threads=one_rank_threads(),
         **paths,
         **FULL_WIDTH_RANDOM_INIT,
     )
+
+
+def one_rank_threads() -> int:
+    """Threads for the main job's one-rank full-width runs: every core this process may use.
+
+    The main job runs its launches one after another, so a one-rank launch has the machine
+    to itself (torchrun's and the cpu tier's OMP_NUM_THREADS=1 would leave the other cores
+    idle through a 4B-width matmul). Under pytest-xdist its workers already share the cores: one.
+    """
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return 1
+    return len(os.sched_getaffinity(0))
 
 
 def import_for_the_report(runs: list[RunOptions]) -> threading.Thread:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Annotated
 
 import tyro
 
+from harness.run_dir import RUN_FILE
 from recipes.tiers import REPO_ROOT, TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
 
@@ -79,6 +81,11 @@ class RunOptions:
     overwrite: bool = False
     #: Save the final HF export (``last_save_in_hf``); measurement-only runs skip the write.
     export: bool = True
+    #: Score step 1 forward-only (``harness.step1_forward``) instead of training: a step-1 loss is a
+    #: forward pass before any update. The main job's full-width random-init runs; one step, no export.
+    forward_only: tyro.conf.Suppress[bool] = False
+    #: Threads per rank (OMP_NUM_THREADS); None: the tier's (cpu: 1, so that ranks and xdist workers share the cores).
+    threads: tyro.conf.Suppress[int | None] = None
 
     @property
     def tier_preset(self) -> Tier:
@@ -202,3 +209,30 @@ def apply_run_options(config, opts: RunOptions):
     config.checkpoint.interval = opts.steps
     config.checkpoint.load_only = not opts.export
     return config
+
+
+def read_run_options(run_dir: Path) -> RunOptions:
+    """The resolved options the launcher wrote to ``run_dir/run.json``, with this launch's own world.
+
+    Under torchrun the launch itself says how many processes and nodes there are.
+    """
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        from recipes.errors import RecipeError
+
+        raise RecipeError(
+            f"{path} does not exist: harness.train runs the options `python -m harness run` resolved and wrote there; "
+            "start runs with `python -m harness run` (or torchtitan's own entry: `-m torchtitan.train --module "
+            "recipes.<recipe> --config <recipe>_<tier>`)"
+        )
+    opts = RunOptions.from_json(path.read_text())
+    if "LOCAL_WORLD_SIZE" not in os.environ:
+        return opts
+    nproc = int(os.environ["LOCAL_WORLD_SIZE"])
+    return replace(
+        opts,
+        nproc=nproc,
+        nnodes=int(os.environ["WORLD_SIZE"]) // nproc,
+        node_rank=int(os.environ.get("GROUP_RANK", "0")),
+        rdzv_endpoint=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+    )

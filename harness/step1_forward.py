@@ -134,25 +134,33 @@ def forward_loss(trainer, batches) -> tuple[float, int]:
 
 def score(config, initial_state: Path | None = None) -> Step1Score:
     """Build ``config``'s trainer, load as ``Trainer.train`` does, and score its first batch forward-only."""
+    started = time.perf_counter()
+    trainer = config.build()
+    try:
+        return score_built(trainer, config, started, initial_state)
+    finally:
+        trainer.close()
+
+
+def score_built(trainer, config, started: float, initial_state: Path | None = None) -> Step1Score:
+    """Load ``trainer``'s checkpoint as ``Trainer.train`` does, then score its first batch forward-only.
+
+    ``started``: ``time.perf_counter()`` before the trainer was built (``build_s`` counts from it).
+    """
     import torch
 
     from harness.provenance import built_dims
 
-    started = time.perf_counter()
-    trainer = config.build()
-    try:
-        parameters = sum(p.numel() for p in trainer.model_parts[0].parameters())
-        trainer.checkpointer.load(step=config.checkpoint.load_step)
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        if initial_state is not None:
-            from harness.export import record_final_state
+    parameters = sum(p.numel() for p in trainer.model_parts[0].parameters())
+    trainer.checkpointer.load(step=config.checkpoint.load_step)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if initial_state is not None:
+        from harness.export import record_final_state
 
-            record_final_state(trainer, initial_state, rank)
-        built = time.perf_counter()
-        loss, tokens = forward_loss(trainer, first_batches(trainer))
-        scored = time.perf_counter()
-    finally:
-        trainer.close()
+        record_final_state(trainer, initial_state, rank)
+    built = time.perf_counter()
+    loss, tokens = forward_loss(trainer, first_batches(trainer))
+    scored = time.perf_counter()
     return Step1Score(
         loss=loss,
         global_valid_tokens=tokens,
@@ -164,6 +172,28 @@ def score(config, initial_state: Path | None = None) -> Step1Score:
         cpu_s=time.process_time(),
         max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     )
+
+
+def step_record(result: Step1Score, started: float) -> dict:
+    """``result`` as a ``steps.jsonl`` line (``harness.train.StepRecorder``'s keys), for a forward-only run.
+
+    What a forward pass does not measure (gradient norm, TFLOPS) is None; the step time
+    and tokens/s are the forward's own, marked by ``forward_only``.
+    """
+    return {
+        "step": 1,
+        "loss": result.loss,
+        "grad_norm": None,
+        "tokens_per_s": result.global_valid_tokens / result.ranks / result.score_s if result.score_s > 0 else None,
+        "step_time_s": result.score_s,
+        "max_reserved_gib": result.max_rss_gib,
+        "tflops": None,
+        "mfu_pct": None,
+        "wall_s": time.perf_counter() - started,
+        "unix_s": time.time(),
+        "forward_only": True,
+        "global_valid_tokens": result.global_valid_tokens,
+    }
 
 
 def single_process_env() -> None:
@@ -186,7 +216,7 @@ def rank_main(argv: list[str]) -> int:
     args, cli_overrides = parser.parse_known_args(argv)
 
     from harness.config import build_config
-    from harness.train import read_run_options
+    from harness.options import read_run_options
     from recipes import platform
     from recipes.errors import RecipeError
 

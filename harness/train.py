@@ -12,7 +12,6 @@ config, exactly as with ``torchtitan.train``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -20,8 +19,8 @@ import time
 from pathlib import Path
 
 from harness.launch.child import RANK_DEATH_SIGNAL, die_with_parent
-from harness.options import RunOptions
-from harness.run_dir import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
+from harness.options import RunOptions, read_run_options
+from harness.run_dir import PROVENANCE_FILE, STEPS_FILE
 
 
 
@@ -62,7 +61,9 @@ def write_provenance(opts: RunOptions, config, path: Path) -> None:
     from harness import provenance
 
     allowed = [m for m in provenance.mismatches(opts, config) if m.name in opts.allow_mismatch]
-    record = {**provenance.provenance(opts, config, allowed), "rank_start": RANK_START}
+    import torch
+
+    record = {**provenance.provenance(opts, config, allowed), "rank_start": RANK_START, "threads": torch.get_num_threads()}
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
@@ -83,6 +84,17 @@ def record_steps(trainer, path: Path) -> None:
         return loggers
 
     titan.wrap_hook(trainer.metrics_processor, "MetricsProcessor.logger", beside)
+
+
+def score_step1(trainer, config, run_dir: Path | None) -> None:
+    """Step 1 forward-only (``harness.step1_forward``, bitwise the trainer's step-1 loss), recorded as step 1."""
+    from harness import step1_forward
+
+    started = time.perf_counter()
+    record = step1_forward.step_record(step1_forward.score_built(trainer, config, started), started)
+    if run_dir is not None:
+        with (run_dir / STEPS_FILE).open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
@@ -108,7 +120,10 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
             write_provenance(opts, config, run_dir / PROVENANCE_FILE)
         faults.install(trainer, rank)
         first_batch.install(trainer, opts, run_dir, rank)  # --init hf: step 1's batches, for the host's reference loss
-        trainer.train()
+        if opts.forward_only:
+            score_step1(trainer, config, run_dir if rank == 0 else None)
+        else:
+            trainer.train()
         if opts.export:
             record_final_state(trainer, run_dir / FINAL_STATE_FILE, rank)
     finally:
@@ -156,33 +171,6 @@ def main(argv: list[str] | None = None) -> int:
 
     handler = _error_handler()
     return record(_main, error_handler=handler)(argv, handler)
-
-
-def read_run_options(run_dir: Path) -> RunOptions:
-    """The resolved options the launcher wrote to ``run_dir/run.json``, with this launch's own world.
-
-    Under torchrun the launch itself says how many processes and nodes there are.
-    """
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        from harness.checks import PreflightError
-
-        raise PreflightError(
-            f"{path} does not exist: harness.train runs the options `python -m harness run` resolved and wrote there; "
-            "start runs with `python -m harness run` (or torchtitan's own entry: `-m torchtitan.train --module "
-            "recipes.<recipe> --config <recipe>_<tier>`)"
-        )
-    opts = RunOptions.from_json(path.read_text())
-    if "LOCAL_WORLD_SIZE" not in os.environ:
-        return opts
-    nproc = int(os.environ["LOCAL_WORLD_SIZE"])
-    return dataclasses.replace(
-        opts,
-        nproc=nproc,
-        nnodes=int(os.environ["WORLD_SIZE"]) // nproc,
-        node_rank=int(os.environ.get("GROUP_RANK", "0")),
-        rdzv_endpoint=f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-    )
 
 
 def _main(argv: list[str] | None, errors) -> int:

@@ -90,10 +90,19 @@ def check_trn2_dataset(opts: RunOptions) -> None:
 
 
 def check_sizes(opts: RunOptions) -> None:
-    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers"):
+    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", "threads"):
         value = getattr(opts, name)
         if value is not None and value < 1:
             raise PreflightError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+
+
+def check_forward_only(opts: RunOptions) -> None:
+    """A forward-only run measures step 1's loss and nothing else: one step, nothing exported."""
+    if opts.forward_only and (opts.steps not in (None, 1) or opts.export):
+        raise PreflightError(
+            f"a forward-only run scores step 1 only, got steps={opts.steps} export={opts.export}; "
+            "set steps=1 and export=False, or forward_only=False to train"
+        )
 
 
 def check_mismatch_names(opts: RunOptions) -> None:
@@ -270,7 +279,7 @@ def check_torchtitan_names(opts: RunOptions) -> None:
 
 
 #: What can be checked from the options alone, on any machine (the dry run runs these too).
-OPTION_CHECKS = (check_names, check_sizes, check_nodes, check_mismatch_names, check_torchtitan_names)
+OPTION_CHECKS = (check_names, check_sizes, check_forward_only, check_nodes, check_mismatch_names, check_torchtitan_names)
 
 
 def preflight(opts: RunOptions) -> RunOptions:

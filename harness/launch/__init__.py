@@ -156,6 +156,8 @@ def child_env(opts: RunOptions) -> dict[str, str]:
     env = dict(os.environ)
     env.update(offline_env())
     env.update(opts.tier_preset.extra_env)
+    if opts.threads is not None:
+        env["OMP_NUM_THREADS"] = str(opts.threads)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return env
 

@@ -13,7 +13,7 @@ import pytest
 from harness.options import RunCommand, parse_run_command
 from harness.options import RunOptions, command_line, flag
 from harness.run_dir import RUN_FILE
-from harness.train import read_run_options
+from harness.options import read_run_options
 from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 
@@ -27,10 +27,20 @@ NON_DEFAULT = dict(
 )  # fmt: skip
 
 
+#: Fields the harness sets and the CLI does not expose (tyro.conf.Suppress): run.json carries them.
+HARNESS_SET = dict(forward_only=True, threads=2)
+
+
 def test_non_default_covers_every_cli_field():
     """The round trip below exercises every field the CLI exposes (run_dir is the harness's to name)."""
-    assert set(NON_DEFAULT) == {f.name for f in fields(RunOptions)} - {"run_dir"}
+    assert set(NON_DEFAULT) == {f.name for f in fields(RunOptions)} - {"run_dir", *HARNESS_SET}
     assert all(NON_DEFAULT[k] != getattr(RunOptions(), k) for k in NON_DEFAULT)
+    assert all(HARNESS_SET[k] != getattr(RunOptions(), k) for k in HARNESS_SET)
+
+
+def test_fields_the_harness_sets_survive_run_json():
+    opts = RunOptions(**NON_DEFAULT, **HARNESS_SET)
+    assert RunOptions.from_json(opts.to_json()) == opts
 
 
 def test_every_option_survives_the_cli_and_run_json():
@@ -48,7 +58,7 @@ def test_the_cli_has_one_flag_per_field_and_nothing_else():
     assert out.returncode == 0, out.stderr
     shown = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out.stdout)) - {"--help"}
     command_only = {"--report-dir", "--dry-run", "--no-dry-run"}
-    expected = {flag(f.name) for f in fields(RunOptions) if f.name not in ("recipe", "run_dir")}
+    expected = {flag(f.name) for f in fields(RunOptions) if f.name not in ("recipe", "run_dir", *HARNESS_SET)}
     expected |= {"--no-" + flag(name)[2:] for name in ("overwrite", "export")}
     # --model-dir etc. also appear inside help sentences; every shown flag must be a real one
     assert shown - command_only <= expected
@@ -101,3 +111,20 @@ def test_listing_into_a_pipe_that_closes_early_is_quiet():
     )  # fmt: skip
     assert out.stdout == "recipes:\n"
     assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("changes", [dict(steps=5, export=False), dict(steps=1, export=True)])
+def test_a_forward_only_run_that_would_train_or_export_is_refused(changes):
+    """Seen failing with check_forward_only left out of OPTION_CHECKS: preflight passed."""
+    from harness.checks import PreflightError, preflight
+
+    with pytest.raises(PreflightError, match=r"a forward-only run scores step 1 only") as refusal:
+        preflight(RunOptions(forward_only=True, **changes))
+    assert "\n" not in str(refusal.value)
+
+
+def test_threads_must_be_positive():
+    from harness.checks import PreflightError, preflight
+
+    with pytest.raises(PreflightError, match=r"--threads must be a positive integer, got 0"):
+        preflight(RunOptions(threads=0))
