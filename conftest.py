@@ -46,6 +46,10 @@ def pytest_configure(config):
     )
 
 
+#: Session fixtures that launch ranks (a shared run): a test that uses one, directly or through another
+#: fixture, is ``slow`` (left to ``make test`` by ``make test-fast``), whatever its own body costs.
+LAUNCHING_FIXTURES = frozenset({"recipe_run", "random_init_proxy"})
+
 #: The tier of every test, by the folder it lives in.
 TIER_FOLDERS = {"cpu": Path(__file__).parent / "tests" / "cpu", "neuron": Path(__file__).parent / "tests" / "neuron"}
 
@@ -64,6 +68,8 @@ def pytest_collection_modifyitems(config, items):
             bad.append(f"{item.nodeid}: in {tiers or 'no tier folder'}, marked {marked or 'nothing'}")
             continue
         item.add_marker(tiers[0])
+        if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
         if tiers == ["neuron"] and not item.get_closest_marker("timeout"):
             # pytest.ini's 900 s fits the cpu tier; a trn2 test may wait for a cold-cache launch.
             item.add_marker(pytest.mark.timeout(TRN2.launch_timeout_s + 600))

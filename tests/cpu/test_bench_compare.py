@@ -99,6 +99,7 @@ def test_the_reaper_counts_orphans_that_waiting_for_the_command_misses(tmp_path,
     time.sleep(1.0)  # let the naive run's orphan finish its 0.5 s before the next test
 
 
+@pytest.mark.slow
 def test_compare_runs_both_checkouts_alternately_and_reports_each_goal(repo, tmp_path, record_property):
     done = run_compare(repo, tmp_path, "--reps", "2", "--suite-reps", "2")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -43,6 +43,7 @@ def test_compile_enabled_on_trn2_compiles_with_the_neuron_backend(tmp_path):
     assert config["compile"]["backend"] == "neuron"
 
 
+@pytest.mark.slow
 def test_inductor_on_trn2_is_refused_before_launch_naming_the_backend(tmp_path):
     out = dry_run(tmp_path, "--compile.enable", "--compile.backend", "inductor")
     assert out.returncode == 2, out.stdout + out.stderr

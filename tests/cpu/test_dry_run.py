@@ -62,6 +62,7 @@ def test_every_planned_run_passes_and_starts_nothing(all_recipes):
 
 
 @pytest.mark.parametrize("name", ["native_qwen3-trn2-hf", "hf_backend-trn2-hf"])
+@pytest.mark.slow
 def test_4b_recipes_build_the_real_4b(all_recipes, name):
     result = report(all_recipes[1], name)
     model = result["model"]
@@ -129,6 +130,7 @@ def refusals(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return dry_run(report_dir, "native_qwen3", "--override", "rope_hf", "--seq-len", "384"), report_dir
 
 
+@pytest.mark.slow
 def test_rope_hf_override_is_checked_at_trn2_shapes(refusals):
     """seq_len 384 is a multiple of 128 but not of 128 x LNC 2: the trn2 launch would fail in the kernel."""
     proc, report_dir = refusals

@@ -231,6 +231,7 @@ def test_report_plugin_records_deprecation_warnings_under_xdist(tmp_path):
     assert "old_api() is deprecated" in (report / "tests.md").read_text()
 
 
+@pytest.mark.slow
 def test_zero_tests_guard_fails_when_every_neuron_test_skipped(tmp_path):
     report = tmp_path / "report"
     out = run_pytest("-m", "neuron", "tests/neuron", f"--report-dir={report}", "-q", cwd=REPO_ROOT)

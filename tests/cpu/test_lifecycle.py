@@ -212,6 +212,7 @@ def _add_runs(report_dir: str, writer: int, count: int) -> None:
         report.update(Path(report_dir), runs=[run])
 
 
+@pytest.mark.slow
 def test_concurrent_runs_into_one_report_dir_keep_every_run(tmp_path):
     """Four processes add 10 runs each to one report directory; all 40 are there."""
     context = multiprocessing.get_context("spawn")

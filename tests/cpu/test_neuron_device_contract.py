@@ -230,6 +230,7 @@ def test_a_failing_body_fails_the_test_with_the_childs_traceback(contract, bodie
         contract.on_neuron_cores(bodies.fails, timeout_s=120)
 
 
+@pytest.mark.slow
 def test_the_device_is_opened_in_the_child_only(contract, bodies):
     """On cpu the child cannot install the trn2 platform: the failure is the child's, the parent stays clean."""
     with pytest.raises(pytest.fail.Exception, match="asks_for_the_device on NeuronCores 0 failed"):

@@ -273,6 +273,7 @@ def test_a_venv_that_links_to_the_shared_venv_is_refused(tmp_path):
     assert f"{tmp_path / 'venv'} is a link to {dlami}" in out.stderr and f"rm {tmp_path / 'venv'}" in out.stderr
 
 
+@pytest.mark.slow
 def test_the_layered_venv_sees_the_prebuilt_packages_first_its_own(tmp_path):
     """The layering step for real (no pip install): a venv made by the script's layer_venv imports the base's module,
     its own site-packages come first, and the base venv is left untouched. A plain --system-site-packages venv
@@ -402,6 +403,7 @@ def test_readme_dlami_venv_is_the_one_the_script_and_nightly_use():
     assert nightly["jobs"]["neuron"]["env"]["NEURON_VENV"] == DLAMI_VENV
 
 
+@pytest.mark.slow
 def test_readme_command_lines_use_only_real_subcommands_and_flags():
     script = SCRIPT.read_text()
     for rest in readme_commands("scripts/neuron_venv.sh"):

@@ -127,6 +127,7 @@ def test_user_rope_hf_glob_on_config3_replaces_exactly_those_layers(record_prope
     assert sorted(used.values()) == [[0, 3], [1, 2]]
 
 
+@pytest.mark.slow
 def test_override_glob_matching_nothing_is_refused_before_any_rank(tmp_path):
     out = run_cli(
         "native_qwen3", "--tier", "cpu", "--init", "random",

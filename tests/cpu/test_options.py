@@ -103,6 +103,7 @@ def test_the_command_options_are_run_options_plus_the_commands_own():
     assert own == {"report_dir", "dry_run"}
 
 
+@pytest.mark.slow
 def test_listing_into_a_pipe_that_closes_early_is_quiet():
     """``python -m harness list | head -1``: the first line, no BrokenPipeError traceback."""
     out = subprocess.run(

@@ -202,6 +202,7 @@ def _build(config: Trainer.Config) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.slow
 def test_rope_override_model_logits_and_grads_exact(monkeypatch, record_property):
     """A 2-layer Qwen3 with rope_hf on layer 1 equals the stock model exactly."""
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
@@ -307,6 +308,7 @@ def test_block_layout_blocks_hold_one_expert_each():
     assert block_to_expert.flatten().tolist() == [0, 2, 2, 0, 0]
 
 
+@pytest.mark.slow
 def test_training_with_rope_hf_on_layers_10_to_19_is_bitwise_identical(record_property):
     """The tutorial's scoped override inside training: a 24-layer model, 3 AdamW steps, same losses."""
     from dataclasses import replace

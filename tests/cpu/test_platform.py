@@ -28,6 +28,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_canary_torchtitan_still_defaults_to_cuda_without_an_accelerator():
     """Upstream: tools.utils.get_device_info falls back to "cuda"; the shim sets "cpu"."""
     out = run_python("import torchtitan.tools.utils as u; print(u.device_type)")
@@ -35,6 +36,7 @@ def test_canary_torchtitan_still_defaults_to_cuda_without_an_accelerator():
     assert out.stdout.strip() == "cuda"
 
 
+@pytest.mark.slow
 def test_canary_gloo_still_rejects_premul_sum():
     """Upstream: FSDP2 reduce-scatters with PREMUL_SUM after divide factor 1.0; gloo lacks it."""
     out = run_python(
@@ -57,6 +59,7 @@ def test_canary_gloo_still_rejects_premul_sum():
     assert out.stdout.startswith("REJECTED RuntimeError Cannot use ReduceOp.PREMUL_SUM with Gloo"), out.stdout
 
 
+@pytest.mark.slow
 def test_shim_points_every_device_copy_at_cpu():
     out = run_python(
         """
@@ -80,6 +83,7 @@ def test_shim_points_every_device_copy_at_cpu():
         assert module in ("CpuDeviceModule", "-"), line
 
 
+@pytest.mark.slow
 def test_shim_forces_sum_reduction_when_divide_factor_is_set():
     out = run_python(
         """

@@ -184,6 +184,7 @@ def test_attention_is_read_from_the_model_the_run_built():
 
 
 @pytest.mark.parametrize("run_fixture", ["native_hf_run", "hf_backend_hf_run", "hf_backend_moe_run"])
+@pytest.mark.slow
 def test_reference_agrees_with_measured_step1(run_fixture, request, record_property):
     """transformers on the run's own batch, fp32 on the host == the run's step-1 loss, within the cpu tolerance."""
     run = request.getfixturevalue(run_fixture)
@@ -200,6 +201,7 @@ def test_reference_agrees_with_measured_step1(run_fixture, request, record_prope
         assert result.tolerance == CPU_TOL
 
 
+@pytest.mark.slow
 def test_cpu_tolerance_rejects_the_smallest_fault(healthy, reference_model, record_property):
     """The cpu tolerance is tight: a one-ulp-scale gap passes, the theta fault's effect is > 100× it."""
     run, record, result = healthy
@@ -263,6 +265,7 @@ def test_rope_theta_fault_is_named(reference_model, record_property):
 
 
 @pytest.mark.parametrize("left_as", [0.0, float("nan")], ids=["zeros", "nan"])
+@pytest.mark.slow
 def test_inv_freq_fault_is_named(left_as, monkeypatch, reference_model, record_property):
     """The backend with upstream's RoPE init (torchtitan issue 4783), to_empty() memory made deterministic."""
     monkeypatch.setenv("QWEN3_HF_KEEP_DEFECTS", "inv_freq")

@@ -49,6 +49,7 @@ def logged_run(tmp_path_factory):
     return result, log
 
 
+@pytest.mark.slow
 def test_each_step_has_a_wall_clock_end_and_the_run_its_time_to_the_first_step(logged_run, record_property):
     result, _ = logged_run
     ends = [s["unix_s"] for s in result.steps]
@@ -74,6 +75,7 @@ def test_speed_figures_are_the_steps_after_the_first(logged_run, record_property
     record_property("speed", s)
 
 
+@pytest.mark.slow
 def test_the_run_appended_its_record_to_the_runs_log(logged_run):
     result, log = logged_run
     (line,) = [json.loads(x) for x in log.read_text().splitlines()]
