@@ -128,7 +128,8 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     names = _recipe_names(args.recipe)
     plan = [opts for name in names for opts in _runs_for(args, name)]
     # A "preloaded" tier's first launcher starts now, before this process imports torch (preflight
-    # does): its forkserver's imports overlap this process's checks.
+    # does): its forkserver's imports overlap this process's checks. Preflight first would start
+    # nothing for a refusal from the options, but cost a good run 2.5-3.4 s to step 1 (issue 27, n=3).
     prestarted = prestart(plan[0]) if plan else None
     from harness.config import as_configured, checked_config
 

@@ -1,13 +1,27 @@
 """Bad input stops before any rank starts: one message naming the value and the fix, exit 2, nothing written.
 
-The first refusals call ``python -m harness``'s ``main`` in this process (the same code, without
-importing torch again for every case); ``fresh_process`` cases, and every case of the second half
-(each file a run reads, each directory it writes), run the real command line.
+Most cases call ``python -m harness``'s ``main`` in this process: the same code and the same checks,
+without a fresh interpreter importing torch and torchtitan (~2.5 s of CPU, 8-12 s of wall under a
+full ``make test``) for every case. In process the cpu tier starts its ranks "exec", so ``main``
+prestarts no harness.launch.elastic (its prestart and its cancel on a refusal are
+tests/cpu/test_rank_start.py's claim): the in-process cases start no process at all.
+
+Four cases run the real command line (``fresh_process=True``, the cpu tier as it ships, its
+elastic prestarted), each refusal at another stage, so the command line is seen to behave like
+``main``: its exit code 2, one stderr line, no traceback, nothing written and no process of the run
+left (watched from before the start):
+
+- ``test_unknown_recipe``: the earliest refusal (the recipe's name, before any file is read);
+- ``test_report_dir_that_is_a_file``: a refusal of a directory the run writes, the file left as it was;
+- ``test_runs_dir_inside_the_report_dir_that_is_a_file``: the report dir exists and holds nothing new;
+- ``test_tokenizer_moved_by_a_torchtitan_option``: the latest refusal, of the built config after
+  torchtitan's parser ran (its logger's own lines on the real stderr are seen and filtered).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import shutil
@@ -15,28 +29,40 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
-from recipes.tiers import FIXTURES, REPO_ROOT
+from recipes.tiers import CPU, FIXTURES, REPO_ROOT, TIERS
+from run_watch import RunWatch, describe
 
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 
 
 def run_main(*args: str, report_dir, fresh_process: bool = False) -> tuple[subprocess.CompletedProcess, float]:
-    """``python -m harness run ARGS --report-dir DIR``: its exit code, stdout and stderr, and how long it took."""
+    """``python -m harness run ARGS --report-dir DIR``: its exit code, stdout and stderr, and how long it took.
+
+    ``fresh_process``: the real command line, and no process of the run (its prestarted
+    harness.launch.elastic, its forkserver) may be left once it has exited.
+    """
     argv = ["run", *args, "--report-dir", str(report_dir)]
     started = time.perf_counter()
     if fresh_process:
-        out = subprocess.run(
-            [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
-        )
-        return out, time.perf_counter() - started
+        with RunWatch(report_dir) as watch:
+            out = subprocess.run(
+                [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+            )
+        elapsed = time.perf_counter() - started
+        left = watch.kill_left()
+        watch.saw(launcher=1)  # the watch finds the run's processes: "none left" is not a blind finder's
+        assert left == [], f"a refused `python -m harness run` left {describe(left)} ({watch.summary()})"
+        return out, elapsed
     from harness.__main__ import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    exec_tier = mock.patch.dict(TIERS, cpu=dataclasses.replace(CPU, rank_start="exec"))  # no prestart in process
+    with exec_tier, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
             code = main(argv)
         except SystemExit as e:  # the CLI parser's own refusals
@@ -105,9 +131,8 @@ def test_unknown_tier(tmp_path):
     assert_refused(out, elapsed, tmp_path / "r", "'tpu'", "cpu, trn2")
 
 
-@pytest.mark.slow
 def test_trn2_tier_without_a_neuron_device(tmp_path):
-    out, elapsed = run_main("native_qwen3", "--tier", "trn2", report_dir=tmp_path / "r", fresh_process=True)
+    out, elapsed = run_main("native_qwen3", "--tier", "trn2", report_dir=tmp_path / "r")
     assert_refused(out, elapsed, tmp_path / "r", "--tier trn2", "no Neuron device", "--tier cpu")
 
 
@@ -191,11 +216,12 @@ def test_non_empty_export_dir_is_refused_without_overwrite(tmp_path):
     assert (export / "keep.txt").read_text() == "a previous export"
 
 
-# --- every file a run reads and every directory it writes, through the real command line ---------------
+# --- every file a run reads and every directory it writes -----------------------------------------------
 #
-# One bad input per case, built in tmp_path from the fixtures, through ``python -m harness run`` in a fresh
-# process: exit 2, ONE stderr line naming the path, the problem and the fix, and no rank started (launch
-# prints "N process(es), run dir ..." and writes run.json under the report dir before torchrun: neither).
+# One bad input per case, built in tmp_path from the fixtures, through ``python -m harness run`` (``main``
+# in process, or the real command line where the case says ``fresh_process=True``): exit 2, ONE stderr line
+# naming the path, the problem and the fix, and no rank started (launch prints "N process(es), run dir ..."
+# and writes run.json under the report dir before torchrun: neither).
 
 LAUNCH_LINE = "process(es), run dir"
 ERROR_PREFIX = "python -m harness run: error: "
@@ -217,9 +243,9 @@ def assert_one_line_refusal(out, elapsed, path, problem, fix, noise=()) -> str:
     return lines[0]
 
 
-def refused(tmp_path, record_property, args, path, problem, fix, report_dir=None, noise=()) -> str:
+def refused(tmp_path, record_property, args, path, problem, fix, report_dir=None, noise=(), fresh_process=False):
     report_dir = report_dir or tmp_path / "report"
-    out, elapsed = run_main(*args, report_dir=report_dir, fresh_process=True)
+    out, elapsed = run_main(*args, report_dir=report_dir, fresh_process=fresh_process)
     record_property("refusal_s", round(elapsed, 2))
     line = assert_one_line_refusal(out, elapsed, path, problem, fix, noise)
     if not report_dir.is_file():  # a --report-dir that is a file: its test checks the file is untouched
@@ -242,7 +268,6 @@ def edit_config(model, **changes):
     ("native_qwen3", "qwen3_moe", "or run recipe hf_backend on it"),
     ("hf_backend", "llama", "point --model-dir at a Qwen3ForCausalLM or Qwen3MoeForCausalLM checkpoint"),
 ])  # fmt: skip
-@pytest.mark.slow
 def test_config_of_another_model_type(tmp_path, record_property, recipe, model_type, fix):
     """Seen failing: trained as dense Qwen3, scored on the host against the model config.json names:
     "reference ... Δ -0.879" (llama, both recipes), "Δ -6.38" (qwen3_moe), exit 1."""
@@ -263,7 +288,6 @@ def test_hf_backend_reads_config_json_with_random_init_too(tmp_path):
         preflight(RunOptions(recipe="hf_backend", init="random", model_dir=model))
 
 
-@pytest.mark.slow
 def test_architectures_that_disagree_with_model_type(tmp_path, record_property):
     """A dense model_type under a MoE architecture. Seen failing: ranks started and failed, then the
     launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
@@ -274,7 +298,6 @@ def test_architectures_that_disagree_with_model_type(tmp_path, record_property):
 
 
 @pytest.mark.parametrize("key", ["hidden_size", "vocab_size", "head_dim", "tie_word_embeddings", "rope_theta"])
-@pytest.mark.slow
 def test_config_without_a_key_the_model_is_built_from(tmp_path, record_property, key):
     """Seen failing: the run trained, then the host reference raised "RuntimeError: You set
     `ignore_mismatched_sizes` to `False`" (sizes: transformers' defaults) or, without tie_word_embeddings
@@ -285,7 +308,6 @@ def test_config_without_a_key_the_model_is_built_from(tmp_path, record_property,
     refused(tmp_path, record_property, (*HF, str(model)), config, f"has no {named}", "re-copy config.json")
 
 
-@pytest.mark.slow
 def test_config_size_given_as_a_string(tmp_path, record_property):
     """Seen failing: refused with the wrong fix "accept with --allow-mismatch hidden_size"."""
     model = copy_fixture(tmp_path)
@@ -296,7 +318,6 @@ def test_config_size_given_as_a_string(tmp_path, record_property):
 
 
 @pytest.mark.parametrize("text, problem", [('{"model_type": "qwen3",', "is not valid JSON"), ("[1, 2]", "holds a JSON list")])
-@pytest.mark.slow
 def test_config_that_is_not_a_json_object(tmp_path, record_property, text, problem):
     model = copy_fixture(tmp_path)
     (model / "config.json").write_text(text)
@@ -315,7 +336,6 @@ def test_truncated_tokenizer_json(tmp_path, record_property):
     (lambda text: text[:-40], "is not valid JSON"),
     (lambda text: json.dumps({**json.loads(text), "eos_token": 5}), "eos_token is 5"),
 ])  # fmt: skip
-@pytest.mark.slow
 def test_invalid_tokenizer_config(tmp_path, record_property, change, problem):
     """Seen failing: ranks started and raised in torchtitan's tokenizer ("[rank1]: json.decoder.JSONDecodeError"),
     then the launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
@@ -337,7 +357,8 @@ def test_tokenizer_moved_by_a_torchtitan_option(tmp_path, record_property):
     args = ("native_qwen3", "--init", "hf", "--hf_assets_path", str(tokenizer_dir))
     # torchtitan's own logger, once its parser has run on a CLI option, warns on stderr before the refusal.
     noise = ("initial_load_model_only=True has no effect", "model.safetensors.index.json not found at hf_assets_path")
-    refused(tmp_path, record_property, args, tokenizer, "not a tokenizer", "re-copy tokenizer.json", noise=noise)
+    refused(tmp_path, record_property, args, tokenizer, "not a tokenizer", "re-copy tokenizer.json", noise=noise,
+            fresh_process=True)  # fmt: skip
 
 
 def shard_fixture(tmp_path, names=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
@@ -365,7 +386,6 @@ def test_sharded_weights_with_their_index_pass(tmp_path):
     assert sum(map(len, headers.values())) == 24  # every tensor of the 2-layer fixture, tied head dropped
 
 
-@pytest.mark.slow
 def test_index_naming_a_missing_shard(tmp_path, record_property):
     """Seen failing: refused as "has no tensor 'model.layers.1...' ... point --model-dir at weights of this
     model", naming neither the index nor the missing shard."""
@@ -375,7 +395,6 @@ def test_index_naming_a_missing_shard(tmp_path, record_property):
             "names shard model-00002-of-00002.safetensors", "copy the missing shard")  # fmt: skip
 
 
-@pytest.mark.slow
 def test_shard_names_without_a_number(tmp_path, record_property):
     """torchtitan numbers shards by their names. Seen failing: "AttributeError: 'NoneType' object has no
     attribute 'group'" traceback (torchtitan's StateDictAdapter), exit 1."""
@@ -384,7 +403,6 @@ def test_shard_names_without_a_number(tmp_path, record_property):
             "holds no number", "rename the shard")  # fmt: skip
 
 
-@pytest.mark.slow
 def test_shards_without_their_index(tmp_path, record_property):
     """Seen failing: trained, then the host reference was "not computed" (transformers found no
     model.safetensors), exit 1."""
@@ -394,7 +412,6 @@ def test_shards_without_their_index(tmp_path, record_property):
             "restore the model.safetensors.index.json")  # fmt: skip
 
 
-@pytest.mark.slow
 def test_truncated_safetensors_header(tmp_path, record_property):
     model = copy_fixture(tmp_path)
     weights = model / "model.safetensors"
@@ -402,7 +419,6 @@ def test_truncated_safetensors_header(tmp_path, record_property):
     refused(tmp_path, record_property, (*HF, str(model)), weights, "corrupt safetensors header", "re-download")
 
 
-@pytest.mark.slow
 def test_model_dir_that_is_a_file(tmp_path, record_property):
     """Seen failing: "does not exist or is not a directory", no fix."""
     weights = FIXTURE_DIR / "model.safetensors"
@@ -410,7 +426,6 @@ def test_model_dir_that_is_a_file(tmp_path, record_property):
             "point it at a Hugging Face model directory")  # fmt: skip
 
 
-@pytest.mark.slow
 def test_empty_dataset_dir(tmp_path, record_property):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -418,7 +433,6 @@ def test_empty_dataset_dir(tmp_path, record_property):
     refused(tmp_path, record_property, args, corpus, "holds no *.jsonl or *.json data files", "put the corpus there")
 
 
-@pytest.mark.slow
 def test_dataset_dir_that_is_a_file(tmp_path, record_property):
     """Seen failing: refused with "does not exist" for a file that exists."""
     data = FIXTURES / "corpus" / "train.jsonl"
@@ -426,7 +440,6 @@ def test_dataset_dir_that_is_a_file(tmp_path, record_property):
     refused(tmp_path, record_property, args, data, "is a file, not a directory", f"(e.g. {data.parent})")
 
 
-@pytest.mark.slow
 def test_jsonl_without_text_through_the_cli(tmp_path, record_property):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -435,7 +448,6 @@ def test_jsonl_without_text_through_the_cli(tmp_path, record_property):
     refused(tmp_path, record_property, args, corpus / "train.jsonl", 'no non-empty "text"', '{"text": "..."}')
 
 
-@pytest.mark.slow
 def test_dataset_dir_where_datasets_would_read_other_files(tmp_path, record_property):
     """datasets reads the most common extension only. Seen failing: trained on the two .txt lines, the
     jsonl unread, and the verdict was a reference mismatch; exit 1."""
@@ -448,7 +460,6 @@ def test_dataset_dir_where_datasets_would_read_other_files(tmp_path, record_prop
     refused(tmp_path, record_property, args, corpus, "as text files (notes.txt, todo.txt)", "move those files out")
 
 
-@pytest.mark.slow
 def test_dataset_dir_without_a_train_split(tmp_path, record_property):
     """A file named test.jsonl is datasets' test split. Seen failing: ranks started and failed, then the
     launcher's report raised "KeyError: 'tokenizer'"; exit 1."""
@@ -464,7 +475,7 @@ def test_report_dir_that_is_a_file(tmp_path, record_property):
     report = tmp_path / "report.txt"
     report.write_text("not a directory")
     refused(tmp_path, record_property, PLAIN, report, "is a file, not a directory",
-            "pass a --report-dir that is a writable directory", report_dir=report)  # fmt: skip
+            "pass a --report-dir that is a writable directory", report_dir=report, fresh_process=True)  # fmt: skip
     assert report.read_text() == "not a directory"
 
 
@@ -495,7 +506,6 @@ def unwritable_dir(tmp_path):
     return path
 
 
-@pytest.mark.slow
 def test_report_dir_that_is_not_writable(tmp_path, record_property):
     """Seen failing: a FileNotFoundError traceback from mkdir, exit 1."""
     parent = unwritable_dir(tmp_path)
@@ -505,7 +515,6 @@ def test_report_dir_that_is_not_writable(tmp_path, record_property):
 
 
 @pytest.mark.parametrize("kind", ["file", "unwritable"])
-@pytest.mark.slow
 def test_export_dir_that_cannot_be_written(tmp_path, record_property, kind):
     """Seen failing: refused without a fix ("exists and is not a directory"); unwritable: trained, then
     the export failed on rank 0, exit 1."""

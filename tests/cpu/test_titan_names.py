@@ -1,15 +1,23 @@
 """recipes.titan: every torchtitan name in one module, and one line when the installed torchtitan lacks one.
 
-The subprocess tests hide a name from the real torchtitan (a wrapper deletes or
-replaces it before ``python -m harness run`` starts) and check the refusal: one
-line naming the name, the installed version and why the suite needs it, exit 2,
-and no rank started.
+The refusal tests hide a name from the real torchtitan (delete or replace it) and check
+``python -m harness run``'s refusal: one line naming the name, the installed version and
+why the suite needs it, exit 2, and no rank started. ``main`` runs in this process (the
+name hidden by monkeypatch, the cpu tier's ranks "exec" so nothing is prestarted); one
+case, "a public function", also runs in a fresh interpreter (a wrapper hides the name
+before ``main`` starts, the tier as it ships) to show the command line refuses the same way.
+The ``harness.titan_check`` cases stay fresh interpreters: what a fork breaks there shows
+in the imports of modules this process has already imported.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
+import importlib
 import importlib.metadata
+import io
 import os
 import subprocess
 import sys
@@ -18,7 +26,7 @@ import textwrap
 import pytest
 
 from recipes import titan
-from recipes.tiers import REPO_ROOT
+from recipes.tiers import CPU, REPO_ROOT, TIERS
 
 
 VERSION = importlib.metadata.version("torchtitan")
@@ -120,39 +128,36 @@ def test_a_recipe_imports_only_the_kernel_modules_it_uses():
 
 # --- the refusal of `python -m harness run`, with a name hidden from the real torchtitan -------------
 
+def _no_exact_keyword(*, target, fqns=None, description=""):
+    return None
+
+
+#: case: (module, attribute, its stand-in or None to delete it, run args, the missing name, why the suite needs it)
 HIDE = {
     "a public function": (
-        "import torchtitan.models.qwen3.config_registry as m; del m.qwen3_32b",
+        "torchtitan.models.qwen3.config_registry", "qwen3_32b", None,
         ["native_qwen3"],
         "torchtitan.models.qwen3.config_registry.qwen3_32b",
         "tutorial config 2 starts from qwen3_32b()",
     ),
     "a private helper of a kernel": (
-        "import torchtitan.models.common.rope as m; del m._maybe_check_max_pos",
+        "torchtitan.models.common.rope", "_maybe_check_max_pos", None,
         ["native_qwen3", "--override", "rope_hf"],
         "torchtitan.models.common.rope._maybe_check_max_pos",
         "rope_hf refuses positions beyond max_seq_len",
     ),
     "a keyword the suite passes": (
-        "import torchtitan.config as m; m.override = lambda *, target, fqns=None, description='': None",
+        "torchtitan.config", "override", _no_exact_keyword,
         ["nki_moe"],
         "keyword 'exact' in torchtitan.config.override(...)",
         "registering the rope_hf / grouped_experts overrides",
     ),
 }
+RUN = ("--tier", "cpu", "--init", "random")
 
 
-@pytest.mark.parametrize("case", sorted(HIDE))
-@pytest.mark.slow
-def test_run_refuses_in_one_line_before_any_rank(case, tmp_path):
-    hide, args, missing, purpose = HIDE[case]
-    report_dir = tmp_path / "report"
-    wrapper = f"{hide}\nimport sys\nfrom harness.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", wrapper, "run", *args, "--tier", "cpu", "--init", "random", "--report-dir", str(report_dir)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def assert_names_refusal(case: str, proc: subprocess.CompletedProcess, report_dir) -> None:
+    _, _, _, _, missing, purpose = HIDE[case]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("python -m harness run: error:")]
     assert len(errors) == 1, proc.stderr
@@ -161,6 +166,47 @@ def test_run_refuses_in_one_line_before_any_rank(case, tmp_path):
     assert "Traceback" not in proc.stderr
     assert "process(es), run dir" not in proc.stdout
     assert not (report_dir / "runs").exists(), "no rank may start"
+
+
+@pytest.mark.parametrize("case", sorted(HIDE))
+def test_run_refuses_in_one_line_before_any_rank(case, tmp_path, monkeypatch):
+    """``main`` in this process, the name hidden from the torchtitan it has imported."""
+    module, attribute, stand_in, args, _, _ = HIDE[case]
+    if stand_in is None:
+        monkeypatch.delattr(importlib.import_module(module), attribute)
+    else:
+        monkeypatch.setattr(importlib.import_module(module), attribute, stand_in)
+    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="exec"))  # nothing prestarted in process
+    from harness.__main__ import main
+
+    report_dir = tmp_path / "report"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["run", *args, *RUN, "--report-dir", str(report_dir)])
+    out = subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+    assert_names_refusal(case, out, report_dir)
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_a_hidden_name_like_main_in_process(tmp_path):
+    """A fresh interpreter whose torchtitan lacks the name before ``main`` imports anything, the tier as it ships
+    (its harness.launch.elastic prestarted, and none of the run's processes left after the refusal)."""
+    from run_watch import RunWatch, describe
+
+    case = "a public function"
+    module, attribute, _, args, _, _ = HIDE[case]
+    report_dir = tmp_path / "report"
+    wrapper = (f"import {module} as m; del m.{attribute}\n"
+               "import sys\nfrom harness.__main__ import main\nsys.exit(main(sys.argv[1:]))\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    with RunWatch(report_dir) as watch:
+        proc = subprocess.run(
+            [sys.executable, "-c", wrapper, "run", *args, *RUN, "--report-dir", str(report_dir)],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    left = watch.kill_left()
+    assert_names_refusal(case, proc, report_dir)
+    assert left == [], f"a refused run left {describe(left)} ({watch.summary()})"
 
 
 # --- python -m harness.titan_check: the nightly's first step and part of the dry run (issue 24 point 4) ----
