@@ -35,6 +35,9 @@ def pytest_configure(config):
     """
     from recipes.platform import neuron
 
+    from harness import pytest_groups
+
+    pytest_groups.register(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if config.option.markexpr.strip() == "cpu":  # the cpu tier holds no core, whatever the host has
         return
@@ -48,7 +51,8 @@ def pytest_configure(config):
 
 #: Session fixtures that launch ranks (a shared run): a test that uses one, directly or through another
 #: fixture, is ``slow`` (left to ``make test`` by ``make test-fast``), whatever its own body costs.
-LAUNCHING_FIXTURES = frozenset({"recipe_run", "random_init_proxy"})
+LAUNCHING_FIXTURES = frozenset({"recipe_run", "random_init_proxy", "logged_run"})
+
 
 #: The tier of every test, by the folder it lives in.
 TIER_FOLDERS = {"cpu": Path(__file__).parent / "tests" / "cpu", "neuron": Path(__file__).parent / "tests" / "neuron"}

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+#: One xdist worker takes this module: its two module dry runs (a subprocess each) run once, on one worker.
+pytestmark = pytest.mark.xdist_group("dry-run")
+
 from harness.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
 from recipes.tiers import REPO_ROOT
 

@@ -16,6 +16,9 @@ import time
 
 import pytest
 
+#: One xdist worker takes this module: its module launch runs once, on one worker.
+pytestmark = pytest.mark.xdist_group("speed-history")
+
 from harness import ci, history, report
 from harness.launch import speed
 from recipes.tiers import REPO_ROOT
