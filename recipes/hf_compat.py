@@ -12,11 +12,14 @@ upstream is fixed, so the workaround can be deleted:
 3. HF MoE checkpoints do not load            -> ``CompatStateDictAdapter``
 4. flex attention, no CPU backward           -> ``causal_sdpa_attention``
 5. transformers patched process-wide         -> ``scope_init_patch``
+6. tied head drawn, then discarded (time)    -> ``skip_tied_head_draw``
 
 The recipe uses them through ``compat_model_spec``: the spec builds
-``CompatHFTransformerModel`` (upstream's model with 1, 2, 4 and 5 fixed) and
-carries the fixed state-dict adapter (3). Nothing in torchtitan or
-transformers is monkeypatched (5 undoes upstream's own patch).
+``CompatHFTransformerModel`` (upstream's model with 1, 2, 4, 5 and 6 fixed) and
+carries the fixed state-dict adapter (3). 6 changes no value, only the time; its
+canary is ``test_tied_head_draw_is_skipped_and_every_weight_stays_upstreams`` in
+``tests/cpu/test_hf_backend.py``. Nothing in torchtitan or transformers is
+monkeypatched (5 undoes upstream's own patch).
 
 Each workaround first checks the upstream shape it relies on (a signature, an
 attribute) with ``recipes.upstream_shape.require``: after a version bump that
@@ -27,6 +30,7 @@ workaround (``transformers 5.x no longer fits workaround ...``), never with a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import types
@@ -64,6 +68,7 @@ MOE_INIT_WORKAROUND = "recipes.hf_compat.init_swapped_moe"
 ADAPTER_WORKAROUND = "recipes.hf_compat.CompatStateDictAdapter"
 ATTENTION_WORKAROUND = "recipes.hf_compat.causal_sdpa_attention"
 INIT_PATCH_WORKAROUND = "recipes.hf_compat.scope_init_patch"
+TIED_HEAD_WORKAROUND = "recipes.hf_compat.skip_tied_head_draw"
 
 
 def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -240,8 +245,65 @@ def pristine_init_methods() -> dict:
     return {name: getattr(PreTrainedModel, name) for name in PATCHED_INIT_METHODS}
 
 
+# --- 6. tied head drawn, then discarded ------------------------------------------------
+
+#: What ``PreTrainedModel.tie_weights`` ties the head to (target -> source), transformers 5.x.
+TIED_HEAD = ("lm_head.weight", "model.embed_tokens.weight")
+
+
+def head_draw_is_discarded(model: HFTransformerModel) -> bool:
+    """``init_states`` ties the head to the embedding, and nothing draws from the generator after the head.
+
+    The head is the last module ``model.apply`` initialises (post-order: ``model`` first, then
+    ``lm_head``); a swapped-in MoE (workaround 2) draws after it, so MoE models keep the draw.
+    A head already sharing the embedding's parameter (no ``to_empty`` in between) is not
+    skipped either: its draw would overwrite the embedding's and be the one kept.
+    """
+    hf = model.model
+    require(hasattr(hf, "get_expanded_tied_weights_keys"), "transformers", TIED_HEAD_WORKAROUND,
+            "PreTrainedModel.get_expanded_tied_weights_keys (the tie_weights mapping)")
+    tied = hf.get_expanded_tied_weights_keys(all_submodels=True).get(TIED_HEAD[0]) == TIED_HEAD[1]
+    moe = any(getattr(layer, "moe", None) is not None for layer in model.layers.values())
+    last = list(hf.children())[-1] is hf.lm_head
+    shared = hf.lm_head.weight is hf.get_input_embeddings().weight
+    return tied and last and not moe and not shared
+
+
+@contextlib.contextmanager
+def skip_tied_head_draw(model: HFTransformerModel):
+    """Leave ``lm_head`` out of upstream's init pass when the tie right after it discards its draw.
+
+    Upstream cause: ``HFTransformerModel.init_states`` initialises every module, ``lm_head``
+    included (a ±3σ truncated normal as large as the embedding: 151936 × 2560 at the 4B width,
+    four full-size normal draws in torch 2.14's rejection sampler, measured 25-30 of the
+    4B-width random-init proxy's 60-75 CPU-s), then calls ``tie_weights()``, which makes
+    ``lm_head.weight`` the embedding's parameter. The head's draw is the init's last, so
+    every weight stays bitwise as upstream
+    leaves it; only the CPU generator's state after init differs, which nothing in a dense
+    model's training draws from (``tests/cpu/test_curves.py`` holds 100 steps bitwise to the
+    golden). The tie is checked after the pass: an untied head would keep uninitialised memory.
+    """
+    if not head_draw_is_discarded(model):
+        yield
+        return
+    hf = model.model
+    init_weights = hf._init_weights
+
+    def init_all_but_the_head(module):
+        if module is not hf.lm_head:
+            init_weights(module)
+
+    hf._init_weights = init_all_but_the_head
+    try:
+        yield
+    finally:
+        hf._init_weights = init_weights
+    require(hf.lm_head.weight is hf.get_input_embeddings().weight, "torchtitan", TIED_HEAD_WORKAROUND,
+            "HFTransformerModel.init_states ending with tie_weights() (lm_head.weight is the embedding's)")
+
+
 class CompatHFTransformerModel(HFTransformerModel):
-    """``HFTransformerModel`` with workarounds 1, 2, 4 and 5; everything else is upstream's."""
+    """``HFTransformerModel`` with workarounds 1, 2, 4, 5 and 6; everything else is upstream's."""
 
     @dataclass(kw_only=True, slots=True, init=False, repr=False, eq=False)
     class Config(HFTransformerModel.Config):
@@ -276,7 +338,8 @@ class CompatHFTransformerModel(HFTransformerModel):
         return None
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
-        super().init_states(buffer_device=buffer_device)
+        with skip_tied_head_draw(self):
+            super().init_states(buffer_device=buffer_device)
         init_rotary_embeddings(self.model)
         init_swapped_moe(self, buffer_device)
 

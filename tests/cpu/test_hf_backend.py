@@ -295,6 +295,36 @@ def tied_random_init_loss(hidden_size: int, vocab_size: int, cosine: float, copi
     return math.log(copies * math.exp(s) + (vocab_size - copies) * math.exp(v / 2))
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes, so equality is bitwise (-0.0 vs 0.0 and NaN payloads count)."""
+    return t.detach().contiguous().view(torch.uint8)
+
+
+def test_tied_head_draw_is_skipped_and_every_weight_stays_upstreams(monkeypatch, record_property):
+    """Workaround 6 (``recipes.hf_compat.skip_tied_head_draw``) changes the init's time, not its values.
+
+    The control is the same build with upstream's full pass (the head drawn, then tied away):
+    every parameter and buffer bitwise equal, and the generator after init differs, which shows
+    the skip ran (the two builds are not the same code twice).
+    """
+    from recipes import hf_compat
+
+    skipped = backend_random_model()
+    skipped_rng = torch.get_rng_state()
+    monkeypatch.setattr(hf_compat, "head_draw_is_discarded", lambda model: False)
+    drawn = backend_random_model()
+    drawn_rng = torch.get_rng_state()
+
+    assert not torch.equal(skipped_rng, drawn_rng), "the head was drawn in both builds: the skip did not run"
+    hf = skipped.model
+    assert hf.lm_head.weight is hf.get_input_embeddings().weight
+    ours, upstream = skipped.state_dict(), drawn.state_dict()
+    assert list(ours) == list(upstream)
+    differing = [name for name in ours if not torch.equal(bits(ours[name]), bits(upstream[name]))]
+    record_property("hf_backend_tied_head_skip_state_entries", len(ours))
+    assert not differing, differing
+
+
 @pytest.fixture(scope="module")
 def tied_geometry(dense_tokens) -> dict:
     """cos(h, e_x) of the backend's random init on corpus tokens, and the untied control's CE."""
@@ -388,6 +418,8 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     record_property("hf_backend_random_init_proxy_first_principles", math.log(151936) + TRUNCATED_AT_3_SIGMA / 2)
     record_property("hf_backend_random_init_proxy_wall_s", result["wall_s"])
     record_property("hf_backend_random_init_proxy_cpu_s", result["children_cpu_s"])
+    record_property("hf_backend_random_init_proxy_build_s", result["build_s"])
+    record_property("hf_backend_random_init_proxy_score_s", result["score_s"])
     golden("hf_backend", "cpu", "step1_loss_random_4b_width", result["loss"])
 
 
