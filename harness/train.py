@@ -58,11 +58,11 @@ class StepRecorder:
 
 def write_provenance(opts: RunOptions, config, path: Path) -> None:
     """The run's provenance (harness.provenance), and how this rank started (``rank_start``)."""
+    import torch
+
     from harness import provenance
 
     allowed = [m for m in provenance.mismatches(opts, config) if m.name in opts.allow_mismatch]
-    import torch
-
     record = {**provenance.provenance(opts, config, allowed), "rank_start": RANK_START, "threads": torch.get_num_threads()}
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 

@@ -20,20 +20,17 @@ left (watched from before the start):
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import io
 import json
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
-from recipes.tiers import CPU, FIXTURES, REPO_ROOT, TIERS
+from recipes.tiers import FIXTURES, REPO_ROOT
+from harness_main import main_in_process
 from run_watch import RunWatch, describe
 
 
@@ -58,16 +55,7 @@ def run_main(*args: str, report_dir, fresh_process: bool = False) -> tuple[subpr
         watch.saw(launcher=1)  # the watch finds the run's processes: "none left" is not a blind finder's
         assert left == [], f"a refused `python -m harness run` left {describe(left)} ({watch.summary()})"
         return out, elapsed
-    from harness.__main__ import main
-
-    stdout, stderr = io.StringIO(), io.StringIO()
-    exec_tier = mock.patch.dict(TIERS, cpu=dataclasses.replace(CPU, rank_start="exec"))  # no prestart in process
-    with exec_tier, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            code = main(argv)
-        except SystemExit as e:  # the CLI parser's own refusals
-            code = e.code
-    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue()), time.perf_counter() - started
+    return main_in_process(argv), time.perf_counter() - started
 
 
 def assert_refused(out: subprocess.CompletedProcess, elapsed: float, report_dir, *fragments: str) -> None:

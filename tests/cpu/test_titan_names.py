@@ -13,11 +13,8 @@ in the imports of modules this process has already imported.
 from __future__ import annotations
 
 import ast
-import contextlib
-import dataclasses
 import importlib
 import importlib.metadata
-import io
 import os
 import subprocess
 import sys
@@ -26,7 +23,8 @@ import textwrap
 import pytest
 
 from recipes import titan
-from recipes.tiers import CPU, REPO_ROOT, TIERS
+from harness_main import main_in_process
+from recipes.tiers import REPO_ROOT
 
 
 VERSION = importlib.metadata.version("torchtitan")
@@ -176,14 +174,8 @@ def test_run_refuses_in_one_line_before_any_rank(case, tmp_path, monkeypatch):
         monkeypatch.delattr(importlib.import_module(module), attribute)
     else:
         monkeypatch.setattr(importlib.import_module(module), attribute, stand_in)
-    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="exec"))  # nothing prestarted in process
-    from harness.__main__ import main
-
     report_dir = tmp_path / "report"
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["run", *args, *RUN, "--report-dir", str(report_dir)])
-    out = subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+    out = main_in_process(["run", *args, *RUN, "--report-dir", str(report_dir)])  # nothing prestarted in process
     assert_names_refusal(case, out, report_dir)
 
 
