@@ -89,11 +89,16 @@ def check_trn2_dataset(opts: RunOptions) -> None:
         )
 
 
+#: Sizes a refusal names as a field, not a flag: the harness sets them (tyro.conf.Suppress in RunOptions).
+HARNESS_SET_SIZES = ("threads",)
+
+
 def check_sizes(opts: RunOptions) -> None:
-    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", "threads"):
+    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", *HARNESS_SET_SIZES):
         value = getattr(opts, name)
         if value is not None and value < 1:
-            raise PreflightError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+            what = f"RunOptions.{name} (set by the harness)" if name in HARNESS_SET_SIZES else f"--{name.replace('_', '-')}"
+            raise PreflightError(f"{what} must be a positive integer, got {value}")
 
 
 def check_forward_only(opts: RunOptions) -> None:

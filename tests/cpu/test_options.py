@@ -127,5 +127,5 @@ def test_a_forward_only_run_that_would_train_or_export_is_refused(changes):
 def test_threads_must_be_positive():
     from harness.checks import PreflightError, preflight
 
-    with pytest.raises(PreflightError, match=r"--threads must be a positive integer, got 0"):
-        preflight(RunOptions(threads=0))
+    with pytest.raises(PreflightError, match=r"^RunOptions\.threads \(set by the harness\) must be a positive integer, got 0$"):
+        preflight(RunOptions(threads=0))  # a field, not a flag: there is no --threads
