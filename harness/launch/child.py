@@ -20,6 +20,13 @@ PR_SET_PDEATHSIG = 1
 #: and a killed process releases its devices (NeuronCores) at once.
 RANK_DEATH_SIGNAL = signal.SIGKILL
 
+#: ``PR_SET_NAME`` from <linux/prctl.h>: the thread's name, /proc/PID/comm and ``ps``'s COMM (at most 15 bytes).
+PR_SET_NAME = 15
+#: What a rank forked from the preloading forkserver calls itself (``name_this_rank``). It keeps the
+#: forkserver's command line, and so does any child the forkserver forks before that child execs (an
+#: import that runs ``ldconfig -p``), so only this name says which forkserver child is a rank.
+RANK_NAME = "qwen3-rank"
+
 _PRCTL = None
 
 
@@ -45,6 +52,12 @@ def die_with_parent(sig: int, parent: int | None = None) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != expected or os.getppid() == 1:
         os.kill(os.getpid(), sig)
+
+
+def name_this_rank() -> None:
+    """Name this process ``RANK_NAME`` (prctl(2) ``PR_SET_NAME``); harness.launch.processes.role reads it. No-op off Linux."""
+    if sys.platform.startswith("linux") and _prctl()(PR_SET_NAME, RANK_NAME.encode(), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NAME) failed")
 
 
 def exit_now(code: int) -> None:

@@ -63,6 +63,9 @@ def rank_entry(module: str, argv: list[str]) -> None:
     """
     import importlib
 
+    from harness.launch.child import name_this_rank
+
+    name_this_rank()  # first: from here on harness.launch.processes tells this rank from other forkserver children
     try:
         code = importlib.import_module(module).main(argv)
     except Exception:

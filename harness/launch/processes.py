@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.launch.child import RANK_NAME
 from harness.run_dir import RUN_DIR_ENV
 _MARKER = RUN_DIR_ENV.encode() + b"="
 #: The multiprocessing forkserver's command line (``-c 'from multiprocessing.forkserver import main; ...'``).
@@ -31,6 +32,8 @@ class Process:
     argv: tuple[str, ...]
     #: ``RUN_DIR_ENV`` in its environment, if set.
     run_dir: str | None
+    #: Its name (/proc/PID/comm): ``RANK_NAME`` for a rank forked from the forkserver.
+    name: str = ""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -50,12 +53,13 @@ def read(pid: int) -> Process | None:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name in (...) may hold spaces
+    name, rest = stat.split("(", 1)[1].rsplit(")", 1)  # the command name in (...) may hold spaces and ")"
+    fields = rest.split()
     marker = next((v for v in environ.split(b"\0") if v.startswith(_MARKER)), None)
     run_dir = marker[len(_MARKER) :].decode(errors="replace") if marker is not None else None
     return Process(
         pid=pid, ppid=int(fields[1]), state=fields[0], started=int(fields[19]),
-        argv=tuple(a.decode(errors="replace") for a in argv.split(b"\0") if a), run_dir=run_dir,
+        argv=tuple(a.decode(errors="replace") for a in argv.split(b"\0") if a), run_dir=run_dir, name=name,
     )  # fmt: skip
 
 
@@ -126,9 +130,11 @@ def role(proc: Process, procs: dict[int, Process]) -> str:
     if module == "harness.train":
         return "rank"  # an exec'd rank: torchrun starts ``python -u -m harness.train``
     if any(FORKSERVER in arg for arg in argv):
+        if proc.name == RANK_NAME:
+            return "rank"  # a forked rank keeps its forkserver's command line; it names itself (rank_entry)
         parent = procs.get(proc.ppid)
-        # A forked rank keeps its forkserver's command line; only its parent tells them apart.
-        return "rank" if parent is not None and any(FORKSERVER in arg for arg in parent.argv) else "forkserver"
+        # Any other forkserver child is not a rank: e.g. an import's ``ldconfig -p`` between fork and exec.
+        return "other" if parent is not None and any(FORKSERVER in arg for arg in parent.argv) else "forkserver"
     return "other"
 
 

@@ -16,7 +16,9 @@ import time
 import pytest
 
 from harness.launch import processes
+from harness.launch.child import RANK_NAME
 from harness.launch.processes import RUN_DIR_ENV, Process
+from recipes.tiers import REPO_ROOT
 from run_watch import RunWatch
 
 #: A parent that starts a child with an empty environment, prints the child's pid, and sleeps.
@@ -77,26 +79,44 @@ def test_a_watch_that_saw_nothing_fails_before_none_left_is_believed(tmp_path):
         watch.saw(rank=2)
 
 
-def proc(pid: int, ppid: int, *argv: str) -> Process:
-    return Process(pid=pid, ppid=ppid, state="S", started=pid, argv=argv, run_dir="/r")
+def proc(pid: int, ppid: int, *argv: str, name: str = "python") -> Process:
+    return Process(pid=pid, ppid=ppid, state="S", started=pid, argv=argv, run_dir="/r", name=name)
 
 
 FORKSERVER = ("python", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['x'])")
 
 
 @pytest.mark.parametrize(
-    "argv, ppid, role",
+    "argv, ppid, name, role",
     [
-        (("python", "-m", "harness", "run", "native_qwen3", "--report-dir", "/r"), 1, "launcher"),
-        (("python", "-m", "torch.distributed.run", "--standalone", "-m", "harness.train"), 2, "torchrun"),
-        (("/venv/bin/torchrun", "--nproc_per_node=2", "-m", "harness.train"), 2, "torchrun"),
-        (("python", "-m", "harness.launch.elastic", "--preload", "harness.train"), 2, "torchrun"),
-        (("python", "-u", "-m", "harness.train", "--run-dir", "/r"), 3, "rank"),
-        (FORKSERVER, 3, "forkserver"),
-        (FORKSERVER, 4, "rank"),  # forked from the forkserver: its command line, its parent
-        (("python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"), 3, "other"),
+        (("python", "-m", "harness", "run", "native_qwen3", "--report-dir", "/r"), 1, "python", "launcher"),
+        (("python", "-m", "torch.distributed.run", "--standalone", "-m", "harness.train"), 2, "python", "torchrun"),
+        (("/venv/bin/torchrun", "--nproc_per_node=2", "-m", "harness.train"), 2, "torchrun", "torchrun"),
+        (("python", "-m", "harness.launch.elastic", "--preload", "harness.train"), 2, "python", "torchrun"),
+        (("python", "-u", "-m", "harness.train", "--run-dir", "/r"), 3, "python", "rank"),
+        (FORKSERVER, 3, "python", "forkserver"),
+        (FORKSERVER, 4, RANK_NAME, "rank"),  # forked from the forkserver: its command line, its own name
+        # Forked from the forkserver and not (yet) exec'd: cuda.pathfinder's `ldconfig -p` while torch imports.
+        (FORKSERVER, 4, "python", "other"),
+        (("python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"), 3, "python", "other"),
     ],
 )
-def test_each_process_of_a_run_has_its_role(argv, ppid, role):
+def test_each_process_of_a_run_has_its_role(argv, ppid, name, role):
     procs = {3: proc(3, 1, "python", "-m", "harness.launch.elastic"), 4: proc(4, 3, *FORKSERVER)}
-    assert processes.role(proc(9, ppid, *argv), procs) == role
+    assert processes.role(proc(9, ppid, *argv, name=name), procs) == role
+
+
+def test_a_rank_is_read_by_the_name_it_gives_itself(tmp_path):
+    """A rank's name_this_rank (harness.launch.elastic.rank_entry) is what /proc shows and read() parses."""
+    script = (
+        f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); "
+        "from harness.launch.child import name_this_rank; name_this_rank(); "
+        "import time; print(flush=True); time.sleep(120)"
+    )
+    child, _ = start(tmp_path / "run", script)
+    try:
+        assert processes.read(child.pid).name == RANK_NAME
+        assert processes.read(os.getpid()).name != RANK_NAME
+    finally:
+        child.kill()
+        child.wait()
