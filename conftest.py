@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from harness.pytest_tiers import selectable_tiers
 from recipes.platform import OFFLINE_ENV
 
 for _key, _value in OFFLINE_ENV.items():
@@ -39,7 +40,7 @@ def pytest_configure(config):
 
     pytest_groups.register(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if config.option.markexpr.strip() == "cpu":  # the cpu tier holds no core, whatever the host has
+    if "neuron" not in selectable_tiers(config.option.markexpr, TIER_MARKERS):  # the cpu tier holds no core, whatever the host has
         return
     if not worker or "NEURON_RT_VISIBLE_CORES" in os.environ or not neuron.device_nodes():
         return
@@ -47,6 +48,19 @@ def pytest_configure(config):
     os.environ["NEURON_RT_VISIBLE_CORES"] = neuron.worker_cores(
         int(worker.removeprefix("gw")), workers, neuron.logical_core_count()
     )
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A tier folder whose tests the ``-m`` expression cannot select is not collected at all.
+
+    The night (``pytest -m neuron -p no:xdist``) then imports no tests/cpu module: nothing of
+    the cpu tier (an xdist-only marker, an import that needs the cpu lock) can stop it at
+    collection, and the cpu tier never imports tests/neuron.
+    """
+    for tier, folder in TIER_FOLDERS.items():
+        if Path(collection_path) == folder and tier not in selectable_tiers(config.option.markexpr, TIER_MARKERS):
+            return True
+    return None
 
 
 #: Session fixtures that launch ranks (a shared run): a test that uses one, directly or through another
