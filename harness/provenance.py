@@ -229,6 +229,13 @@ def rope_used(config) -> dict[str, list[int]]:
     return rope_in_use(config)
 
 
+def rope_gathers(config) -> dict[str, list[str]]:
+    """The per-position gathers each RoPE runs ({description: aten ops}); all empty = "RoPE without gather"."""
+    from recipes.kernels import rope_gathers as probe
+
+    return probe(config)
+
+
 def overrides_applied(config) -> dict[str, list[str]]:
     """Which nodes each kernel override replaced ({name: [model-relative fqns]}), read from the config."""
     from recipes.overrides import replaced_nodes
@@ -244,6 +251,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "weights": weights_info(opts),
         "model": built_dims(config),
         "rope": rope_used(config),
+        "rope_gather_ops": rope_gathers(config),
         "overrides": overrides_applied(config),
         "data": {
             **dataset_info(Path(config.dataloader.dataset_path)),

@@ -168,10 +168,15 @@ def test_nki_moe_trains_in_eager_mode_on_64_ranks(shared_dir, record_property):
     losses = run.losses
     record_property("trn2_nki_moe_losses", losses)
     record_property("trn2_nki_moe_tokens_per_s", [s["tokens_per_s"] for s in run.result["steps"]])
-    record_property("nki_moe.trn2.config_source", run.result["provenance"].get("config_source"))
-    assert run.result["provenance"]["rope"] == {
-        "torchtitan CosSinRoPE, sliced cache (positions dropped: no gather)": [0, 1, 2, 3]
-    }
+    provenance = run.result["provenance"]
+    record_property("nki_moe.trn2.config_source", provenance.get("config_source"))
+    # Whichever RoPE class config 3 builds (the fork's own when its qwen3_nki_moe_config is found, the
+    # suite's sliced RoPE otherwise): its description is recorded, and "without gather" is judged on
+    # the aten ops it runs (recipes.kernels.rope_gathers), not on its name.
+    record_property("nki_moe.trn2.rope", provenance["rope"])
+    record_property("nki_moe.trn2.rope_gather_ops", provenance["rope_gather_ops"])
+    assert sorted(layer for layers in provenance["rope"].values() for layer in layers) == [0, 1, 2, 3]
+    assert provenance["rope_gather_ops"] and not any(provenance["rope_gather_ops"].values()), provenance["rope_gather_ops"]
     assert len(losses) == run.launch.steps
     assert_trains(losses, record_property, "as_published")
 
