@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -20,6 +21,36 @@ from recipes.platform import OFFLINE_ENV
 
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
+
+#: torch imports every ``torch.backends`` entry point on ``import torch`` unless this is "0"
+#: (torch/__init__.py ``_import_device_backends``); torch_neuronx registers one: "PyTorch loads
+#: torch_neuronx automatically when you import torch" (aws-neuron/aws-neuron-sdk
+#: torch/reference/api/torch-neuron-module.rst).
+AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def import_torch_without_device_backends() -> None:
+    """Import torch here, in the pytest process, with no out-of-tree device backend loaded.
+
+    On the trn2 runner torch_neuronx is installed, so the first ``import torch`` of any test
+    module would load the Neuron backend into the pytest process, which must never hold a
+    NeuronCore (tests/neuron/neuron_cores.py). The runner's setting is restored right after, so
+    every child (a ``@neuron_core_body``, a rank) still loads its backend as the runner has it.
+    """
+    if "torch" in sys.modules:
+        raise pytest.UsageError("torch was imported before the root conftest; a device backend may have autoloaded")
+    saved = os.environ.get(AUTOLOAD_ENV)
+    os.environ[AUTOLOAD_ENV] = "0"
+    try:
+        import torch  # noqa: F401
+    finally:
+        if saved is None:
+            del os.environ[AUTOLOAD_ENV]
+        else:
+            os.environ[AUTOLOAD_ENV] = saved
+
+
+import_torch_without_device_backends()
 
 pytest_plugins = ["harness.pytest_report"]
 

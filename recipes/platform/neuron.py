@@ -209,9 +209,12 @@ def neuron_status(packages: tuple[str, ...] = ("torch_neuronx",), needs_weights:
 def install() -> None:
     """Make this process a trn2-tier process: register the 'neuron' device and backend.
 
-    ``import torch_neuronx`` renames PrivateUse1 to ``neuron`` and registers the
-    "neuron" process-group backend (it maps LOCAL_RANK to NEURON_RT_VISIBLE_CORES
-    when that is unset), which torchtitan then picks up as its device type.
+    ``import torch_neuronx`` registers PrivateUse1 as ``neuron`` with the ``torch.neuron`` device
+    module (aws-neuron/aws-neuron-sdk torch/reference/api/torch-neuron-module.rst, "How the module
+    is registered"; torch also autoloads it on ``import torch`` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)
+    and the "neuron" process-group backend, which torchtitan then picks up as its device type.
+    Whether it also sets NEURON_RT_VISIBLE_CORES from LOCAL_RANK when unset is not confirmed by any
+    source found (harness.checks.check_visible_cores says what was searched).
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
     import torch_neuronx  # noqa: F401
