@@ -9,6 +9,9 @@ everything proves nothing.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from neuron_cores import fail_if_device_held
@@ -36,3 +39,12 @@ def pytest_runtest_setup(item):
 def pytest_runtest_teardown(item, nextitem):
     """After the test and its fixtures: an open Neuron device here would starve every later launch."""
     fail_if_device_held(item.nodeid)
+
+
+@pytest.fixture(scope="session")
+def shared_dir(pytestconfig) -> Path:
+    """The night's launches write their run directories (every rank's log, steps, provenance) inside the
+    report directory the workflow uploads: ``<report-dir>/runs/<session>/<launch>``, new for each session."""
+    runs = Path(pytestconfig.getoption("--report-dir")) / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="night-", dir=runs))

@@ -214,6 +214,31 @@ def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(shared_dir, reco
     assert_trains(losses, record_property, "rope_hf")
 
 
+@neuron_core_body
+def compare_config3() -> dict:
+    """In a child: config 3 from the fork's ``qwen3_nki_moe_config`` vs the suite's twin, and their parameters.
+
+    The fork's code runs here, never in the pytest process: a fork that fails to import, or touches
+    the device at import, fails this test and holds nothing after the child exits.
+    """
+    from harness.config.tree import config3_comparison
+    from harness.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
+    from recipes import nki_moe
+    from recipes.tutorial import RecipeInputs, tutorial_settings
+
+    inputs = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
+    found = config3_comparison(inputs)
+    found["twin_source"] = nki_moe.TWIN
+    if found["fork"] != "absent":
+        shapes = {}
+        for side, config in (("fork", nki_moe.fork_config()[0]), ("twin", nki_moe.twin_config("trn2"))):
+            config = tutorial_settings(config, inputs)
+            model = build_on_meta(config.model_spec.model, config.training.dtype)
+            shapes[side] = {name: list(p.shape) for name, p in model.named_parameters()}
+        found["shapes"] = shapes
+    return found
+
+
 @requires_neuron_device  # the trn2 instance and venv, where TorchTitan Neuron (and maybe its own config 3) is;
 @requires_torch_neuronx  # the comparison itself needs no device (meta only)
 def test_config3_from_the_forks_function_vs_the_suites_twin(record_property):
@@ -224,22 +249,12 @@ def test_config3_from_the_forks_function_vs_the_suites_twin(record_property):
     function absent is a finding, recorded, not a skip. Where it exists, its model must have
     the tutorial's shapes: the same parameters (names and shapes) as the twin's, on the meta device.
     """
-    from harness.config.tree import config3_comparison
-    from harness.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
-    from recipes import nki_moe
-    from recipes.tutorial import RecipeInputs, tutorial_settings
-
-    inputs = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
-    found = config3_comparison(inputs)
+    found = on_neuron_cores(compare_config3)
     record_property("nki_moe.trn2.config3_fork", found["fork"])
     record_property("nki_moe.trn2.config3_finding", found["finding"])
     record_property("nki_moe.trn2.config3_differences", found["differences"])
     if found["fork"] == "absent":
-        assert "qwen3_nki_moe_config" in found["finding"] and found["source"] == nki_moe.TWIN
+        assert "qwen3_nki_moe_config" in found["finding"] and found["source"] == found["twin_source"]
         return
-    shapes = {}
-    for side, config in (("fork", nki_moe.fork_config()[0]), ("twin", nki_moe.twin_config("trn2"))):
-        config = tutorial_settings(config, inputs)
-        model = build_on_meta(config.model_spec.model, config.training.dtype)
-        shapes[side] = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    assert shapes["fork"] == shapes["twin"], sorted(set(shapes["fork"].items()) ^ set(shapes["twin"].items()))[:5]
+    fork, twin = ({k: tuple(v) for k, v in found["shapes"][side].items()} for side in ("fork", "twin"))
+    assert fork == twin, sorted(set(fork.items()) ^ set(twin.items()))[:5]
