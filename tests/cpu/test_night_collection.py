@@ -88,3 +88,52 @@ def test_the_cpu_tier_collects_with_and_without_xdist(xdist, tmp_path):
 )
 def test_a_tier_folder_is_collected_only_when_the_expression_can_select_its_tests(markexpr, tiers):
     assert selectable_tiers(markexpr) == tiers
+
+
+def night_order(tmp_path: Path) -> list[dict]:
+    """Each test of the night, in the order the night's command collects it, with the launches it uses."""
+    import json
+    import os
+
+    from night_order_probe import PREFIX
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    argv = [*night_pytest_command(), "-p", "night_order_probe", "--collect-only", "-q"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return [json.loads(line[len(PREFIX):]) for line in done.stdout.splitlines() if line.startswith(PREFIX)]
+
+
+def lane_run_literals(path: Path) -> dict[str, set[str] | None]:
+    """Test functions of a neuron module that call ``lane_run``, with the launch names they pass literally."""
+    import ast
+
+    found: dict[str, set[str] | None] = {}
+    for fn in ast.parse(path.read_text()).body:
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_"):
+            calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "lane_run"]
+            if calls:
+                found[fn.name] = {c.args[0].value for c in calls if isinstance(c.args[0], ast.Constant)}
+    return found
+
+
+def test_the_night_runs_cheap_checks_first_then_its_launches_in_the_plans_order(tmp_path):
+    from harness.nightly import LAUNCHES
+
+    order = night_order(tmp_path)
+    assert len(order) == len(neuron_test_ids("\n".join(t["id"] for t in order))) > 0
+    kinds = ["launch" if t["launches"] else "cheap" for t in order]
+    assert kinds == sorted(kinds, key=lambda k: k == "launch"), [t["id"] for t in order]
+    started = []
+    for test in order:
+        started += [name for name in test["launches"] if name not in started]
+    assert started == [name for name in LAUNCHES if name in started], started
+    assert set(started) == set(LAUNCHES), f"launches of the plan no test uses: {set(LAUNCHES) - set(started)}"
+    marks: dict[str, set[str]] = {}
+    for t in order:
+        marks.setdefault(t["id"].split("[")[0], set()).update(t["launches"])
+    for path in NEURON_TESTS.glob("test_*.py"):
+        for name, literal in lane_run_literals(path).items():
+            test = f"tests/neuron/{path.name}::{name}"
+            assert marks.get(test), f"{test} calls lane_run without @pytest.mark.launch"
+            assert literal <= marks[test], f"{test} calls lane_run{tuple(literal)} but is marked {marks[test]}"

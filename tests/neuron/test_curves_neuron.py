@@ -30,9 +30,9 @@ from requires import (
 pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights]
 
 RECIPES = (
-    pytest.param("native_qwen3", marks=requires_titan_assets),
-    pytest.param("hf_backend", marks=requires_dataset),
-    pytest.param("nki_moe", marks=[requires_nkilib, requires_titan_assets]),
+    pytest.param("native_qwen3", marks=[requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["native_qwen3"])]),
+    pytest.param("hf_backend", marks=[requires_dataset, pytest.mark.launch(nightly.BAND_LAUNCH["hf_backend"])]),
+    pytest.param("nki_moe", marks=[requires_nkilib, requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["nki_moe"])]),
 )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from harness import lanes, nightly
 from lane_runs import lane_run
 from recipes.tiers import TRN2
@@ -25,17 +27,20 @@ from requires import (
 pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_titan_assets]
 
 
+@pytest.mark.launch("config2-as_published")
 def test_published_step1_loss_from_pretrained_weights(shared_dir, golden, record_property):
     run = lane_run("config2-as_published", shared_dir)
     record_property("native_qwen3.trn2.as_published.provenance", run.result.get("provenance"))
     golden("native_qwen3", "trn2", "step1_loss_hf", run.step1(), inputs=run.inputs)
 
 
+@pytest.mark.launch("config2-as_published-random")
 def test_published_step1_loss_from_random_init(shared_dir, golden):
     run = lane_run("config2-as_published-random", shared_dir)
     golden("native_qwen3", "trn2", "step1_loss_random", run.step1(), inputs=run.inputs)
 
 
+@pytest.mark.launch("config2-as_published")
 def test_export_round_trip_keys(shared_dir, golden):
     import torch
     from safetensors.torch import load_file
@@ -63,6 +68,7 @@ TITAN_ENTRY_ALLOWANCE = 1e-2
 TITAN_ENTRY_MEASURED = False
 
 
+@pytest.mark.launch("config2-as_published", "config2-torchtitan-train")
 @requires_dataset  # native_qwen3_trn2() itself reads $QWEN3_DATASET_DIR; the run points it at c4_test
 def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(shared_dir, tmp_path, record_property):
     """torchtitan's own entry on the recipe's config function (README), on the as-published lane's text."""

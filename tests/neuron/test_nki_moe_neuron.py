@@ -155,6 +155,7 @@ def assert_trains(losses: list[float], record_property, name: str) -> None:
 
 
 # "weights": random init, but the trn2 tokenizer is Qwen3-4B's own, read from $QWEN3_4B_DIR.
+@pytest.mark.launch("config3-as_published")
 @requires_neuron_device
 @requires_torch_neuronx
 @requires_nkilib
@@ -190,6 +191,7 @@ ROPE_HF_SEQ_LEN = 2048
 
 
 # "weights": the trn2 tier reads the tokenizer from $QWEN3_4B_DIR even for a random-init run.
+@pytest.mark.launch("config3-rope_hf")
 @requires_neuron_device
 @requires_torch_neuronx
 @requires_nkilib
