@@ -277,7 +277,7 @@ def golden(request, record_property):
             )  # fmt: skip
         verdict = goldens.compare(key, measured, values, metadata, inputs=inputs)
         record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
-        # "recorded, not judged" / "inputs differ": neither pass nor fail here; harness.ci require-claims
+        # "unmeasured" / "inputs differ": neither pass nor fail here; harness.ci require-claims
         # fails the nightly for a published claim left so.
         assert verdict.passed is not False, verdict.message()
 

@@ -181,7 +181,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                 if verdict.passed is False:
                     print(f"FAILED check: {verdict.message()}", file=sys.stderr)
                     failed = True
-                elif verdict.passed is None:  # recorded, not judged / inputs differ: said, not failed
+                elif verdict.passed is None:  # unmeasured / inputs differ: said, not failed
                     print(f"not judged: {verdict.message()}", file=sys.stderr)
             run = result.to_dict()
             reference = reference_of(opts, result)

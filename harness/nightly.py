@@ -268,11 +268,11 @@ def plan_lines() -> list[str]:
 
 
 def claim_lines() -> list[str]:
-    from harness import ci
+    from harness.claims import published_claims
     from harness.report import md_table
 
     rows = []
-    for claim in ci.published_claims("trn2"):
+    for claim in published_claims("trn2"):
         judge = CLAIM_JUDGES.get(claim.name)
         if judge is None:
             rows.append([claim.name, repr(claim.value), "**no launch judges it**", "–"])

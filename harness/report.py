@@ -183,7 +183,7 @@ def reference_section(runs: list[dict]) -> list[str]:
             measured = _fmt(r["losses"][0] if r.get("losses") else None)
             rows.append([r["recipe"], r["tier"], "–", measured, "–", "–", "–", "–", verdict])
             continue
-        verdict = (f"recorded, not judged: {ref['verdict']}" if ref["passed"] is None else ref["verdict"]
+        verdict = (f"unmeasured: {ref['verdict']}" if ref["passed"] is None else ref["verdict"]
                    if ref["passed"] else f"**FAIL: {ref['verdict']}**")  # fmt: skip
         rows.append([
             r["recipe"], r["tier"], ref["model_dir"], _fmt(ref["measured"]), _fmt(ref["reference"]),
@@ -244,10 +244,10 @@ def lane_summary(recipe: str, published: float, tolerance: float, as_published: 
         verdict = "pass" if within else "FAIL"
         causes["corrected vs reference"] = (
             f"Δ {delta:+.3g} vs ±{tol:g} (bf16 on the device vs fp32 on the host): "
-            + (verdict if judged else f"recorded, not judged (the tolerance is not measured yet; would {verdict.lower()})")
+            + (verdict if judged else f"unmeasured (the tolerance is not measured yet; would {verdict.lower()})")
             + ("" if within else f"; diagnosis: {_named(corrected)}")
         )
-        row["corrected_verdict"] = verdict if judged else "recorded, not judged"
+        row["corrected_verdict"] = verdict if judged else "unmeasured"
     return row
 
 

@@ -243,7 +243,7 @@ def test_trn2_goldens_hold_only_published_claims_with_their_reasons(path):
 
     Issue 24 points 10 and 11: a number that depends on the run's weights, tokenizer or text is keyed by
     its inputs (recorded by the first night); a tolerance that is not exact either cites what it was
-    derived or measured from, or says it is unmeasured (then "recorded, not judged").
+    derived or measured from, or says it is unmeasured (then "unmeasured").
     """
     data = json.loads(path.read_text())
     assert set(data) == {"values"}, f"{path}: only 'values'; environment metadata comes from a real run"

@@ -128,17 +128,17 @@ def test_a_config_row_names_the_cause_of_each_difference():
     assert causes["as published vs published"] == "reproduced: |Δ| 0.01 ≤ 0.02"
     assert causes["as published vs corrected"].startswith("Δ +4.12: tokenizer (tokenizer differs; effect +1.5), inv_freq")
     assert causes["corrected vs reference"] == (
-        "Δ +0.02 vs ±0.05 (bf16 on the device vs fp32 on the host): recorded, not judged (the tolerance is not "
+        "Δ +0.02 vs ±0.05 (bf16 on the device vs fp32 on the host): unmeasured (the tolerance is not "
         "measured yet; would pass)"
     )
-    assert row["corrected_verdict"] == "recorded, not judged"
+    assert row["corrected_verdict"] == "unmeasured"
     missed = lane_summary("native_qwen3", 6.54, 0.02, check(3.1, 3.0), check(2.5, 2.2, judged=True))
     assert missed["causes"]["as published vs published"].startswith("not reproduced: Δ -3.44; the as-published lane "
                                                                      "scores what its diagnosis names: none of the known")
     assert missed["corrected_verdict"] == "FAIL" and "diagnosis: none of the known suspects" in missed["causes"][
         "corrected vs reference"]
     lines = "\n".join(lanes_section([row, missed]))
-    assert "| hf_backend | 6.54 | 6.55 | 2.43 | 2.41 | recorded, not judged |" in lines
+    assert "| hf_backend | 6.54 | 6.55 | 2.43 | 2.41 | unmeasured |" in lines
     assert "- native_qwen3, corrected vs reference: Δ +0.3 vs ±0.05" in lines
 
 

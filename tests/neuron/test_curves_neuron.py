@@ -7,7 +7,7 @@ into ``fixtures/goldens/<recipe>/trn2-band.json`` (N, k, floor and the 20-step l
 stated and justified in harness/band.py). The curve is the recipe's band lane run of the
 night (``harness.nightly.BAND_LAUNCH``), the very run ``harness.band.band_options`` repeats.
 
-A band nobody has recorded yet judges nothing: the curve is "recorded, not judged" with
+A band nobody has recorded yet judges nothing: the curve is "unmeasured" with
 its values (``harness.band.judge_curve``), and the test fails only when a recorded band
 is left.
 """

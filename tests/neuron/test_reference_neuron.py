@@ -8,7 +8,7 @@ file scores the run's own first global batch with transformers in fp32 on the ho
 (``harness.reference``), so the report says what the weights score and why a lane differs.
 6.54 itself is judged only on the as-published lane (test_hf_backend_neuron.py); the
 corrected lane is judged here, against the reference, under the trn2 tolerance (an
-unmeasured allowance until a night measures it: "recorded, not judged"):
+unmeasured allowance until a night measures it: "unmeasured"):
 
 =================  ==========================  ===========================================
 lane               tokenizer (hf_assets_path)  RoPE inv_freq
