@@ -54,11 +54,12 @@ def check_visible_cores(nproc: int, visible: str | None) -> None:
     torchrun passes its environment unchanged to each of the ``nproc`` ranks of a
     node, so a set value is the same for all of them: each rank's runtime would try
     to claim the same cores. Unset, each local rank is to get its own logical core.
-    Whether torch_neuronx maps LOCAL_RANK to a core itself is NOT confirmed by any public
-    source found (searched 2026-12-06: the native backend's repository aws-neuron/torch-neuronx
-    cannot be fetched here; aws-neuron/aws-neuron-sdk torch/reference/api/torch-neuron-module.rst
-    and neuron-runtime/api/nrt-env-var-reference.rst do not say; the public XLA-era torch_neuronx
-    only reads and remaps NEURON_RT_VISIBLE_CORES). The rehearsal runs both settings of that
+    A public development copy of torch_neuronx does that itself (parmoham-aws/test-repo-parmoham
+    torch_neuronx/distributed/backend.py, ``_set_rt_visible_cores``: when NEURON_RT_VISIBLE_CORES is
+    unset it is set to LOCAL_RANK as the "neuron" process group is created, and ``_neuron_runtime_setup``
+    asserts the runtime was not initialized before ``init_process_group``). The released 2.14.3 is not
+    public (aws-neuron/torch-neuronx cannot be fetched here; the runtime and torch.neuron docs do not
+    say), so the rehearsal runs both settings of that
     behaviour (rehearsal/settings.py). ``NEURON_RT_VISIBLE_CORES`` syntax (one index or an
     inclusive range): aws-neuron/aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst
     (``neuroncore_ids``) and the runtime configuration docs.

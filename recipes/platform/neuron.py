@@ -213,8 +213,9 @@ def install() -> None:
     module (aws-neuron/aws-neuron-sdk torch/reference/api/torch-neuron-module.rst, "How the module
     is registered"; torch also autoloads it on ``import torch`` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)
     and the "neuron" process-group backend, which torchtitan then picks up as its device type.
-    Whether it also sets NEURON_RT_VISIBLE_CORES from LOCAL_RANK when unset is not confirmed by any
-    source found (harness.checks.check_visible_cores says what was searched).
+    A public development copy also sets NEURON_RT_VISIBLE_CORES to LOCAL_RANK when unset, at the process
+    group's creation (parmoham-aws/test-repo-parmoham torch_neuronx/distributed/backend.py,
+    ``_set_rt_visible_cores``); the released 2.14.3 is not public (harness.checks.check_visible_cores).
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
     import torch_neuronx  # noqa: F401
