@@ -94,6 +94,24 @@ def test_the_checkout_is_found_from_an_editable_torchtitan(tmp_path):
     assert root is None and "is not a TorchTitan checkout" in why
 
 
+def test_the_checkout_is_found_from_the_install_record(tmp_path, monkeypatch):
+    """make neuron-venv records the checkout it installed; it is found there even when `import torchtitan` loads
+    another copy (the rehearsal's fork stand-in sits on the cpu venv's torchtitan)."""
+    from recipes.platform import torchtitan_checkout
+
+    checkout = tmp_path / "torchtitan-neuron"
+    for sub in ("tests/assets/c4_test", "tests/assets/tokenizer"):
+        (checkout / sub).mkdir(parents=True)
+    record = tmp_path / "torchtitan-neuron.json"
+    record.write_text(json.dumps({"url": "file:///fork", "ref": "release-2.33", "ref_kind": "branch",
+                                  "ls_remote_commit": "a" * 40, "commit": "a" * 40, "checkout": str(checkout)}))  # fmt: skip
+    monkeypatch.setenv(torchtitan_checkout.RECORD_ENV, str(record))
+    assert lanes.titan_checkout() == (checkout, "")
+    (checkout / "tests/assets/c4_test").rmdir()
+    root, why = lanes.titan_checkout()
+    assert root is None and f"the install record {record}" in why
+
+
 def test_the_plan_prints_every_step_with_processes_cores_launches_and_the_total():
     lines = nightly.plan_lines()
     text = "\n".join(lines)
