@@ -9,8 +9,8 @@ in-place ops mutate it, and autograd sees an ordinary device. Factory functions 
 ``device="neuron"`` reach the PrivateUse1 key with no tensor to dispatch on: each has a
 PrivateUse1 kernel that builds the CPU result and wraps it, and a boxed fallback catches the rest.
 
-What it cannot do (each a loud error, never a silent answer): ``data_ptr``/``untyped_storage``
-of a neuron tensor (torch raises: a wrapper has no storage), pinned memory, streams with real ordering,
+``untyped_storage``/``data_ptr`` are the payload's (FSDP2 frees and re-allocates parameter memory
+through them). What it cannot do (each a loud error, never a silent answer): pinned memory, streams with real ordering,
 torch.compile graphs that lower to a Neuron backend, and any number that means "trn2".
 """
 
@@ -53,6 +53,13 @@ class NeuronTensor(torch.Tensor):
     def tolist(self):
         """A device tensor's ``tolist`` copies to the host (torch refuses it for subclasses)."""
         return self.detach().cpu().tolist()
+
+    def untyped_storage(self):
+        """The device memory is the payload's: FSDP2 frees and re-allocates it with ``resize_``."""
+        return self.payload.untyped_storage()
+
+    def data_ptr(self) -> int:
+        return self.payload.data_ptr()
 
     def __tensor_flatten__(self):
         """A traceable wrapper: ``nn.Module._apply`` swaps such parameters instead of ``.data =``."""

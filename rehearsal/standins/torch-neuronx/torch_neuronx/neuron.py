@@ -56,9 +56,10 @@ def set_device(device) -> None:
 
 
 def manual_seed_all(seed: int) -> None:
+    """Neuron tensors draw from the CPU generator (torch.manual_seed calls this after seeding it)."""
     import torch
 
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
 
 
 def manual_seed(seed: int) -> None:
@@ -119,3 +120,69 @@ def memory_allocated(device=None) -> int:
 
 def memory_reserved(device=None) -> int:
     return 0
+
+
+class Event:
+    """``torch.neuron.Event`` (public copy: torch_neuronx/streams.py): on the CPU every op is done when it returns."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class Stream:
+    """``torch.neuron.Stream``: what FSDP2 asks of a device stream (wait, record, context), all immediate."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device, self.priority = device, priority
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event if event is not None else Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_default_stream = Stream()
+
+
+def current_stream(device=None) -> Stream:
+    return _default_stream
+
+
+def default_stream(device=None) -> Stream:
+    return _default_stream
+
+
+def set_stream(stream) -> None:
+    pass
+
+
+def stream(stream):
+    return stream if stream is not None else _default_stream
