@@ -105,6 +105,7 @@ def _metadata(wheel: Path) -> tuple[email.message.Message, list[str], str]:
         return email.message_from_bytes(z.read(info)), names, z.read(entry).decode() if entry else ""
 
 
+@pytest.mark.slow  # builds three wheels with pip (about 6 s)
 def test_builder_writes_the_pinned_distributions_and_neuron_ls(built):
     pins = neuron_versions.pins()
     wheels = sorted((built / "wheelhouse").glob("*.whl"))
@@ -115,6 +116,7 @@ def test_builder_writes_the_pinned_distributions_and_neuron_ls(built):
     assert (built / "bin" / "neuron-ls").stat().st_mode & 0o111
 
 
+@pytest.mark.slow  # builds three wheels with pip (about 6 s)
 def test_neuronx_cc_owns_nkilib_and_torch_neuronx_autoloads(built):
     """What recipes/platform/nkilib_source.py and the autoload contract look for in the installed metadata."""
     _, cc_files, _ = _metadata(next((built / "wheelhouse").glob("neuronx_cc-*.whl")))

@@ -245,6 +245,7 @@ def test_the_suite_uses_what_this_test_reads():
     )
 
 
+@pytest.mark.slow  # the stand-ins are read in a child that imports torch (about 5 s)
 def test_every_name_exists_in_the_standins(uses_and_standins):
     _, attributes, _, described = uses_and_standins
     missing = [f"{n}: {described[n]['missing']}" for n in sorted(attributes | set(nkilib_source.KERNEL_MODULES))
@@ -252,12 +253,14 @@ def test_every_name_exists_in_the_standins(uses_and_standins):
     assert not missing, "names the suite uses that the stand-ins lack:\n" + "\n".join(missing)
 
 
+@pytest.mark.slow  # the stand-ins are read in a child that imports torch (about 5 s)
 def test_every_call_binds_to_the_standin_signature(uses_and_standins):
     calls, _, _, described = uses_and_standins
     errors = [e for call in calls if (e := bind_error(call, described[call.target]))]
     assert not errors, "\n".join(errors)
 
 
+@pytest.mark.slow  # the stand-ins are read in a child that imports torch (about 5 s)
 def test_standins_are_loaded_from_their_sources_only(uses_and_standins):
     """The child imported the sources under rehearsal/standins, not an installed package; this process none."""
     *_, described = uses_and_standins
