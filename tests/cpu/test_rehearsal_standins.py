@@ -125,3 +125,17 @@ def test_neuronx_cc_owns_nkilib_and_torch_neuronx_autoloads(built):
         assert {f"{base}.py", f"{base}/__init__.py"} & set(cc_files), f"{module} is not in the neuronx-cc stand-in wheel"
     _, _, entry_points = _metadata(next((built / "wheelhouse").glob("torch_neuronx-*.whl")))
     assert "[torch.backends]" in entry_points
+
+
+def test_no_standin_is_importable_from_a_checkout():
+    """From the repository root (the cwd of every tier's process) no stand-in package resolves to rehearsal/:
+    the hyphenated source directories are not packages, so only an installed wheel provides them."""
+    code = (
+        "import importlib.util, json; "
+        "print(json.dumps({m: getattr(importlib.util.find_spec(m), 'origin', None) "
+        "for m in ('torch_neuronx', 'torch_neuronx_autoload', 'nki', 'nkilib')}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    origins = {m: o and str(Path(o).resolve()) for m, o in json.loads(done.stdout).items()}
+    assert not [o for o in origins.values() if o and o.startswith(str(REPO_ROOT / "rehearsal"))], origins
