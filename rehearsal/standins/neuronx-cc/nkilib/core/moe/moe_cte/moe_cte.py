@@ -74,16 +74,12 @@ class MoECTESpec(nl.NKIObject):
     shard_on_I: Optional[ShardOnIConfig] = None
 
     def __post_init__(self):
-        if self.implementation in (MoECTEImplementation.shard_on_block, MoECTEImplementation.shard_on_block_mx):
-            if self.shard_on_block is None:
-                self.shard_on_block = ShardOnBlockConfig()
-        elif self.implementation in (
-            MoECTEImplementation.shard_on_i,
-            MoECTEImplementation.shard_on_i_hybrid,
-            MoECTEImplementation.shard_on_i_dropping,
-        ):
-            if self.shard_on_I is None:
-                self.shard_on_I = ShardOnIConfig()
+        """Default config for the implementation's family, as the real spec fills it in."""
+        impl = self.implementation.name
+        if impl.startswith("shard_on_block") and self.shard_on_block is None:
+            self.shard_on_block = ShardOnBlockConfig()
+        elif impl in ("shard_on_i", "shard_on_i_hybrid", "shard_on_i_dropping") and self.shard_on_I is None:
+            self.shard_on_I = ShardOnIConfig()
 
 
 def _blocks(token_position_to_id, block_to_expert, block_size):
