@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rehearsal import fork
+from rehearsal import fork, wheels
 from rehearsal.workflow import Context, JobRun, StepResult, WorkflowError, step_name, upload_artifact
 
 SOURCE = Path(__file__).resolve().parents[1]
@@ -72,9 +72,11 @@ RUNNER = RunnerTable(
         "GITHUB_RUN_ID": "1000001",
         "GITHUB_RUN_NUMBER": "1",
         "GITHUB_REPOSITORY": "rehearsal/qwen3-trn-repro",
-        # pip offline: only the stand-in wheelhouse; the fork's setuptools comes from the layered venv.
+        # pip offline: the stand-in wheelhouse, and the cpu venv's setuptools repacked (rehearsal/wheels.py:
+        # Python 3.11's venv seeds setuptools 65.5, torch 2.14.0 needs >=77.0.3; a 3.12 venv seeds none).
+        # The fork's editable install builds with that setuptools (no build isolation: no index to fill one).
         "PIP_NO_INDEX": "1",
-        "PIP_FIND_LINKS": "{standins}/wheelhouse",
+        "PIP_FIND_LINKS": "{standins}/wheelhouse {scratch}/wheelhouse-cpu",
         "PIP_NO_BUILD_ISOLATION": "0",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "TORCHTITAN_NEURON_URL": "{fork_url}",
@@ -165,6 +167,7 @@ def standin_neuron_venv(path: Path, standins: Path, env: dict[str, str]) -> None
 def prepare(scratch: Path, standins: Path, python_floor: str) -> tuple[Context, dict[str, str]]:
     """The scratch dir as a runner's machine would have it before the job; returns the table filled in."""
     fork_url = fork.build(scratch / "git/torchtitan-neuron", SOURCE / "fixtures")
+    wheels.repack("setuptools", scratch / "wheelhouse-cpu")
     values = {"scratch": str(scratch), "standins": str(standins.resolve()), "fork_url": fork_url,
               "python_floor": python_floor}
     env = {k: fill(v, values) for k, v in RUNNER.env.items()}
