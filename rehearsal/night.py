@@ -198,21 +198,23 @@ def checkout(with_: dict, job: JobRun, out) -> int:
     return 0
 
 
-def snapshot() -> dict:
-    """What the rehearsal must leave as it found it."""
-    status = subprocess.run(["git", "-C", str(SOURCE), "status", "--porcelain"], capture_output=True, text=True)
-    return {"git status": status.stdout, "/opt": sorted(os.listdir("/opt")) if os.path.isdir("/opt") else [],
-            "mapped": {p: os.path.exists(p) for p in RUNNER.paths}}
+def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt") -> dict:
+    """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths."""
+    status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"], capture_output=True, text=True)
+    return {"source": str(source), "git status": status.stdout, "opt": opt,
+            "entries": sorted(os.listdir(opt)) if os.path.isdir(opt) else [],
+            "mapped": {p: os.path.exists(p) for p in watched}}
 
 
 def writes_outside(before: dict, after: dict) -> list[str]:
+    """One line per thing the rehearsal changed outside its scratch dir."""
     found = []
     if before["git status"] != after["git status"]:
-        found.append(f"the source checkout {SOURCE} changed (git status --porcelain before: "
+        found.append(f"the source checkout {before['source']} changed (git status --porcelain before: "
                      f"{before['git status']!r}, after: {after['git status']!r})")
-    new = sorted(set(after["/opt"]) - set(before["/opt"]))
+    new = sorted(set(after["entries"]) - set(before["entries"]))
     if new:
-        found.append(f"/opt gained {new}")
+        found.append(f"{before['opt']} gained {new}")
     found += [f"{p} was created" for p in after["mapped"] if after["mapped"][p] and not before["mapped"][p]]
     return found
 

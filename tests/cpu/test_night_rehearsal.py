@@ -1,0 +1,113 @@
+"""The rehearsal's runner machinery (rehearsal/workflow.py, rehearsal/night.py) on small workflows.
+
+Each workflow is written in tmp_path and run for real with bash, as the rehearsal runs
+.github/workflows/nightly-trn2.yml; the whole night is `make rehearse-trn2`, not run here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rehearsal import night
+from rehearsal.workflow import Context, JobRun, WorkflowError, upload_artifact
+
+
+def job(tmp_path: Path, steps: list[dict], env: dict | None = None, paths: dict | None = None) -> JobRun:
+    workflow = tmp_path / "wf.yml"
+    workflow.write_text(yaml.safe_dump({"on": "push", "jobs": {"j": {"runs-on": "x", "env": env or {}, "steps": steps}}}))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    context = Context(github={"workspace": str(workspace), "run_number": "7"}, paths=paths or {})
+    base_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RUNNER_TEMP": str(tmp_path / "rt")}
+    (tmp_path / "rt").mkdir()
+    return JobRun(workflow, context, workspace, base_env, actions={"actions/upload-artifact": upload_artifact})
+
+
+def codes(results) -> list:
+    return [r.exit_code for r in results]
+
+
+def test_expressions_env_and_mapped_paths_reach_the_step(tmp_path):
+    opt = tmp_path / "opt-standin"
+    run = job(tmp_path, [{"name": "s", "env": {"N": "${{ github.run_number }}"},
+                          "run": 'echo "$N ${{ github.workspace }} $CACHE" > out.txt'}],
+              env={"CACHE": "/opt/cache/neff"}, paths={"/opt/cache": opt})
+    assert codes(run.run()) == [0]
+    assert (run.workspace / "out.txt").read_text() == f"7 {run.workspace} {opt}/neff\n"
+
+
+def test_github_env_and_output_reach_later_steps(tmp_path):
+    run = job(tmp_path, [
+        {"name": "a", "id": "a", "run": 'echo "V=one" >> "$GITHUB_ENV"\nprintf "k<<EOF\\nx y\\nEOF\\n" >> "$GITHUB_OUTPUT"'},
+        {"name": "b", "run": 'echo "$V ${{ steps.a.outputs.k }}" > out.txt'},
+    ], env={"V": "job"})
+    assert codes(run.run()) == [0, 0]
+    assert (run.workspace / "out.txt").read_text() == "one x y\n"  # GITHUB_ENV over the job's env
+
+
+def test_after_a_failure_only_always_and_not_cancelled_steps_run(tmp_path):
+    run = job(tmp_path, [
+        {"name": "fails in a pipe", "run": "false | true\necho never > never.txt"},  # -o pipefail, -e
+        {"name": "default success()", "run": "touch skipped.txt"},
+        {"name": "always", "if": "always()", "run": "touch always.txt"},
+        {"name": "not cancelled", "if": "${{ !cancelled() }}", "run": "touch not-cancelled.txt"},
+    ])
+    assert codes(run.run()) == [1, None, 0, 0]
+    assert sorted(p.name for p in run.workspace.iterdir()) == ["always.txt", "not-cancelled.txt"]
+
+
+@pytest.mark.parametrize("text, named", [
+    ("echo ${{ github.event_name }}", "github.event_name"),
+    ("echo ${{ secrets.TOKEN }}", "secrets.TOKEN"),
+    ("ls /opt/unmapped/dir", "/opt/unmapped/dir"),
+])  # fmt: skip
+def test_an_unknown_expression_or_unmapped_path_is_refused_by_name(tmp_path, text, named):
+    run = job(tmp_path, [{"name": "s", "run": text}], paths={"/opt/cache": tmp_path})
+    with pytest.raises(WorkflowError, match=f"step 1 's'.*'[^']*{named}"):
+        run.run()
+
+
+def test_upload_artifact_honours_if_no_files_found(tmp_path):
+    run = job(tmp_path, [
+        {"name": "make", "run": "mkdir -p report && touch report/a.json"},
+        {"name": "up", "uses": "actions/upload-artifact@v4", "with": {"name": "r", "path": "report/"}},
+        {"name": "missing", "uses": "actions/upload-artifact@v4",
+         "with": {"name": "h", "path": "history/runs.jsonl", "if-no-files-found": "error"}},
+    ])
+    assert codes(run.run()) == [0, 0, 1]
+    assert [a["missing"] for a in run.artifacts] == [[], ["history/runs.jsonl"]]
+
+
+def test_a_write_into_the_source_checkout_or_opt_is_found(tmp_path):
+    source, opt = tmp_path / "src", tmp_path / "opt"
+    opt.mkdir()
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    watched = (str(opt / "trend.jsonl"),)
+    before = night.snapshot(source, watched, str(opt))
+    assert night.writes_outside(before, night.snapshot(source, watched, str(opt))) == []
+    (source / "stray.txt").write_text("x")
+    (opt / "trend.jsonl").write_text("x")
+    found = night.writes_outside(before, night.snapshot(source, watched, str(opt)))
+    assert len(found) == 3 and "stray.txt" in found[0] and "trend.jsonl" in found[1] and "trend.jsonl" in found[2]
+
+
+def test_the_expected_exit_table_names_every_step_of_the_real_nightly(tmp_path):
+    expected = night.expected_codes(night.WORKFLOW, "first")
+    assert len(expected) == len(yaml.safe_load(night.WORKFLOW.read_text())["jobs"]["neuron"]["steps"])
+    assert expected["Fail unless every published trn2 claim was measured"] == 1  # goldens' inputs still null
+    assert set(night.expected_codes(night.WORKFLOW, "later").values()) == {0}
+    renamed = tmp_path / "nightly.yml"
+    renamed.write_text(night.WORKFLOW.read_text().replace("- name: NEFF cache hits and misses", "- name: NEFF hits"))
+    with pytest.raises(night.RehearsalError, match=r"no entry for \['NEFF hits'\].*'NEFF cache hits and misses'"):
+        night.expected_codes(renamed, "first")
+
+
+def test_missing_standins_is_one_clear_line(tmp_path, capsys):
+    assert night.main(["--standins", str(tmp_path / "none"), "--scratch", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "python -m rehearsal.standins build --out DIR" in err
+    assert not (tmp_path / "s").exists()
