@@ -2,9 +2,12 @@
 
 Only what the suite's workflows use, each part as GitHub documents it:
 
-- ``run:`` steps run as ``bash --noprofile --norc -eo pipefail {0}``, GitHub's default
-  shell for ``run`` on Linux (docs.github.com, "Workflow syntax for GitHub Actions",
-  ``jobs.<job_id>.steps[*].shell``: "bash: ... bash --noprofile --norc -eo pipefail {0}").
+- ``run:`` steps without ``shell:`` run as ``bash -e {0}``; ``shell: bash`` runs
+  ``bash --noprofile --norc -eo pipefail {0}`` (docs.github.com "Workflow syntax for GitHub
+  Actions", ``jobs.<job_id>.steps[*].shell`` table: "unspecified ... bash -e {0}", "bash ...
+  bash --noprofile --norc -eo pipefail {0}"; github/docs PR 18934 after actions/runner issue
+  1955: pipefail "is not applied by default"). So an unnamed shell does not fail a pipeline
+  whose first command fails, exactly as on the runner.
 - ``$GITHUB_ENV``, ``$GITHUB_OUTPUT`` and ``$GITHUB_STEP_SUMMARY`` are files the runner reads
   after each step ("Workflow commands for GitHub Actions"): ``NAME=value`` lines or
   ``NAME<<DELIM`` blocks; GITHUB_ENV's become the environment of every later step (over the
@@ -28,7 +31,8 @@ from pathlib import Path
 
 import yaml
 
-SHELL = ("bash", "--noprofile", "--norc", "-eo", "pipefail")
+#: ``shell:`` value (None: unspecified, after ``defaults.run.shell``) -> the command GitHub runs on Linux.
+SHELLS = {None: ("bash", "-e"), "bash": ("bash", "--noprofile", "--norc", "-eo", "pipefail"), "sh": ("sh", "-e")}
 _EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 # An absolute path where a shell word or a value starts (not the tail of a relative path or "$VAR/x").
 _ABS_PATH = re.compile(r"(?:(?<=^)|(?<=[\s\"'=<>:(|;,]))(/[A-Za-z0-9_.+@-]+(?:/[A-Za-z0-9_.+@-]*)*)", re.M)
@@ -162,6 +166,9 @@ class JobRun:
 
     def __post_init__(self):
         self.job, self.spec = load_job(self.workflow, self.job)
+        workflow_defaults = (yaml.safe_load(self.workflow.read_text()).get("defaults") or {}).get("run") or {}
+        job_defaults = (self.spec.get("defaults") or {}).get("run") or {}
+        self.default_shell = job_defaults.get("shell", workflow_defaults.get("shell"))
         self.temp = Path(self.base_env["RUNNER_TEMP"])
         self.logs = self.logs or self.temp / "logs"
         self.summary = self.temp / "step_summary.md"
@@ -214,12 +221,13 @@ class JobRun:
             with open(log, "w") as out:
                 code = self.actions[action](with_, self, out)
         else:
-            if step.get("shell") not in (None, "bash"):
-                raise WorkflowError(f"{where}: shell '{step['shell']}': the rehearsal runs bash steps only")
+            shell = step.get("shell", self.default_shell)
+            if shell not in SHELLS:
+                raise WorkflowError(f"{where}: shell '{shell}': the rehearsal runs {sorted(map(str, SHELLS))} only")
             script = self.temp / f"step-{index}.sh"
             script.write_text(self.context.substitute(step["run"], where))
             cwd = self.workspace / step.get("working-directory", ".")
-            code = self._execute([*SHELL, str(script)], cwd, env, log)
+            code = self._execute([*SHELLS[shell], str(script)], cwd, env, log)
         seconds = time.monotonic() - start
         if step.get("id"):
             self.context.outputs[step["id"]] = parse_command_file(output_file)

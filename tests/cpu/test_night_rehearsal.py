@@ -49,9 +49,18 @@ def test_github_env_and_output_reach_later_steps(tmp_path):
     assert (run.workspace / "out.txt").read_text() == "one x y\n"  # GITHUB_ENV over the job's env
 
 
+def test_an_unnamed_shell_is_bash_e_and_shell_bash_adds_pipefail(tmp_path):
+    run = job(tmp_path, [
+        {"name": "unnamed", "run": "false | true\ntouch unnamed.txt\nfalse\ntouch never.txt"},  # bash -e {0}
+        {"name": "bash", "if": "always()", "shell": "bash", "run": "false | true\ntouch never.txt"},
+    ])
+    assert codes(run.run()) == [1, 1]
+    assert sorted(p.name for p in run.workspace.iterdir()) == ["unnamed.txt"]
+
+
 def test_after_a_failure_only_always_and_not_cancelled_steps_run(tmp_path):
     run = job(tmp_path, [
-        {"name": "fails in a pipe", "run": "false | true\necho never > never.txt"},  # -o pipefail, -e
+        {"name": "fails", "run": "false\necho never > never.txt"},
         {"name": "default success()", "run": "touch skipped.txt"},
         {"name": "always", "if": "always()", "run": "touch always.txt"},
         {"name": "not cancelled", "if": "${{ !cancelled() }}", "run": "touch not-cancelled.txt"},
