@@ -231,15 +231,20 @@ def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
     return sum(map(executed, neuron)), sum(t["outcome"] == "skipped" for t in neuron), launches
 
 
-def collected(job: JobRun) -> int | None:
-    """How many neuron tests the night's own pytest collects (None when the install never made its venv)."""
+def collected(job: JobRun) -> tuple[int | None, str]:
+    """How many neuron tests the night's own pytest command collects, and its collection errors' summary.
+
+    None when the install never made .venv-neuron. Any collection error makes the count a failure:
+    pytest runs nothing when collection is interrupted."""
     python = job.workspace / ".venv-neuron/bin/python"
     if not python.exists():
-        return None
+        return None, ".venv-neuron was never made"
     env = {**job.base_env, **job.job_env(), **job.env_from_steps}
     out = subprocess.run([str(python), "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
                          cwd=job.workspace, env=env, capture_output=True, text=True)
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line)
+    count = sum(1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line)
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR ")]
+    return count, (f"pytest --collect-only exited {out.returncode}: {'; '.join(errors)}" if out.returncode else "")
 
 
 def report_line(result: StepResult, expected: int) -> str:
@@ -286,13 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     for line in outside:
         print(f"rehearsal: wrote outside its scratch dir: {line}")
     ran, skipped, launches = counts(job.workspace, scratch)
-    n_collected = collected(job)
+    n_collected, collect_error = collected(job)
+    if collect_error:
+        print(f"rehearsal: collection: {collect_error}")
     cpu = os.times()
     cpu_s = sum(getattr(cpu, k) - getattr(start_cpu, k) for k in ("user", "system", "children_user", "children_system"))
     print(f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
           f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}")
     print(f"rehearsal: {ran} neuron tests executed, {skipped} skipped, {launches} launches, {len(differs)} steps failed")
-    ok = not differs and not outside and skipped == 0 and n_collected is not None and ran == n_collected
+    ok = not differs and not outside and not collect_error and skipped == 0 and ran == n_collected
     return 0 if ok else 1
 
 
