@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(error) if str(error).startswith("rehearsal") else f"rehearsal: {error}", file=sys.stderr)
         return 2
     differs = [r for r in results if r.exit_code != expected[r.name]]
+    (scratch / "artifacts.json").write_text(json.dumps(job.artifacts, indent=2) + "\n")
     for r in differs:
         if r.log and r.log.exists():
             tail = r.log.read_text(errors="replace").splitlines()[-12:]
