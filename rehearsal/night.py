@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -243,8 +244,10 @@ def collected(job: JobRun) -> tuple[int | None, str]:
     out = subprocess.run([str(python), "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
                          cwd=job.workspace, env=env, capture_output=True, text=True)
     count = sum(1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line)
-    errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR ")]
-    return count, (f"pytest --collect-only exited {out.returncode}: {'; '.join(errors)}" if out.returncode else "")
+    errors = sorted(set(re.findall(r"ERROR collecting (\S+)", out.stdout)))
+    if out.returncode == 0:
+        return count, ""
+    return count, f"pytest --collect-only exited {out.returncode}; errors collecting {', '.join(errors) or '(none named)'}"
 
 
 def report_line(result: StepResult, expected: int) -> str:
