@@ -120,3 +120,54 @@ def test_missing_standins_is_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "python -m rehearsal.standins build --out DIR" in err
     assert not (tmp_path / "s").exists()
+
+
+def classes_in(node, seen=None) -> set[str]:
+    """``module.qualname`` of every config object in a config tree (dataclass fields, lists, dicts)."""
+    import dataclasses
+
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return set()
+    seen.add(id(node))
+    found = set()
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        found.add(f"{type(node).__module__}.{type(node).__qualname__}")
+        for f in dataclasses.fields(node):
+            found |= classes_in(getattr(node, f.name), seen)
+    elif isinstance(node, (list, tuple)):
+        for item in node:
+            found |= classes_in(item, seen)
+    elif isinstance(node, dict):
+        for item in node.values():
+            found |= classes_in(item, seen)
+    return found
+
+
+def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(tmp_path):
+    import importlib.util
+    import tomllib
+
+    from rehearsal import fork
+
+    url = fork.build(tmp_path / "fork", night.SOURCE / "fixtures")
+    refs = subprocess.run(["git", "ls-remote", "--heads", "--tags", url], capture_output=True, text=True).stdout
+    assert [line.split("\t")[1] for line in refs.splitlines()] == ["refs/heads/release-2.33"]
+    checkout = tmp_path / "fork"
+    project = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]
+    assert (project["name"], project["version"]) == ("torchtitan-neuron-standin", "0.2.2+neuron.1")  # never 'torchtitan'
+    corpus = night.SOURCE / "fixtures/corpus/train.jsonl"
+    assert (checkout / "tests/assets/c4_test/train.jsonl").read_bytes() == corpus.read_bytes()
+    assert (checkout / "tests/assets/tokenizer/tokenizer.json").is_file()
+    path = checkout / "torchtitan_neuron/models/qwen3/config_registry.py"
+    spec = importlib.util.spec_from_file_location("standin_config_registry", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)
+    layers = config.model_spec.model.layers
+    assert len(layers) == 4 and {(l.moe.num_experts, l.moe.router.top_k) for l in layers} == {(64, 4)}
+    assert config.compile.enable is False and config.parallelism.expert_parallel_degree == 1
+    classes = classes_in(config)
+    assert classes and all(c.startswith("torchtitan.") for c in classes), sorted(c for c in classes
+                                                                             if not c.startswith("torchtitan."))
+    assert "torchtitan.models.common.rope.CosSinRoPE.Config" in classes
