@@ -42,6 +42,8 @@ class RunnerTable:
     paths: dict[str, str]
     #: The runner machine's environment for every step (before the job's own env).
     env: dict[str, str]
+    #: rehearsal/settings.py RehearsalSettings fields (the stand-ins' seam): fake devices, ranks, sizes.
+    settings: dict
 
 
 RUNNER = RunnerTable(
@@ -84,6 +86,7 @@ RUNNER = RunnerTable(
         # The one check overridden, by name (scripts/neuron_venv.sh prints it when used).
         "REHEARSAL_PYTHON_FLOOR": "{python_floor}",
     },
+    settings={"device_dir": "{scratch}/dev", "neuron_devices": 1, "cores_per_device": 2, "lnc": 2, "ranks": 2},
 )
 
 #: Each step's exit code on a first night (goldens' inputs still null) and on a later night.
@@ -165,13 +168,27 @@ def standin_neuron_venv(path: Path, standins: Path, env: dict[str, str]) -> None
          str(standins / "wheelhouse"), *wheels], env)
 
 
-def prepare(scratch: Path, standins: Path, python_floor: str) -> tuple[Context, dict[str, str]]:
+def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) -> dict[str, str]:
+    """RUNNER.settings written for rehearsal/settings.py, loaded back through it; the variables it exports."""
+    try:
+        from rehearsal import settings as seam
+    except ImportError:
+        raise RehearsalError("rehearsal: rehearsal/settings.py (the stand-ins' seam, branch i34standins) is missing; "
+                             "merge that branch first") from None
+    path = scratch / "rehearsal-settings.json"
+    data = {k: fill(v, values) if isinstance(v, str) else v for k, v in RUNNER.settings.items()}
+    path.write_text(json.dumps({**data, "switches": {**seam.SWITCHES, **switches}}, indent=1) + "\n")
+    return {seam.SETTINGS_ENV: str(path), **seam.load(path).env()}
+
+
+def prepare(scratch: Path, standins: Path, python_floor: str, switches: dict[str, str]) -> tuple[Context, dict]:
     """The scratch dir as a runner's machine would have it before the job; returns the table filled in."""
     fork_url = fork.build(scratch / "git/torchtitan-neuron", SOURCE / "fixtures")
     wheels.repack("setuptools", scratch / "wheelhouse-cpu")
     values = {"scratch": str(scratch), "standins": str(standins.resolve()), "fork_url": fork_url,
               "python_floor": python_floor}
     env = {k: fill(v, values) for k, v in RUNNER.env.items()}
+    env.update(seam_env(scratch, values, switches))
     if shutil.which("gh", path=env["PATH"]):
         raise RehearsalError(f"rehearsal: `gh` is on the rehearsal's PATH ({shutil.which('gh', path=env['PATH'])}); "
                              "it would reach GitHub: remove it from PATH in rehearsal/night.py RUNNER")
@@ -264,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, help="a new or empty dir (default: a new temporary dir)")
     parser.add_argument("--python-floor", default="%d.%d" % sys.version_info[:2],
                         help="scripts/neuron_venv.sh's Python floor for the rehearsal (its real one is 3.12)")
+    parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1",
+                        help="a stand-in switch (rehearsal/settings.py SWITCHES); the rest take their defaults")
     parser.add_argument("--step-timeout", type=float, default=3600.0, help="seconds per step")
     parser.add_argument("--echo", action="store_true", help="print every step's output as it runs")
     args = parser.parse_args(argv)
@@ -277,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             raise RehearsalError(f"rehearsal: --scratch {scratch} is not empty; give a new or empty dir")
         before = snapshot()
         print(f"rehearsal: scratch dir {scratch}; {args.night} night; stand-ins {args.standins}", flush=True)
-        context, env = prepare(scratch, args.standins, args.python_floor)
+        switches = dict(s.split("=", 1) for s in args.switch if "=" in s)
+        if len(switches) != len(args.switch):
+            raise RehearsalError(f"rehearsal: --switch {args.switch}: write each as NAME=0 or NAME=1")
+        print(f"rehearsal: switches {switches or 'all at their defaults'}", flush=True)
+        context, env = prepare(scratch, args.standins, args.python_floor, switches)
         job = JobRun(WORKFLOW, context, Path(context.github["workspace"]), env,
                      actions={"actions/checkout": checkout, "actions/upload-artifact": upload_artifact},
                      logs=scratch / "logs", echo=args.echo, timeout_s=args.step_timeout)
