@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1",
                         help="a stand-in switch (rehearsal/settings.py SWITCHES); the rest take their defaults")
     parser.add_argument("--step-timeout", type=float, default=3600.0, help="seconds per step")
+    parser.add_argument("--min-available-gib", type=float, default=2.0,
+                        help="end a step when the machine's available memory falls under this (a shared host)")
     parser.add_argument("--echo", action="store_true", help="print every step's output as it runs")
     args = parser.parse_args(argv)
     start_wall, start_cpu = time.monotonic(), os.times()
@@ -303,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         context, env = prepare(scratch, args.standins, args.python_floor, switches)
         job = JobRun(WORKFLOW, context, Path(context.github["workspace"]), env,
                      actions={"actions/checkout": checkout, "actions/upload-artifact": upload_artifact},
-                     logs=scratch / "logs", echo=args.echo, timeout_s=args.step_timeout)
+                     logs=scratch / "logs", echo=args.echo, timeout_s=args.step_timeout,
+                     min_available=int(args.min_available_gib * 2**30))
         results = job.run(on_step=lambda r: print(report_line(r, expected[r.name]), flush=True))
     except (RehearsalError, WorkflowError) as error:
         print(str(error) if str(error).startswith("rehearsal") else f"rehearsal: {error}", file=sys.stderr)

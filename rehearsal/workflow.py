@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -149,6 +150,17 @@ def load_job(workflow: Path, job: str | None = None) -> tuple[str, dict]:
     return job, jobs[job]
 
 
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo, in bytes (a large number where there is no /proc)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
 @dataclass
 class JobRun:
     """One job of one workflow file, run in ``workspace`` with ``base_env`` as the runner's environment."""
@@ -162,6 +174,9 @@ class JobRun:
     logs: Path | None = None
     echo: bool = False
     timeout_s: float | None = None
+    #: A step is ended when the machine's available memory falls under this many bytes.
+    min_available: int = 2 * 2**30
+    available_memory: object = available_memory
     job: str | None = None
 
     def __post_init__(self):
@@ -235,21 +250,29 @@ class JobRun:
         return StepResult(index, name, code, seconds, log)
 
     def _execute(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> int:
+        """Run one step in its own session; a watchdog ends its whole process group on the step timeout or
+        when the machine's available memory falls under ``min_available`` (a shared host must survive)."""
         with open(log, "w") as out:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", start_new_session=True)
-            assert proc.stdout is not None
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
-            for line in proc.stdout:
-                out.write(line)
-                out.flush()
-                if self.echo:
-                    print(line, end="", flush=True)
+            why = ""
+            while proc.poll() is None:
                 if deadline and time.monotonic() > deadline:
-                    os.killpg(proc.pid, 15)
-                    out.write(f"rehearsal: step timed out after {self.timeout_s:.0f} s\n")
+                    why = f"timed out after {self.timeout_s:.0f} s"
+                elif self.available_memory() < self.min_available:
+                    why = (f"the machine's available memory fell under {self.min_available / 2**30:.1f} GiB "
+                           "(rehearsal/workflow.py JobRun.min_available)")
+                if why:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
                     break
-            return proc.wait()
+                time.sleep(0.2)
+            if why:
+                out.write(f"\nrehearsal: step ended by the rehearsal: {why}\n")
+            if self.echo:
+                print(log.read_text(errors="replace"), end="", flush=True)
+            return proc.returncode
 
 
 def upload_artifact(with_: dict, job: JobRun, out) -> int:

@@ -7,6 +7,7 @@ Each workflow is written in tmp_path and run for real with bash, as the rehearsa
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,24 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(t
     assert classes and all(c.startswith("torchtitan.") for c in classes), sorted(c for c in classes
                                                                              if not c.startswith("torchtitan."))
     assert "torchtitan.models.common.rope.CosSinRoPE.Config" in classes
+
+
+@pytest.mark.parametrize("limit, why", [("timeout", "timed out after 0 s"), ("memory", "available memory fell under")])
+def test_a_step_is_ended_on_its_timeout_or_when_memory_runs_low(tmp_path, limit, why):
+    run = job(tmp_path, [{"name": "long", "run": "sleep 30 &\necho $! > child.pid\nwait\ntouch done.txt"}])
+    if limit == "timeout":
+        run.timeout_s = 0.3
+    else:
+        run.available_memory = lambda: 0
+    start = time.monotonic()
+    (result,) = run.run()
+    assert result.exit_code == -9 and time.monotonic() - start < 10
+    assert why in result.log.read_text() and not (run.workspace / "done.txt").exists()
+    child = int((run.workspace / "child.pid").read_text())
+    for _ in range(50):  # the step's whole process group ends, not only its shell
+        state = Path(f"/proc/{child}/stat")
+        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {child} outlived the step")
