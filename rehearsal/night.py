@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                      logs=scratch / "logs", echo=args.echo, timeout_s=args.step_timeout,
                      min_available=int(args.min_available_gib * 2**30))
         results = job.run(on_step=lambda r: print(report_line(r, expected[r.name]), flush=True))
-    except (RehearsalError, WorkflowError) as error:
+    except (RuntimeError, ValueError) as error:  # RehearsalError, WorkflowError, a git or settings refusal
         print(str(error) if str(error).startswith("rehearsal") else f"rehearsal: {error}", file=sys.stderr)
         return 2
     differs = [r for r in results if r.exit_code != expected[r.name]]
