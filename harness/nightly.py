@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness import lanes
 from harness.options import RunOptions
+from recipes.tiers import TRN2
 
 #: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
 LANE_STEPS = 20
@@ -88,7 +89,7 @@ class Launch:
         extra = {"seq_len": self.seq_len} if self.seq_len else {}
         return lanes.LANES[self.lane].options(
             checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
-            overrides=list(self.overrides), nproc=64, **extra,
+            overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
         )  # fmt: skip
 
     def describe(self) -> str:

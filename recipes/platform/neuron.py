@@ -12,12 +12,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 
 from recipes.errors import RecipeError
 from recipes.platform import neuron_versions
-from recipes.tiers import REPO_ROOT
+from recipes.tiers import REHEARSAL_SETTINGS_ENV, rehearsal_settings  # noqa: F401 -- the seam's name, re-exported
 
 #: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
 DEFAULT_LNC = 2
@@ -52,28 +51,13 @@ def logical_neuron_cores() -> int:
 HIDE_DEVICES_ENV = "QWEN3_HIDE_NEURON_DEVICES"
 
 
-#: ``QWEN3_REHEARSAL_SETTINGS=<json>``: the cpu rehearsal of the trn2 night (rehearsal/settings.py) names
-#: fake device nodes here. Its loader refuses to act on a host with a real /dev/neuron*.
-REHEARSAL_SETTINGS_ENV = "QWEN3_REHEARSAL_SETTINGS"
-
-
-def _rehearsal_device_nodes() -> list[str]:
-    """The rehearsal's seam: its settings' fake nodes, loaded by path (recipes never import the rehearsal)."""
-    name = "_qwen3_rehearsal_settings"
-    settings = sys.modules.get(name)
-    if settings is None:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "rehearsal" / "settings.py")
-        settings = sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(settings)
-    return settings.load().device_nodes()
-
-
 def device_nodes() -> list[str]:
     """``/dev/neuron*`` character devices: one per Neuron device (16 on trn2.48xlarge); none when hidden."""
     if os.environ.get(HIDE_DEVICES_ENV) == "1":
         return []
-    if os.environ.get(REHEARSAL_SETTINGS_ENV):
-        return _rehearsal_device_nodes()
+    rehearsal = rehearsal_settings()  # the cpu rehearsal's fake nodes; refused where a real /dev/neuron* exists
+    if rehearsal is not None:
+        return rehearsal.device_nodes()
     return sorted(glob.glob("/dev/neuron[0-9]*"))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import email
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -73,6 +74,23 @@ def test_device_nodes_come_from_the_settings_only_when_named(tmp_path, monkeypat
     monkeypatch.delenv(neuron.HIDE_DEVICES_ENV)
     assert neuron.device_nodes() == [str(tmp_path / "dev" / f"neuron{i}") for i in range(3)]
     assert neuron.neuron_status().devices == neuron.device_nodes()
+
+
+def test_the_rehearsed_trn2_tier_takes_the_seams_ranks_and_tiny_sizes(tmp_path):
+    """Under the seam the night's launches run at its rank count on the fixture-sized models (the MoE at the
+    smallest hidden size nkilib's MoE kernels take); without it, the trn2 tier is the real one."""
+    code = ("import json; from recipes.tiers import TRN2; from harness import nightly; from recipes import nki_moe; "
+            "opts = nightly.LAUNCHES['config3-as_published'].options(); "
+            "print(json.dumps([TRN2.nproc, TRN2.full_size_models, TRN2.seq_len, opts.nproc, "
+            "nki_moe.moe_dims('trn2', 4, 64, 4).hidden_size]))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "QWEN3_REHEARSAL_SETTINGS"}
+    seen = {}
+    for name, extra in (("real", {}), ("rehearsed", {"QWEN3_REHEARSAL_SETTINGS": str(write_settings(tmp_path, ranks=2))})):
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**env, **extra}, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[name] = json.loads(out.stdout.splitlines()[-1])
+    assert seen == {"real": [64, True, 2048, 64, 2048], "rehearsed": [2, False, 256, 2, 512]}
 
 
 def test_standin_neuron_ls_counts_the_settings_cores(tmp_path):
