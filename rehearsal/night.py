@@ -60,6 +60,7 @@ RUNNER = RunnerTable(
         "/opt/aws_neuronx_venv_torch_neuronx_2_14_0": "opt/aws_neuronx_venv_torch_neuronx_2_14_0",  # stand-in venv
         "/opt/neuron-cache/neff": "opt/neuron-cache/neff",
         "/opt/qwen3-trn-repro/trend.jsonl": "opt/qwen3-trn-repro/trend.jsonl",
+        "/opt/qwen3-trn-repro/venv-neuron": "opt/qwen3-trn-repro/venv-neuron",  # the suite's trn2 venv, kept across nights
     },
     env={
         "PATH": "{standins}/bin:/usr/local/bin:/usr/bin:/bin",
