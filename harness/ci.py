@@ -202,6 +202,7 @@ def append_trend(report_path: Path, trend_path: Path) -> int:
         "versions": report.get("versions", {}),
         "goldens": report.get("goldens", []),
         "outcomes": {t["test"]: t["outcome"] for t in report["tests"]},
+        **({"rehearsal": report["rehearsal"]} if "rehearsal" in report else {}),  # never read as a real night
     }
     trend_path.parent.mkdir(parents=True, exist_ok=True)
     with trend_path.open("a") as f:

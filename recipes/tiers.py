@@ -208,6 +208,15 @@ def rehearsal_settings():
     return module.load()
 
 
+#: What a rehearsal writes on every value it records (report, runs log, trend): never a trn2 result.
+REHEARSAL_MARK = "rehearsal: stand-in Neuron packages on cpu, never a trn2 result"
+
+
+def rehearsal_mark() -> dict[str, str]:
+    """``{"rehearsal": REHEARSAL_MARK}`` in a rehearsal, ``{}`` otherwise: merged into every record it writes."""
+    return {"rehearsal": REHEARSAL_MARK} if os.environ.get(REHEARSAL_SETTINGS_ENV) else {}
+
+
 def rehearsed(tier: Tier) -> Tier:
     """``tier`` as the cpu rehearsal runs the night: the seam's rank count and tiny models (the fixture
     weights stand in for Qwen3-4B), the MoE at the smallest hidden size nkilib's MoE kernels take

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from recipes.tiers import rehearsal_mark
+
 #: The JSON-lines file each run appends its record to (unset: nothing is appended).
 RUNS_LOG_ENV = "QWEN3_RUNS_LOG"
 #: The night a record belongs to (default: the UTC date); tests and re-runs name it.
@@ -202,6 +204,7 @@ def run_record(result: dict, versions: dict | None = None, night: str | None = N
         "last_loss": losses[-1] if losses else None,
         "published": {"key": claim.key, "value": claim.value} if claim else None,
         "speed": result.get("speed") or {},
+        **rehearsal_mark(),
     }
 
 
