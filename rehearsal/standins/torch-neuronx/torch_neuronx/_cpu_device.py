@@ -10,7 +10,8 @@ in-place ops mutate it, and autograd sees an ordinary device. Factory functions 
 PrivateUse1 kernel that builds the CPU result and wraps it, and a boxed fallback catches the rest.
 
 ``untyped_storage``/``data_ptr`` are the payload's (FSDP2 frees and re-allocates parameter memory
-through them). What it cannot do (each a loud error, never a silent answer): pinned memory, streams with real ordering,
+through them). ``torch.autocast("neuron")`` is a pass-through (ops keep their inputs' dtypes). What it cannot do
+(each a loud error, never a silent answer): pinned memory, device generators, streams with real ordering,
 torch.compile graphs that lower to a Neuron backend, and any number that means "trn2".
 """
 
@@ -181,6 +182,9 @@ def install(device_module) -> None:
     _setup_privateuseone_for_python_backend(DEVICE_NAME, backend_module=device_module)
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_fallback, "PrivateUse1")
+    # torch.autocast(device_type="neuron") (torchtitan's MoE router keeps fp32 with it): no autocast
+    # kernels here, so autocast is a pass-through: ops run in their inputs' dtypes.
+    fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
     for name in FACTORIES:
         packet = getattr(torch.ops.aten, name)

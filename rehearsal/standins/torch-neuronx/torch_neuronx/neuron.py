@@ -86,6 +86,13 @@ def get_device_properties(device=None):
     return SimpleNamespace(name=get_device_name(device), total_memory=24 * 2**30)
 
 
+def get_amp_supported_dtype():
+    """What ``torch.autocast(device_type="neuron")`` asks of a device module (torch/amp/autocast_mode.py)."""
+    import torch
+
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
 def get_device_capability(device=None):
     return (0, 0)
 
