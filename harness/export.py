@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from harness.options import RunOptions
+from harness.run_dir import EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.run_dir)
 from recipes.specs import read_hf_config
 
 TOKENIZER_FILES = (
@@ -28,10 +29,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 
-EXPORT_DIR_NAME = "hf_export"
-
-#: Per-tensor sha256 of the trained model as rank 0 saw it after the last step (HF names).
-FINAL_STATE_FILE = "final_state.json"
 
 
 def tensor_sha256(tensor) -> str:
