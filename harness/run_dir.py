@@ -60,6 +60,14 @@ def claim(parent: Path, name: str) -> Path:
             os.mkdir(path)
         except FileExistsError:
             continue
+        except FileNotFoundError:  # another launch's release removed the empty parent just now
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            except OSError:
+                return path
         except OSError:
             return path
         _MADE[path] = [path, *new_parents]

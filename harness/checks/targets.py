@@ -55,6 +55,7 @@ def running_run_dirs() -> dict[Path, int]:
 
     The launcher's own processes (this one and what it started, e.g. its prestarted
     harness.launch.elastic, which carries the planned run's marker) are not another run.
+    A fresh look each time (a run may start between two checks): 10-50 ms of /proc.
     """
     from harness.launch.processes import descendants_of, table  # the one finder of a run's processes
 

@@ -209,6 +209,33 @@ def test_every_reader_names_a_missing_or_partial_provenance(files, state, tmp_pa
         RunInfo.from_run_dir(tmp_path)  # the judgement's reader (harness.reference)
 
 
+@pytest.mark.parametrize("files, state", [r[1:] for r in READERS], ids=[r[0] for r in READERS])
+def test_the_launcher_keys_the_inputs_of_any_provenance_and_leaves_an_unreadable_one_as_it_is(files, state, tmp_path):
+    """``harness.provenance.add_input_key``, which the launcher calls after every run, ended or not: the key
+    always, added to a provenance.json that is one JSON object, and no other file touched or made."""
+    from harness.options import RunOptions
+    from harness.provenance import add_input_key
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    recorded = run_dir.read_provenance(tmp_path)
+    key = add_input_key(tmp_path, RunOptions(recipe="native_qwen3", tier="cpu", init="hf").resolved())
+    assert key["weights"] and key["tokenizer"], key
+    if recorded:
+        assert run_dir.read_provenance(tmp_path) == {**recorded, "inputs": key}
+    else:
+        assert tree_sha256(tmp_path) == {n: hashlib.sha256(t.encode()).hexdigest() for n, t in files.items()}
+
+
+def test_the_band_lane_reads_the_steps_a_killed_rank_left(tmp_path):
+    """``harness.band.read_run`` (the goldens' band lane) through the run directory's readers."""
+    from harness.band import read_run
+
+    (tmp_path / run_dir.STEPS_FILE).write_text('{"step": 1, "loss": 1.5}\n{"step": 2, "loss": 1.4}\n{"step": 3, "lo')
+    (tmp_path / run_dir.RUN_FILE).write_text('{"seed": 1, "recipe": "nat')
+    assert read_run(tmp_path) == ([1.5, 1.4], {})
+
+
 def test_a_run_that_failed_before_provenance_is_reported_with_what_is_known(tmp_path):
     """The report of issue 35: a KeyError 'tokenizer' in results.md on every later run into the report dir."""
     failed = failed_before_provenance(tmp_path)
