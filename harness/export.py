@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from harness.options import RunOptions
-from harness.run_dir import EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.run_dir)
+from harness.run_dir import CHECKPOINT_DIR, EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.run_dir)
 from recipes.specs import read_hf_config
 
 TOKENIZER_FILES = (
@@ -127,11 +127,11 @@ def export_hf_config(opts: RunOptions, config) -> dict:
 def last_checkpoint(run_dir: Path) -> Path:
     """The newest ``checkpoint/step-N`` folder of a run."""
     steps = sorted(
-        (p for p in (run_dir / "checkpoint").glob("step-*") if p.is_dir()),
+        (p for p in (run_dir / CHECKPOINT_DIR).glob("step-*") if p.is_dir()),
         key=lambda p: int(p.name.split("-")[1]),
     )
     if not steps:
-        raise FileNotFoundError(f"{run_dir / 'checkpoint'} holds no step-N checkpoint")
+        raise FileNotFoundError(f"{run_dir / CHECKPOINT_DIR} holds no step-N checkpoint")
     return steps[-1]
 
 

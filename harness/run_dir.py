@@ -29,6 +29,8 @@ RECORD_DIR = "first_batch"
 FINAL_STATE_FILE = "final_state.json"
 #: The completed HF export of the run (``harness.export``).
 EXPORT_DIR_NAME = "hf_export"
+#: torchtitan's checkpoints, ``step-N`` each: the ``checkpoint.folder`` the recipes set (recipes/tutorial.py).
+CHECKPOINT_DIR = "checkpoint"
 #: The run's environment marker for the launcher's children (torchrun, the forkserver, the ranks).
 RUN_DIR_ENV = "QWEN3_RUN_DIR"
 

@@ -338,3 +338,10 @@ def test_two_launches_in_the_same_second_never_share_a_run_directory(tmp_path):
     seeds = sorted(json.loads((d / run_dir.RUN_FILE).read_text())["seed"] for d in dirs)
     assert seeds == [0, 1]
     assert all(len(run_dir.read_steps(d)) == 1 for d in dirs), "each run's steps alone in its directory"
+
+
+def test_the_checkpoint_folder_the_recipes_set_is_the_one_run_dir_names():
+    """recipes/ cannot import the harness, so the name is written twice: they must agree (harness.export reads it)."""
+    from recipes.native_qwen3 import native_qwen3_cpu
+
+    assert native_qwen3_cpu().checkpoint.folder == run_dir.CHECKPOINT_DIR
