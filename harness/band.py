@@ -244,14 +244,12 @@ def write_band(recipe: str, tier: str, key: str, entry: dict) -> Path:
 
 def read_run(run_dir: Path) -> tuple[list[float], dict]:
     """(losses, options) of a finished run directory (steps.jsonl, run.json)."""
-    from harness.run_dir import RUN_FILE, STEPS_FILE
+    from harness.run_dir import STEPS_FILE, read_run_json, read_steps
 
     steps_file = Path(run_dir) / STEPS_FILE
     if not steps_file.is_file():
         raise BandError(f"{steps_file} does not exist: {run_dir} is not a finished run directory")
-    steps = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
-    options = json.loads((Path(run_dir) / RUN_FILE).read_text()) if (Path(run_dir) / RUN_FILE).is_file() else {}
-    return [s["loss"] for s in steps], options
+    return [s["loss"] for s in read_steps(run_dir) if "loss" in s], read_run_json(run_dir)
 
 
 def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None) -> list[Path]:

@@ -58,12 +58,17 @@ def read_lines(path: Path) -> list[dict]:
     if not path.is_file():
         raise HistoryError(f"{path}: no such file; pass a runs log ($QWEN3_RUNS_LOG) or benchmarks/history.jsonl")
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
+            if number == len(lines) and not text.endswith("\n"):  # the last append was cut short (a killed run)
+                print(f"{path} line {number}: a record cut short (no newline, not JSON); left out", file=sys.stderr)
+                continue
             raise HistoryError(f"{path} line {number}: not JSON ({e.msg}); each line must be one JSON object") from None
         if not isinstance(record, dict) or "date" not in record:
             raise HistoryError(f"{path} line {number}: a record needs a \"date\" key; got {line[:80]!r}")

@@ -186,14 +186,20 @@ def run_kept_defects(opts: RunOptions) -> list[str]:
 
 
 def add_input_key(run_dir: Path, opts: RunOptions) -> dict:
-    """Hash the run's inputs on the host (never on a rank: 8 GB of weights) into ``provenance.json``; return the key."""
+    """Hash the run's inputs on the host (never on a rank: 8 GB of weights) into ``provenance.json``; return the key.
+
+    Only into a provenance.json rank 0 wrote whole: a missing or partial one (ranks that died
+    early, ``harness.run_dir.provenance_state``) is left as it is, and the key is still returned.
+    """
     import json
 
+    from harness.run_dir import PROVENANCE_FILE, read_provenance
+
     key = input_key(opts, run_kept_defects(opts))
-    path = Path(run_dir) / "provenance.json"
-    if path.is_file():
-        record = json.loads(path.read_text())
-        path.write_text(json.dumps({**record, "inputs": key}, indent=2, default=str) + "\n")
+    record = read_provenance(run_dir)
+    if record:
+        text = json.dumps({**record, "inputs": key}, indent=2, default=str) + "\n"
+        (Path(run_dir) / PROVENANCE_FILE).write_text(text)
     return key
 
 

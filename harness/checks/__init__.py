@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.checks import inputs as input_checks
 from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
+from harness.checks.targets import check_dump_folder_target, check_export_target, check_run_target
 from harness.options import INITS, RunOptions
 from recipes.tiers import TIERS
 
@@ -230,6 +231,7 @@ def check_export_dir(opts: RunOptions) -> None:
                 f"--export-dir {export_dir} is inside the source --model-dir {opts.model_dir}; "
                 "the source weights are never written to: choose another directory"
             )
+    check_export_target(opts)  # before "pass --overwrite": never advise replacing an input
     input_checks.check_output_dir(
         export_dir, "pass an --export-dir that is a writable directory, or a new path in one"
     )
@@ -247,6 +249,7 @@ def check_run_dir(opts: RunOptions) -> None:
     input_checks.check_output_dir(
         opts.run_dir, "pass a --report-dir that is a writable directory, or a new path in one"
     )
+    check_run_target(opts)
 
 
 def check_hf_model(opts: RunOptions) -> None:
@@ -329,3 +332,4 @@ def check_config_paths(opts: RunOptions, config) -> None:
     run_dir = where(config.dump_folder)
     if run_dir is not None and run_dir != opts.run_dir:
         input_checks.check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
+        check_dump_folder_target(opts, run_dir)

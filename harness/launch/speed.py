@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -175,12 +176,11 @@ def git_commit() -> str | None:
 
 
 def run_label(run_dir: str) -> str:
-    """A run's name across nights: its directory name without the launcher's -YYYYMMDD-HHMMSS stamp."""
+    """A run's name across nights: its directory name without the launcher's -YYYYMMDD-HHMMSS stamp
+    (and the -N that ``harness.run_dir.claim`` adds when two launches share a second)."""
     name = Path(run_dir).name
-    parts = name.rsplit("-", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and len(parts[1]) == 8:
-        return parts[0]
-    return name
+    match = re.fullmatch(r"(.+)-\d{8}-\d{6}(?:-\d+)?", name)
+    return match.group(1) if match else name
 
 
 def run_record(result: dict, versions: dict | None = None, night: str | None = None) -> dict:

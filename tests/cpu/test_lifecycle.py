@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from harness import report
+from harness.run_dir import RUN_FILE
 from harness.launch import GRACE_S
 from recipes.tiers import FIXTURES, RANK_START_ENV, REPO_ROOT
 from run_watch import RunWatch, describe, run_roles
@@ -115,7 +116,9 @@ def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, monkeypat
             assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
             time.sleep(0.05)
         watch.saw(launcher=1, torchrun=1, forkserver=1)
-        assert not report_dir.exists(), "the checks had already passed: this test needs the launcher still checking"
+        # The run directory is claimed before the checks (harness.run_dir.claim); run.json is written at launch.
+        launched = sorted(report_dir.glob(f"runs/*/{RUN_FILE}"))
+        assert not launched, f"the checks had already passed ({launched}): this test needs the launcher still checking"
         parent.kill()
         parent.communicate(timeout=30)
         gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
