@@ -26,6 +26,16 @@ from recipes.tiers import REPO_ROOT
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def another_version(version: str) -> str:
+    """A version string that differs from ``version``: its last number plus one ("5.16.0" -> "5.16.1")."""
+    head, dot, last = version.rpartition(".")
+    return f"{head}{dot}{int(last) + 1}" if last.isdigit() else f"{version}.1"
+
+
+def test_another_version_differs_from_any_installed_one():
+    assert [another_version(v) for v in ("5.16.0", "5.23.0", "2.14.0+cu130", "1")] == ["5.16.1", "5.23.1", "2.14.0+cu130.1", "2"]
+
+
 def history_command(path, out) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", "history", str(path), "--out", str(out)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -95,7 +105,9 @@ def test_history_plots_every_figure_across_nights_and_marks_the_version_change(l
     history_file = tmp_path / "runs.jsonl"
     history_file.write_text(log.read_text())
     installed = report.versions()
-    bumped = {**installed, "transformers": "5.23.0"}
+    # Another version than the installed one, whatever that is (a fixed "5.23.0" failed once 5.23.0 was installed).
+    other = another_version(installed["transformers"])
+    bumped = {**installed, "transformers": other}
     later = {**result.to_dict(), "speed": {**result.speed, "step_time_s": 2 * result.speed["step_time_s"]}}
     speed.append_record(history_file, speed.run_record(later, versions=bumped, night="night-2"))
     speed.append_record(history_file, speed.run_record(result.to_dict(), versions=bumped, night="night-3"))
@@ -105,7 +117,7 @@ def test_history_plots_every_figure_across_nights_and_marks_the_version_change(l
     summary = json.loads((out / history.SUMMARY).read_text())
     assert summary["nights"] == ["night-1", "night-2", "night-3"]
     assert summary["version_changes"] == [
-        {"night": "night-2", "index": 1, "changes": {"transformers": [installed["transformers"], "5.23.0"]}}
+        {"night": "night-2", "index": 1, "changes": {"transformers": [installed["transformers"], other]}}
     ]
     series = "cpu:native_qwen3-cpu-random"
     plots = summary["plots"]
