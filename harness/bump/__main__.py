@@ -46,6 +46,22 @@ def get_baseline(plan: Plan, args: argparse.Namespace, log=print) -> Path:
     return plan.baseline
 
 
+#: Each "broke" is run this many more times before it is reported (as transformers' check_bad_commit does).
+RERUNS = 2
+
+
+def rerun_broken(python: Path, bump: Plan, tests: list[str], log=print) -> dict[str, list[str]]:
+    """Every test that broke, run again ``RERUNS`` times, serially, in the candidate's venv: its outcomes."""
+    outcomes: dict[str, list[str]] = {t: [] for t in tests}
+    for i in range(1, RERUNS + 1):
+        report_dir = bump.candidate_report.parent / f"{bump.candidate_report.name}-rerun-{i}"
+        run_tier(python, report_dir, bump.candidate_lock, log, tests=tuple(tests))
+        results = load_run(report_dir)[0]
+        for test in tests:
+            outcomes[test].append(results[test].outcome if test in results else "absent")
+    return outcomes
+
+
 def main(argv: list[str] | None = None, log=print) -> int:
     args = parse_args(argv)
     try:
@@ -76,6 +92,8 @@ def main(argv: list[str] | None = None, log=print) -> int:
         write_refusal(bump, str(e))
         return EXIT_CANNOT_REHEARSE
     comparison = compare(lock_run, cand_run, moved)
+    if comparison.broke() and not args.report_only:
+        comparison = comparison.with_reruns(rerun_broken(python, bump, comparison.broke(), log))
     runs = {label: asdict(TierRun.load(d) or TierRun(python="?", report_dir=str(d)))
             for label, d in (("baseline", baseline_dir), ("candidate", bump.candidate_report))}
     meta = {

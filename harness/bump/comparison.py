@@ -9,7 +9,7 @@ the candidate breaks, which decide the exit code.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.bump.candidate import Move
 from harness.bump.plan import EXIT_OK, EXIT_PUBLISHED_BROKEN
@@ -89,6 +89,23 @@ class Comparison:
     @property
     def exit_code(self) -> int:
         return EXIT_PUBLISHED_BROKEN if self.published else EXIT_OK
+
+    def with_reruns(self, reruns: dict[str, list[str]]) -> "Comparison":
+        """Each "broke" judged again on its re-runs' outcomes: one that passed on any re-run is "flaky", not the
+        candidate's break; one that failed every re-run stays "broke" and says so."""
+        rows = []
+        for row in self.rows:
+            outcomes = reruns.get(row.test)
+            if row.change == "broke" and outcomes:
+                passed = outcomes.count("passed")
+                change = f"flaky (passed {passed} of {len(outcomes)} re-runs)" if passed else "broke"
+                message = row.message if passed else f"{row.message} (failed {len(outcomes)} of {len(outcomes)} re-runs)"
+                row = replace(row, change=change, message=message)
+            rows.append(row)
+        return replace(self, rows=rows)
+
+    def broke(self) -> list[str]:
+        return [row.test for row in self.rows if row.change == "broke"]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -79,17 +79,25 @@ def tier_env(python: Path, report_dir: Path, base: dict | None = None) -> dict[s
     return env
 
 
-def run_tier(python: Path, report_dir: Path, lock: Path, log=print) -> TierRun:
-    """``pytest -m cpu -n auto`` with ``python``, its report in ``report_dir`` (tests.json, junit.xml, pytest.log)."""
+def tier_command(python: Path, report_dir: Path, basetemp: Path, tests: tuple[str, ...] = ()) -> list[str]:
+    """The cpu tier as ``make test`` runs it, or only ``tests`` (node ids), serially: a re-run of what broke."""
+    args = [*PYTEST_ARGS, *tests] if not tests else ["-m", "cpu", "-p", "no:xdist", "-q", "-p", "no:cacheprovider", *tests]
+    return [str(python), "-m", "pytest", *args, f"--report-dir={report_dir}", f"--junitxml={report_dir / 'junit.xml'}",
+            f"--basetemp={basetemp}"]  # fmt: skip
+
+
+def run_tier(python: Path, report_dir: Path, lock: Path, log=print, tests: tuple[str, ...] = ()) -> TierRun:
+    """``pytest -m cpu -n auto`` with ``python`` (or only ``tests``, serially), its report in ``report_dir``
+    (tests.json, junit.xml, pytest.log)."""
     if report_dir.exists():
         shutil.rmtree(report_dir)
     report_dir.mkdir(parents=True)
     run = TierRun(python=str(python), report_dir=str(report_dir), lock_sha256=sha256(lock), code_sha256=code_sha256())
     env = tier_env(python, report_dir)
     basetemp = Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen3-bump-{report_dir.parent.name}-{report_dir.name}"
-    command = [str(python), "-m", "pytest", *PYTEST_ARGS, f"--report-dir={report_dir}",
-               f"--junitxml={report_dir / 'junit.xml'}", f"--basetemp={basetemp}"]
-    log(f"running the cpu tier with {rel(python)} → {rel(report_dir)} (several minutes)")
+    command = tier_command(python, report_dir, basetemp, tests)
+    what = f"{len(tests)} test(s) again" if tests else "the cpu tier"
+    log(f"running {what} with {rel(python)} → {rel(report_dir)}" + ("" if tests else " (several minutes)"))
     start = time.monotonic()
     with open(report_dir / "pytest.log", "w") as out:
         run.returncode = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode

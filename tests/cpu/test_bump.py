@@ -285,3 +285,41 @@ def test_a_moved_curve_reads_as_its_length_ends_and_largest_step():
     assert difference(old, new) == pytest.approx(2e-4)
     assert difference(old, new[:4]) is None and difference(1.0, None) is None
     assert _golden_cell(new) == "5 steps: 1.5 … 1.1001"
+
+
+def test_a_broke_that_passes_on_a_rerun_is_flaky_not_the_candidates_break():
+    """A "broke" is re-run before it is reported (issue 38 point 5): flaky when any re-run passes."""
+    from harness.bump.comparison import Comparison, Row
+
+    rows = [Row("t::flaky", "passed", "failed", "broke", "AssertionError: rank 1's log"),
+            Row("t::broken", "passed", "failed", "broke", "TypeError: x"),
+            Row("t::same", "passed", "passed", "same")]  # fmt: skip
+    judged = Comparison(rows, [], [], [], []).with_reruns({"t::flaky": ["failed", "passed"], "t::broken": ["failed", "failed"]})
+    assert [(r.test, r.change) for r in judged.rows] == [
+        ("t::flaky", "flaky (passed 1 of 2 re-runs)"), ("t::broken", "broke"), ("t::same", "same")]
+    assert judged.broke() == ["t::broken"] and judged.rows[1].message == "TypeError: x (failed 2 of 2 re-runs)"
+
+
+def test_a_rerun_runs_only_what_broke_serially(tmp_path):
+    from harness.bump.tier import tier_command
+
+    full = tier_command(Path("/v/bin/python"), tmp_path, tmp_path / "t")
+    again = tier_command(Path("/v/bin/python"), tmp_path, tmp_path / "t", ("tests/cpu/test_x.py::a",))
+    assert "-n" in full and "auto" in full
+    assert "-n" not in again and again[again.index("-p") + 1] == "no:xdist" and "tests/cpu/test_x.py::a" in again
+
+
+@pytest.mark.slow
+def test_rerun_broken_runs_the_tests_again_and_reads_their_outcomes(tmp_path):
+    """Through real pytest, as a bump re-runs what broke: one test that passes, one that is not there."""
+    import sys
+
+    from harness.bump.__main__ import RERUNS, rerun_broken
+
+    bump = plan(["transformers==5.23.0"], reports=tmp_path)
+    bump.candidate_lock.parent.mkdir(parents=True, exist_ok=True)
+    bump.candidate_lock.write_text("")  # resolve() writes it; the run records its hash
+    passing = "tests/cpu/test_bump.py::test_a_rerun_runs_only_what_broke_serially"
+    outcomes = rerun_broken(Path(sys.executable), bump, [passing], log=lambda line: None)
+    assert outcomes == {passing: ["passed"] * RERUNS}
+    assert (bump.candidate_report.parent / f"{bump.candidate_report.name}-rerun-{RERUNS}" / "tests.json").exists()
