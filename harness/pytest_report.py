@@ -183,6 +183,10 @@ def pytest_sessionfinish(session, exitstatus):
     (report_dir / "tests.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     text = markdown(_RECORDS, rows, warnings)
     (report_dir / "tests.md").write_text(text)
+    from harness import upstream
+
+    for path in upstream.write(report_dir, rows, _RECORDS, data["versions"]):  # every failing claim, ready to file
+        print(f"\nupstream report: {path}")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a") as f:
