@@ -232,6 +232,30 @@ def steps() -> list[Step]:
     return out
 
 
+def launch_estimates() -> dict[str, Estimate]:
+    """Each launch's estimate, as the plan orders them (the first of a compile family compiles cold)."""
+    return {s.name.split(":")[0].removeprefix("launch "): s.estimate for s in steps() if s.launches}
+
+
+def measured_lines(measured: dict[str, dict]) -> list[str]:
+    """The plan's estimate of each launch beside what a night measured (``{name: {"launch_min", "reference_min",
+    "steps", "stopped"}}``, from tests/neuron/lane_runs.py), so the first real night can replace the estimates."""
+    from harness.report import md_table
+
+    rows = []
+    for name, estimate in launch_estimates().items():
+        got = measured.get(name)
+        cells = ["not launched", "–", "–"] if got is None else [
+            f"{got['launch_min']:.1f}", f"{got['reference_min']:.1f}" if got.get("reference_min") is not None else "–",
+            f"{got['steps']}" + (f" (stopped: {got['stopped']})" if got.get("stopped") else "")]  # fmt: skip
+        rows.append([name, f"{estimate.cold:.0f}", f"{estimate.warm:.0f}", *cells])
+    return [
+        "Each launch: the plan's estimate (harness/nightly.py) beside tonight's measurement, in minutes",
+        "",
+        *md_table(["launch", "estimate cold", "estimate warm", "measured launch", "measured reference", "steps"], rows),
+    ]
+
+
 def totals(plan: list[Step] | None = None) -> Estimate:
     plan = plan or steps()
     return Estimate(cold=sum(s.estimate.cold for s in plan), warm=sum(s.estimate.warm for s in plan))

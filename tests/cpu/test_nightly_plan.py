@@ -225,3 +225,17 @@ def test_without_the_fork_config3_is_the_twin_and_the_absence_is_a_finding():
     found = config3_comparison(RecipeInputs("trn2", "random", sizes, sizes, sizes))
     assert (found["fork"], found["source"], found["differences"]) == ("absent", nki_moe.TWIN, [])
     assert "No module named 'torchtitan_neuron'" in found["finding"]
+
+
+def test_each_launch_is_reported_beside_its_estimate():
+    """The first real night replaces the plan's estimates: the report sets each launch's measurement beside its
+    estimate, and says which launches did not run."""
+    measured = {"config1-as_published": {"launch_min": 31.25, "reference_min": 14.0, "steps": 20, "stopped": None},
+                "config3-rope_hf": {"launch_min": 9.0, "reference_min": None, "steps": 3, "stopped": "loss is NaN"}}  # fmt: skip
+    lines = nightly.measured_lines(measured)
+    estimates = nightly.launch_estimates()
+    assert list(estimates) == list(nightly.LAUNCHES)
+    first = estimates["config1-as_published"]
+    assert f"| config1-as_published | {first.cold:.0f} | {first.warm:.0f} | 31.2 | 14.0 | 20 |" in lines
+    assert any(l.startswith("| config3-rope_hf |") and l.endswith("| 9.0 | – | 3 (stopped: loss is NaN) |") for l in lines)
+    assert sum("not launched" in l for l in lines) == len(nightly.LAUNCHES) - 2

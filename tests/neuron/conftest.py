@@ -80,3 +80,19 @@ def shared_dir(pytestconfig) -> Path:
     runs = Path(pytestconfig.getoption("--report-dir")) / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="night-", dir=runs))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Each launch's measured minutes beside the plan's estimate: ``<report-dir>/launches.md`` and ``.json``."""
+    import json
+
+    from harness import nightly
+    from lane_runs import measured
+
+    runs = measured()
+    if not runs:
+        return
+    report_dir = Path(session.config.getoption("--report-dir"))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "launches.json").write_text(json.dumps(runs, indent=1) + "\n")
+    (report_dir / "launches.md").write_text("\n".join(nightly.measured_lines(runs)) + "\n")

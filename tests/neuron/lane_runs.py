@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,9 @@ class LaneRun:
     inputs: dict
     #: Why the run stopped before its last step (None: it finished).
     stopped: str | None = None
+    #: Wall minutes of the launch (its checks, start-up, compile, steps, export) and of its host reference.
+    launch_min: float = 0.0
+    reference_min: float | None = None
     _reference: object = field(default=None, repr=False)
 
     @property
@@ -63,9 +67,11 @@ class LaneRun:
         if self._reference is None:
             from harness import reference
 
+            started = time.monotonic()
             self._reference = reference.check_run_dir(
                 self.run_dir, always_diagnose=True, allow_no_step=True, model=reference_model(str(self.opts.model_dir))
             )
+            self.reference_min = (time.monotonic() - started) / 60
             if self._reference is None:
                 pytest.fail(f"{self.launch.name} recorded no first batch ({self.run_dir}/first_batch)", pytrace=False)
         return self._reference
@@ -117,6 +123,7 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     checkout, why = lanes.titan_checkout()
     if (lane.titan_dataset or lane.titan_tokenizer) and checkout is None:
         pytest.fail(why, pytrace=False)
+    started = time.monotonic()
     opts = RunOptions.from_json(
         on_neuron_cores(
             checked_lane_options, name, str(shared_dir / name), str(checkout) if checkout else None,
@@ -132,5 +139,11 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
                 raise
             result, stopped = e.result.to_dict(), e.summary
     inputs = result.get("provenance", {}).get("inputs") or input_key(opts, list(lane.kept_defects))
-    _RUNS[name] = LaneRun(spec, opts, result, inputs, stopped)
+    _RUNS[name] = LaneRun(spec, opts, result, inputs, stopped, launch_min=(time.monotonic() - started) / 60)
     return _RUNS[name]
+
+
+def measured() -> dict[str, dict]:
+    """What this session's launches took, by name (``harness.nightly.measured_lines`` sets it beside the plan)."""
+    return {name: {"launch_min": run.launch_min, "reference_min": run.reference_min, "steps": len(run.losses),
+                   "stopped": run.stopped} for name, run in _RUNS.items()}  # fmt: skip
