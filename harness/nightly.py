@@ -261,6 +261,20 @@ def totals(plan: list[Step] | None = None) -> Estimate:
     return Estimate(cold=sum(s.estimate.cold for s in plan), warm=sum(s.estimate.warm for s in plan))
 
 
+def first_published_verdict() -> tuple[str, Estimate]:
+    """The first launch whose tests judge a published claim, and the minutes into the night when it ends, by the
+    plan (tests/neuron/conftest.py runs the night in this order: the cheap checks, then the launches as listed)."""
+    judging = {j.launch for j in CLAIM_JUDGES.values() if j.launch}
+    cold = warm = 0.0
+    for step in steps():
+        name = step.name.split(":")[0].removeprefix("launch ")
+        if step.launches and name in judging:  # judged as the launch ends, before its host reference forwards
+            after = step.estimate.parts.get("reference", 0.0)
+            return name, Estimate(cold=cold + step.estimate.cold - after, warm=warm + step.estimate.warm - after)
+        cold, warm = cold + step.estimate.cold, warm + step.estimate.warm
+    raise ValueError("no launch of the plan judges a published claim (harness.nightly.CLAIM_JUDGES)")
+
+
 def workflow_timeout_minutes() -> int:
     """``timeout-minutes`` of .github/workflows/nightly-trn2.yml: the cold total with a margin, rounded up."""
     cold = totals().cold * TIMEOUT_MARGIN
@@ -289,6 +303,8 @@ def plan_lines() -> list[str]:
         f"total: {launches} launches of 64 ranks; {total.cold:.0f} min with a cold NEFF cache, {total.warm:.0f} min "
         f"warm; workflow timeout-minutes {workflow_timeout_minutes()} (cold x {TIMEOUT_MARGIN:g}, rounded up to "
         f"{TIMEOUT_ROUND_MIN} min)",
+        "first published verdict: after {0}, about {1.warm:.0f} min into a warm night ({1.cold:.0f} cold)".format(
+            *first_published_verdict()),
     ]
 
 

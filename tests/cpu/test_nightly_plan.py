@@ -239,3 +239,15 @@ def test_each_launch_is_reported_beside_its_estimate():
     assert f"| config1-as_published | {first.cold:.0f} | {first.warm:.0f} | 31.2 | 14.0 | 20 |" in lines
     assert any(l.startswith("| config3-rope_hf |") and l.endswith("| 9.0 | – | 3 (stopped: loss is NaN) |") for l in lines)
     assert sum("not launched" in l for l in lines) == len(nightly.LAUNCHES) - 2
+
+
+def test_the_plan_says_when_the_first_published_verdict_comes():
+    """The night runs in the plan's order (tests/neuron/conftest.py), so the plan can say when the first published
+    claim is judged: the steps before its launch, and that launch up to its end (its host reference comes after)."""
+    name, at = nightly.first_published_verdict()
+    plan = nightly.steps()
+    index = next(i for i, s in enumerate(plan) if s.name.startswith(f"launch {name}:"))
+    before = sum(s.estimate.warm for s in plan[:index])
+    assert name == "config1-as_published" and name in {j.launch for j in nightly.CLAIM_JUDGES.values()}
+    assert at.warm == pytest.approx(before + plan[index].estimate.warm - plan[index].estimate.parts["reference"])
+    assert f"first published verdict: after {name}, about {at.warm:.0f} min into a warm night" in nightly.plan_lines()[-1]
