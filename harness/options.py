@@ -47,6 +47,8 @@ class RunOptions:
     node_rank: int = 0
     #: HOST:PORT of the rendezvous store on node 0 (multi-node).
     rdzv_endpoint: str | None = None
+    #: Seconds every node has to join the rendezvous before the run ends (multi-node; torch's join_timeout).
+    rdzv_timeout: int = 600
     #: Training steps (default: the tier's).
     steps: int | None = None
     #: Tokens per sequence (default: the tier's).

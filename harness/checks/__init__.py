@@ -111,7 +111,7 @@ HARNESS_SET_SIZES = ("threads",)
 
 
 def check_sizes(opts: RunOptions) -> None:
-    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", *HARNESS_SET_SIZES):
+    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", "rdzv_timeout", *HARNESS_SET_SIZES):
         value = getattr(opts, name)
         if value is not None and value < 1:
             what = f"RunOptions.{name} (set by the harness)" if name in HARNESS_SET_SIZES else f"--{name.replace('_', '-')}"

@@ -20,7 +20,7 @@ from recipes.tiers import REPO_ROOT
 
 #: A value unlike every field's default, so a field the CLI drops or mis-parses shows.
 NON_DEFAULT = dict(
-    recipe="nki_moe", tier="trn2", nproc=3, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500", steps=7,
+    recipe="nki_moe", tier="trn2", nproc=3, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500", rdzv_timeout=60, steps=7,
     seq_len=512, local_batch_size=4, layers=2, init="random", model_dir=Path("/m"), dataset_dir=Path("/d"),
     tokenizer_dir=Path("/t"), rope_theta=5e6, allow_mismatch=["rope_theta", "vocab"], export_dir=Path("/e"),
     seed=3, overrides=["rope_hf", "rope_hf=layers.1[0-9].attention.rope"], overwrite=True, export=False,
