@@ -412,7 +412,7 @@ def jsonl_problem(raw: bytes) -> str | None:
     try:
         record = json.loads(raw)
     except UnicodeDecodeError as e:
-        return f"not UTF-8 (byte {e.start} of the line)"
+        return f"not UTF-8 (byte {e.start} of the line: Latin-1 or another 8-bit encoding?); save the file as UTF-8"
     except json.JSONDecodeError as e:
         return f"not JSON ({e.msg} at column {e.colno})"
     if not isinstance(record, dict):
