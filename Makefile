@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test test-fast neuron-venv test-neuron bench lock fixtures goldens bump clean
+.PHONY: venv repro test test-fast neuron-venv test-neuron rehearse-trn2 bench lock fixtures goldens bump clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,15 @@ neuron-venv:
 # QWEN3_REQUIRE_TRN2=1 turns a missing device, package, weights or dataset into a failure.
 test-neuron: neuron-venv
 	$(NEURON_VENV_DIR)/bin/python -m pytest -m neuron -p no:xdist $(PYTEST_ARGS)
+
+# The trn2 night rehearsed on cpu: .github/workflows/nightly-trn2.yml's own steps, in order, in a scratch
+# dir, on stand-in Neuron packages (rehearsal/night.py), built first into STANDINS (offline, ~6 s).
+# REHEARSAL_ARGS="--night later" expects a later night's exit codes. Never a trn2 result.
+STANDINS ?= $(CURDIR)/.rehearsal-standins
+
+rehearse-trn2: venv
+	$(PY) -m rehearsal.standins build --out $(STANDINS)
+	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_ARGS)
 
 # Regenerate the lock (pip-tools, exact pins with hashes) from requirements.in.
 lock: venv

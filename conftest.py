@@ -9,16 +9,48 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+from harness.pytest_tiers import selectable_tiers
 from recipes.platform import OFFLINE_ENV
 
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
+
+#: torch imports every ``torch.backends`` entry point on ``import torch`` unless this is "0"
+#: (torch/__init__.py ``_import_device_backends``); torch_neuronx registers one: "PyTorch loads
+#: torch_neuronx automatically when you import torch" (aws-neuron/aws-neuron-sdk
+#: torch/reference/api/torch-neuron-module.rst).
+AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def import_torch_without_device_backends() -> None:
+    """Import torch here, in the pytest process, with no out-of-tree device backend loaded.
+
+    On the trn2 runner torch_neuronx is installed, so the first ``import torch`` of any test
+    module would load the Neuron backend into the pytest process, which must never hold a
+    NeuronCore (tests/neuron/neuron_cores.py). The runner's setting is restored right after, so
+    every child (a ``@neuron_core_body``, a rank) still loads its backend as the runner has it.
+    """
+    if "torch" in sys.modules:
+        raise pytest.UsageError("torch was imported before the root conftest; a device backend may have autoloaded")
+    saved = os.environ.get(AUTOLOAD_ENV)
+    os.environ[AUTOLOAD_ENV] = "0"
+    try:
+        import torch  # noqa: F401
+    finally:
+        if saved is None:
+            del os.environ[AUTOLOAD_ENV]
+        else:
+            os.environ[AUTOLOAD_ENV] = saved
+
+
+import_torch_without_device_backends()
 
 pytest_plugins = ["harness.pytest_report"]
 
@@ -39,7 +71,7 @@ def pytest_configure(config):
 
     pytest_groups.register(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if config.option.markexpr.strip() == "cpu":  # the cpu tier holds no core, whatever the host has
+    if "neuron" not in selectable_tiers(config.option.markexpr, TIER_MARKERS):  # the cpu tier holds no core, whatever the host has
         return
     if not worker or "NEURON_RT_VISIBLE_CORES" in os.environ or not neuron.device_nodes():
         return
@@ -47,6 +79,19 @@ def pytest_configure(config):
     os.environ["NEURON_RT_VISIBLE_CORES"] = neuron.worker_cores(
         int(worker.removeprefix("gw")), workers, neuron.logical_core_count()
     )
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A tier folder whose tests the ``-m`` expression cannot select is not collected at all.
+
+    The night (``pytest -m neuron -p no:xdist``) then imports no tests/cpu module: nothing of
+    the cpu tier (an xdist-only marker, an import that needs the cpu lock) can stop it at
+    collection, and the cpu tier never imports tests/neuron.
+    """
+    for tier, folder in TIER_FOLDERS.items():
+        if Path(collection_path) == folder and tier not in selectable_tiers(config.option.markexpr, TIER_MARKERS):
+            return True
+    return None
 
 
 #: Session fixtures that launch ranks (a shared run): a test that uses one, directly or through another
@@ -232,7 +277,7 @@ def golden(request, record_property):
             )  # fmt: skip
         verdict = goldens.compare(key, measured, values, metadata, inputs=inputs)
         record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
-        # "recorded, not judged" / "inputs differ": neither pass nor fail here; harness.ci require-claims
+        # "unmeasured" / "inputs differ": neither pass nor fail here; harness.ci require-claims
         # fails the nightly for a published claim left so.
         assert verdict.passed is not False, verdict.message()
 

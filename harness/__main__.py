@@ -12,7 +12,9 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
+from harness import run_dir as run_dir_mod
 from harness.launch.child import exit_now
 from harness.options import RunCommand, RunOptions, absolute_titan_paths, parse_run_command
 from harness.verdicts import FULL_WIDTH_RANDOM_INIT, golden_key, judge, reference_of  # noqa: F401
@@ -47,16 +49,22 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _runs_for(args: RunCommand, recipe: str) -> list[RunOptions]:
+def run_dir_for(args: RunCommand, name: str, claim: bool) -> Path:
+    """``REPORT_DIR/runs/NAME-YYYYMMDD-HHMMSS``; ``claim``: made now, exclusively (``harness.run_dir.claim``),
+    so two launches in the same second never share one. The dry run names it and makes nothing."""
+    runs, name = args.report_dir / "runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_dir_mod.claim(runs, name) if claim else runs / name
+
+
+def _runs_for(args: RunCommand, recipe: str, claim: bool = False) -> list[RunOptions]:
     from recipes.registry import RECIPES
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     inits = [args.init] if args.init else list(RECIPES[recipe].inits) if recipe in RECIPES else ["hf"]
     return [
         args.options(
             recipe=recipe,
             init=init,
-            run_dir=args.report_dir / "runs" / f"{recipe}-{args.tier}-{init}-{stamp}",
+            run_dir=run_dir_for(args, f"{recipe}-{args.tier}-{init}", claim),
             export_dir=args.export_dir if init == "hf" else None,
         )
         for init in inits
@@ -67,7 +75,7 @@ def _runs_for(args: RunCommand, recipe: str) -> list[RunOptions]:
 FULL_WIDTH_RECIPES = ("native_qwen3", "hf_backend")
 
 
-def _full_width_random_init(args, recipe: str = "native_qwen3") -> RunOptions:
+def _full_width_random_init(args, recipe: str = "native_qwen3", claim: bool = False) -> RunOptions:
     """The full-width random-init preset of ``recipe``.
 
     The HF backend builds whatever config.json it is pointed at: the real
@@ -77,14 +85,13 @@ def _full_width_random_init(args, recipe: str = "native_qwen3") -> RunOptions:
     from recipes.specs import QWEN3_4B_INSTRUCT_2507
     from recipes.tiers import CPU
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     paths = dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir) if recipe == "hf_backend" else {}
     return RunOptions(
         recipe=recipe,
         tier="cpu",
         init="random",
         seed=args.seed,
-        run_dir=args.report_dir / "runs" / f"{recipe}-cpu-random-4B-width-{stamp}",
+        run_dir=run_dir_for(args, f"{recipe}-cpu-random-4B-width", claim),
         threads=one_rank_threads(),
         **paths,
         **FULL_WIDTH_RANDOM_INIT,
@@ -122,12 +129,22 @@ def import_for_the_report(runs: list[RunOptions]) -> threading.Thread:
 
 
 def cmd_run(args, cli_overrides: list[str]) -> int:
+    """Check, launch, judge and report every planned run; run directories no run wrote to are removed again."""
+    plan: list[RunOptions] = []
+    try:
+        return _cmd_run(args, cli_overrides, plan)
+    finally:
+        for opts in reversed(plan):  # the last claimed first: the first claim made the parents they share
+            run_dir_mod.release(opts.run_dir)  # an empty directory only: a refused or never-started run's
+
+
+def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
     from harness import report as report_mod
     from recipes.errors import RecipeError
     from harness.launch import Interrupted, LaunchError, launch, prestart, stop_signals_raise
 
     names = _recipe_names(args.recipe)
-    plan = [opts for name in names for opts in _runs_for(args, name)]
+    plan += [opts for name in names for opts in _runs_for(args, name, claim=True)]
     # A "preloaded" tier's first launcher starts now, before this process imports torch (preflight
     # does): its forkserver's imports overlap this process's checks. Preflight first would start
     # nothing for a refusal from the options, but cost a good run 2.5-3.4 s to step 1 (issue 27, n=3).
@@ -136,7 +153,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
 
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
-        plan += [_full_width_random_init(args, name) for name in names if name in FULL_WIDTH_RECIPES]
+        plan += [_full_width_random_init(args, name, claim=True) for name in names if name in FULL_WIDTH_RECIPES]
     resolved = []
     try:
         for opts in plan:
@@ -182,7 +199,7 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
                 if verdict.passed is False:
                     print(f"FAILED check: {verdict.message()}", file=sys.stderr)
                     failed = True
-                elif verdict.passed is None:  # recorded, not judged / inputs differ: said, not failed
+                elif verdict.passed is None:  # unmeasured / inputs differ: said, not failed
                     print(f"not judged: {verdict.message()}", file=sys.stderr)
             run = result.to_dict()
             reference = reference_of(opts, result)

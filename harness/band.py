@@ -88,22 +88,30 @@ def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed:
 
 
 def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = None) -> goldens.Verdict:
-    """A curve against its recorded band; "recorded, not judged" (with the values) while none is recorded.
+    """A curve against its recorded band; "unmeasured" (with the values) while none is recorded.
 
     A band nobody has recorded yet says nothing about the curve, so it never fails a night;
     once ``python -m harness.band record`` has written one, a curve that leaves it fails.
     """
     tier_name, key = band_tier(tier), band_key(len(losses))
-    path = goldens.goldens_path(recipe, tier_name)
-    _, values = goldens.load(recipe, tier_name) if path.exists() else ({}, {})
-    if key in values:
+    why = unrecorded(recipe, tier, len(losses))
+    if why is None:
+        _, values = goldens.load(recipe, tier_name)
         return goldens.compare(key, losses, values, {}, env)
-    unrecorded = goldens.Golden(
-        key=key, value=[], tolerance=0.0, lane="band", reason=f"no band recorded in {path}",
-        unmeasured=(f"{path} has no {key!r}: record it on a trn2.48xlarge with `python -m harness.band record "
-                    f"{recipe}` ({BAND_RUNS} runs of {len(losses)} steps) and commit it"),
-    )  # fmt: skip
-    return goldens.Verdict(key=key, measured=losses, golden=unrecorded, passed=None, kind=goldens.NOT_JUDGED)
+    path = goldens.goldens_path(recipe, tier_name)
+    missing = goldens.Golden(key=key, value=[], tolerance=0.0, lane="band", reason=f"no band recorded in {path}",
+                             unmeasured=why)  # fmt: skip
+    return goldens.Verdict(key=key, measured=losses, golden=missing, passed=None, kind=goldens.NOT_JUDGED)
+
+
+def unrecorded(recipe: str, tier: str, steps: int) -> str | None:
+    """Why ``recipe``'s ``steps``-step curve on ``tier`` has no band to be judged against, or None when it has one."""
+    tier_name, key = band_tier(tier), band_key(steps)
+    path = goldens.goldens_path(recipe, tier_name)
+    if path.exists() and key in goldens.load(recipe, tier_name)[1]:
+        return None
+    return (f"{path} has no {key!r}: record it on a trn2.48xlarge with `python -m harness.band record "
+            f"{recipe}` ({BAND_RUNS} runs of {steps} steps) and commit it")
 
 
 def loss_fall(losses: list[float]) -> dict:
@@ -236,14 +244,12 @@ def write_band(recipe: str, tier: str, key: str, entry: dict) -> Path:
 
 def read_run(run_dir: Path) -> tuple[list[float], dict]:
     """(losses, options) of a finished run directory (steps.jsonl, run.json)."""
-    from harness.run_dir import RUN_FILE, STEPS_FILE
+    from harness.run_dir import STEPS_FILE, read_run_json, read_steps
 
     steps_file = Path(run_dir) / STEPS_FILE
     if not steps_file.is_file():
         raise BandError(f"{steps_file} does not exist: {run_dir} is not a finished run directory")
-    steps = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
-    options = json.loads((Path(run_dir) / RUN_FILE).read_text()) if (Path(run_dir) / RUN_FILE).is_file() else {}
-    return [s["loss"] for s in steps], options
+    return [s["loss"] for s in read_steps(run_dir) if "loss" in s], read_run_json(run_dir)
 
 
 def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None) -> list[Path]:

@@ -9,7 +9,7 @@ What fails the nightly (``require-claims``), per published claim of the tier:
 
 * **not measured**: no test that reached its assertion judged it (skipped, failed in
   setup or before measuring, not run, or never compared);
-* **not judged**: measured, but "recorded, not judged" (its inputs are not recorded yet,
+* **not judged**: measured, but "unmeasured" (its inputs are not recorded yet,
   or its tolerance is not measured yet) or "inputs differ from the recorded run".
   A published claim that was not judged does not pass silently: the night's value and
   why it was not judged are listed, and ``record-inputs`` says how to record.
@@ -25,10 +25,10 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness import goldens
+from harness import goldens, unmeasured
+from harness.claims import Claim, published_claims  # noqa: F401 -- harness.ci.published_claims, as before
 from harness.pytest_report import VERDICT_SUFFIX
 from harness.launch.speed import NIGHT_ENV
 
@@ -63,31 +63,6 @@ def require_ran(report_path: Path, marker: str) -> int:
         return 1
     print(f"{len(ran)} of {len(selected)} {marker} tests ran")
     return 0
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One published-lane golden: what a night on ``tier`` must measure."""
-
-    recipe: str
-    tier: str
-    key: str
-    value: object
-
-    @property
-    def name(self) -> str:
-        return f"{self.recipe}.{self.tier}.{self.key}"
-
-
-def published_claims(tier: str, goldens_dir: Path | None = None) -> list[Claim]:
-    """Every published-lane value of ``<goldens_dir>/*/<tier>.json``, in file order."""
-    goldens_dir = goldens_dir or goldens.GOLDENS_DIR
-    claims = []
-    for path in sorted(goldens_dir.glob(f"*/{tier}.json")):
-        recipe = path.parent.name
-        _, values = goldens.load(recipe, tier, path)
-        claims += [Claim(recipe, tier, g.key, g.value) for g in values.values() if g.lane == "published"]
-    return claims
 
 
 def measured_verdicts(report: dict) -> dict[str, tuple[str, str]]:
@@ -138,14 +113,29 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
             f"harness.ci: {len(unjudged)} of {len(claims)} published {tier} claims were measured but not judged "
             "(`python -m harness.ci record-inputs REPORT` records a night's inputs; a changed input is re-recorded "
             "only with --replace):\n"
-            + "\n".join(f"  NOT JUDGED    {c.name} (published {c.value!r}): measured {values.get(c.name)!r}, "
-                         f"{verdicts[c.name][0]}  [{verdicts[c.name][1]}]" for c in unjudged),
+            + "\n".join(f"  {UNJUDGED_LABELS[verdicts[c.name][0]]:<13} {c.name} (published {c.value!r}): measured "
+                         f"{values.get(c.name)!r}, {why_unjudged(c.name, verdicts[c.name][0], tier, goldens_dir)}  "
+                         f"[{verdicts[c.name][1]}]" for c in unjudged),
             file=sys.stderr,
         )  # fmt: skip
+    print("\n".join(unmeasured.lines(tier)))
     if missing or unjudged:
         return 1
     print(f"all {len(claims)} published {tier} claims were measured and judged")
     return 0
+
+
+#: How require-claims lists a claim measured but not judged, by its verdict.
+UNJUDGED_LABELS = {goldens.NOT_JUDGED: "UNMEASURED", goldens.INPUTS_DIFFER: "INPUTS DIFFER"}
+
+
+def why_unjudged(claim: str, kind: str, tier: str, goldens_dir: Path | None = None) -> str:
+    """The verdict and why this claim cannot be judged yet, from its golden (never the bare verdict)."""
+    if kind == goldens.INPUTS_DIFFER:
+        return f"{kind}: re-record with `python -m harness.ci record-inputs --replace` only if the new inputs are meant"
+    recipe, _, key = claim.split(".", 2)
+    _, values = goldens.load(recipe, tier, (goldens_dir or goldens.GOLDENS_DIR) / recipe / f"{tier}.json")
+    return f"{kind}: {goldens.why_not_judged(values[key])}"
 
 
 def measured_values(report: dict) -> dict[str, object]:
@@ -212,6 +202,7 @@ def append_trend(report_path: Path, trend_path: Path) -> int:
         "versions": report.get("versions", {}),
         "goldens": report.get("goldens", []),
         "outcomes": {t["test"]: t["outcome"] for t in report["tests"]},
+        **({"rehearsal": report["rehearsal"]} if "rehearsal" in report else {}),  # never read as a real night
     }
     trend_path.parent.mkdir(parents=True, exist_ok=True)
     with trend_path.open("a") as f:

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from harness.options import RunOptions
+from harness.run_dir import CHECKPOINT_DIR, EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.run_dir)
 from recipes.specs import read_hf_config
 
 TOKENIZER_FILES = (
@@ -28,10 +29,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 
-EXPORT_DIR_NAME = "hf_export"
-
-#: Per-tensor sha256 of the trained model as rank 0 saw it after the last step (HF names).
-FINAL_STATE_FILE = "final_state.json"
 
 
 def tensor_sha256(tensor) -> str:
@@ -130,11 +127,11 @@ def export_hf_config(opts: RunOptions, config) -> dict:
 def last_checkpoint(run_dir: Path) -> Path:
     """The newest ``checkpoint/step-N`` folder of a run."""
     steps = sorted(
-        (p for p in (run_dir / "checkpoint").glob("step-*") if p.is_dir()),
+        (p for p in (run_dir / CHECKPOINT_DIR).glob("step-*") if p.is_dir()),
         key=lambda p: int(p.name.split("-")[1]),
     )
     if not steps:
-        raise FileNotFoundError(f"{run_dir / 'checkpoint'} holds no step-N checkpoint")
+        raise FileNotFoundError(f"{run_dir / CHECKPOINT_DIR} holds no step-N checkpoint")
     return steps[-1]
 
 

@@ -1,9 +1,10 @@
 """Test-only fault injection: make one rank die, hang or produce a NaN loss at a given step.
 
 Set ``QWEN3_REPRO_FAULT=KIND@RANK:STEP`` (``die@1:2``, ``hang@1:2``, ``nan@0:2``)
-in a rank's environment; the launcher's tests use it to prove that failures end
-the run within a bounded time, with the failing rank's log lines, and leave no
-process behind. Unset, nothing here runs.
+in a rank's environment; step 0 is the rank's start, before the trainer is built and before rank 0
+writes provenance.json (``die@0:0``: a run whose ranks fail before any record). The launcher's tests
+use it to prove that failures end the run within a bounded time, with the failing rank's log lines,
+and leave no process behind. Unset, nothing here runs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def from_env() -> Fault | None:
     return Fault.parse(text) if text else None
 
 
+def at_start(rank: int) -> None:
+    """Fire a step-0 fault on its rank: before the trainer is built, so nothing of the run is recorded yet."""
+    fault = from_env()
+    if fault is not None and fault.step == 0 and fault.rank == rank:
+        _fire(fault, rank, trainer=None)
+
+
 def install(trainer, rank: int) -> None:
     """Wrap the declared hook ``Trainer.train_step`` so the configured fault fires on its rank and step."""
     from recipes import titan
@@ -56,18 +64,22 @@ def _faulty(trainer, fault: Fault, rank: int, original):
 
     def train_step(*args, **kwargs):
         if trainer.step == fault.step:
-            print(f"[fault injection] {fault.kind} on rank {rank} at step {fault.step}", file=sys.stderr, flush=True)
-            if fault.kind == "die":
-                os._exit(17)
-            if fault.kind == "hang":
-                while True:
-                    time.sleep(3600)
-            if fault.kind == "nan":
-                import torch
-
-                with torch.no_grad():
-                    for part in trainer.model_parts:
-                        next(part.parameters()).fill_(float("nan"))
+            _fire(fault, rank, trainer)
         return original(*args, **kwargs)
 
     return train_step
+
+
+def _fire(fault: Fault, rank: int, trainer) -> None:
+    print(f"[fault injection] {fault.kind} on rank {rank} at step {fault.step}", file=sys.stderr, flush=True)
+    if fault.kind == "die":
+        os._exit(17)
+    if fault.kind == "hang":
+        while True:
+            time.sleep(3600)
+    if fault.kind == "nan" and trainer is not None:
+        import torch
+
+        with torch.no_grad():
+            for part in trainer.model_parts:
+                next(part.parameters()).fill_(float("nan"))

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Where a run keeps its step-1 batches: ``rank00000.safetensors`` per rank.
-RECORD_DIR = "first_batch"
+from harness.run_dir import RECORD_DIR  # noqa: F401 -- the run directory's names (harness.run_dir)
+
 #: torchtitan's and transformers' "no loss here" label (torchtitan.components.loss.IGNORE_INDEX).
 IGNORE_INDEX = -100
 #: How the model attended over a packed window.

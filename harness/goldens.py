@@ -7,7 +7,7 @@
                 "step1_loss_random": {"claim": "step1_loss_random", "tolerance": 0.03,
                                       "lane": "published", "reason": "..."}}}
 
-Three lanes:
+Four lanes:
 
 * ``published``: a tutorial number, measured where the tutorial measured it (trn2).
 * ``proxy``: a cpu measurement that stands in for a tutorial number (e.g. the random-init
@@ -21,23 +21,16 @@ Three lanes:
 ``published`` and ``proxy`` entries name a claim of :mod:`harness.published`, the one
 place the tutorial's numbers are written, and carry no value of their own.
 
-Two optional fields keep a number from being judged on the wrong footing (trn2):
+Two optional fields keep a number from being judged on the wrong footing (trn2), and either
+makes the verdict "unmeasured" (recorded with why, neither pass nor fail; ``python -m harness.ci
+require-claims`` fails the nightly for a published claim left so, or left "inputs differ"):
 
-* ``inputs``: the golden's key includes the run's inputs: sha256 of every weights file,
-  config.json, tokenizer file and dataset file, the allowed mismatches and the kept
-  defects (:func:`harness.provenance.input_key`). ``null`` means "not recorded yet": the
-  night measures and records, and the verdict is "recorded, not judged"
-  (``python -m harness.ci record-inputs`` writes the night's key in). Once recorded, a
-  night whose inputs differ reads "inputs differ from the recorded run" beside the
-  number, never pass or fail: a published number judged on other weights or other
-  text proves nothing.
-* ``unmeasured``: the tolerance is a stated allowance no run has measured yet (why, and
-  what will measure it). The value is recorded and reads "recorded, not judged" until a
-  night's measurement replaces the allowance and the field is removed.
-
-Neither verdict passes or fails a test; ``python -m harness.ci require-claims`` fails the
-nightly for a published claim left "recorded, not judged" or "inputs differ" (a
-published claim that was not judged never passes silently).
+* ``inputs``: the run's input key (sha256 of every weights, config.json, tokenizer and dataset
+  file, allowed mismatches, kept defects: :func:`harness.provenance.input_key`); ``null`` until
+  ``python -m harness.ci record-inputs`` writes a night's key in. A night whose inputs differ
+  reads "inputs differ from the recorded run": a number judged on other weights proves nothing.
+* ``unmeasured``: the tolerance is a stated allowance no run has measured yet (why, and what
+  will measure it), removed once a night's measurement replaces it.
 
 A value may be a list (a loss curve: one element per step); every rule below then
 applies element by element.
@@ -67,8 +60,8 @@ LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
 LANES = ("exact", "proxy", "published", "band")
 CLAIM_LANES = ("proxy", "published")
 ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band", "inputs", "unmeasured"}
-#: Verdicts that neither pass nor fail (``Verdict.passed`` is None): the value is recorded, not judged.
-NOT_JUDGED = "recorded, not judged"
+#: Verdicts that neither pass nor fail (``Verdict.passed`` is None): the value is recorded with why it cannot be judged yet.
+NOT_JUDGED = "unmeasured"
 INPUTS_DIFFER = "inputs differ from the recorded run"
 UNJUDGED_KINDS = (NOT_JUDGED, INPUTS_DIFFER)
 #: What a band entry's ``band`` record must state (harness.band writes it).
@@ -108,12 +101,20 @@ class Golden:
     unmeasured: str | None = None
 
 
+def why_not_judged(golden: "Golden") -> str:
+    """Why a golden cannot judge a measurement yet: its tolerance is unmeasured, or no night's inputs are recorded."""
+    if golden.unmeasured:
+        return golden.unmeasured
+    return ("no night's inputs are recorded for it yet: the first night measures them, "
+            "`python -m harness.ci record-inputs` records them, and later nights are judged on them")
+
+
 @dataclass(frozen=True)
 class Verdict:
     key: str
     measured: object
     golden: Golden
-    #: None: recorded, not judged (NOT_JUDGED, INPUTS_DIFFER).
+    #: None: unmeasured (NOT_JUDGED, INPUTS_DIFFER).
     passed: bool | None
     kind: str  # "pass", "pass, other environment", "regression", "stale golden", or one of UNJUDGED_KINDS
     #: Environment fields that differ from the ones the golden was recorded in.
@@ -128,8 +129,7 @@ class Verdict:
                     f"judged against {_short(g.value)}; re-record with `python -m harness.ci record-inputs --replace` "
                     "only if the new inputs are meant")  # fmt: skip
         if self.kind == NOT_JUDGED:
-            why = g.unmeasured or "no run's inputs are recorded for it yet (python -m harness.ci record-inputs)"
-            return f"{self.kind}: {self.key} measured {_short(self.measured)} ({g.lane} {_short(g.value)}): {why}"
+            return f"{self.kind}: {self.key} measured {_short(self.measured)} ({g.lane} {_short(g.value)}): {why_not_judged(g)}"
         if _is_curve(g.value):
             text = f"{self.kind}: {self.key} {_curve_misses(self.measured, g, self.rtol)} ({g.lane}: {g.reason})"
         else:

@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipes.tiers import rehearsal_mark
+
 from harness.launch.speed import NEFF_STATES, SPEED_FIGURES
 
 SUMMARY = "plots.json"
@@ -56,12 +58,17 @@ def read_lines(path: Path) -> list[dict]:
     if not path.is_file():
         raise HistoryError(f"{path}: no such file; pass a runs log ($QWEN3_RUNS_LOG) or benchmarks/history.jsonl")
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
+            if number == len(lines) and not text.endswith("\n"):  # the last append was cut short (a killed run)
+                print(f"{path} line {number}: a record cut short (no newline, not JSON); left out", file=sys.stderr)
+                continue
             raise HistoryError(f"{path} line {number}: not JSON ({e.msg}); each line must be one JSON object") from None
         if not isinstance(record, dict) or "date" not in record:
             raise HistoryError(f"{path} line {number}: a record needs a \"date\" key; got {line[:80]!r}")
@@ -69,6 +76,11 @@ def read_lines(path: Path) -> list[dict]:
     if not records:
         raise HistoryError(f"{path}: no records; a run appends one when $QWEN3_RUNS_LOG names this file")
     return records
+
+
+def of_kind(records: list[dict], rehearsal: bool) -> list[dict]:
+    """A rehearsal's lines (marked ``rehearsal``) never join a real night's history; a rehearsal draws its own only."""
+    return [r for r in records if bool(r.get("rehearsal")) == rehearsal]
 
 
 def night_of(record: dict) -> str:
@@ -189,7 +201,10 @@ def draw(plot: Plot, all_nights: list[str], changes: list[dict], out: Path) -> P
 
 def write(history: Path, out: Path) -> dict:
     """Draw every plot of ``history`` into ``out``; return (and write) the plots.json summary."""
-    records = read_lines(history)
+    records = of_kind(read_lines(history), rehearsal=bool(rehearsal_mark()))
+    if not records:
+        raise HistoryError(f"{history}: every line is {'a real night' if rehearsal_mark() else 'a rehearsal'}'s; "
+                           "a rehearsal and a real night never share a history")
     all_nights, changes = nights(records), version_changes(records)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"history": str(history), "nights": all_nights, "version_changes": changes, "plots": {}}

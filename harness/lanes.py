@@ -126,23 +126,30 @@ def lane(recipe: str, name: str) -> Lane:
 
 
 def titan_checkout() -> tuple[Path | None, str]:
-    """The TorchTitan checkout torchtitan runs from (``pip install -e``: make neuron-venv), or ``(None, why)``.
+    """The TorchTitan Neuron checkout ``make neuron-venv`` installed, or ``(None, why)``.
 
-    An editable install's package lives in its checkout, so the checkout is the
-    package's parent directory when that holds ``tests/assets``.
+    Its install record (``<venv>/torchtitan-neuron.json``, recipes.platform.torchtitan_checkout) names the
+    checkout; without one, an editable torchtitan's package sits in its checkout, so the package's parent
+    directory is taken. Either way the checkout must hold torchtitan's ``tests/assets``.
     """
     import importlib.util
 
-    spec = importlib.util.find_spec("torchtitan")
-    if spec is None or not spec.origin:
-        return None, "torchtitan is not installed"
-    root = Path(spec.origin).resolve().parents[1]
+    from recipes.platform.torchtitan_checkout import checkout_info
+
+    info = checkout_info()
+    if info["installed"]:
+        root, found_by = Path(info["checkout"]), f"the install record {info['record']}"
+    else:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None or not spec.origin:
+            return None, "torchtitan is not installed"
+        root, found_by = Path(spec.origin).resolve().parents[1], "where `import torchtitan` loads from"
     missing = [p for p in (TITAN_DATASET, TITAN_TOKENIZER) if not (root / p).is_dir()]
     if missing:
         return None, (
-            f"torchtitan at {root} is not a TorchTitan checkout ({', '.join(map(str, missing))} absent there): "
-            "the as-published lanes read torchtitan's own test assets; install TorchTitan Neuron from its "
-            "checkout (make neuron-venv clones it and installs it with pip install -e)"
+            f"torchtitan at {root} ({found_by}) is not a TorchTitan checkout ({', '.join(map(str, missing))} "
+            "absent there): the as-published lanes read torchtitan's own test assets; install TorchTitan Neuron "
+            "from its checkout (make neuron-venv clones it and installs it with pip install -e)"
         )
     return root, ""
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness import lanes
 from harness.options import RunOptions
+from recipes.tiers import TRN2
 
 #: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
 LANE_STEPS = 20
@@ -88,7 +89,7 @@ class Launch:
         extra = {"seq_len": self.seq_len} if self.seq_len else {}
         return lanes.LANES[self.lane].options(
             checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
-            overrides=list(self.overrides), nproc=64, **extra,
+            overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -268,11 +269,11 @@ def plan_lines() -> list[str]:
 
 
 def claim_lines() -> list[str]:
-    from harness import ci
+    from harness.claims import published_claims
     from harness.report import md_table
 
     rows = []
-    for claim in ci.published_claims("trn2"):
+    for claim in published_claims("trn2"):
         judge = CLAIM_JUDGES.get(claim.name)
         if judge is None:
             rows.append([claim.name, repr(claim.value), "**no launch judges it**", "–"])

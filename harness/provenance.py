@@ -184,14 +184,20 @@ def run_kept_defects(opts: RunOptions) -> list[str]:
 
 
 def add_input_key(run_dir: Path, opts: RunOptions) -> dict:
-    """Hash the run's inputs on the host (never on a rank: 8 GB of weights) into ``provenance.json``; return the key."""
+    """Hash the run's inputs on the host (never on a rank: 8 GB of weights) into ``provenance.json``; return the key.
+
+    Only into a provenance.json rank 0 wrote whole: a missing or partial one (ranks that died
+    early, ``harness.run_dir.provenance_state``) is left as it is, and the key is still returned.
+    """
     import json
 
+    from harness.run_dir import PROVENANCE_FILE, read_provenance
+
     key = input_key(opts, run_kept_defects(opts))
-    path = Path(run_dir) / "provenance.json"
-    if path.is_file():
-        record = json.loads(path.read_text())
-        path.write_text(json.dumps({**record, "inputs": key}, indent=2, default=str) + "\n")
+    record = read_provenance(run_dir)
+    if record:
+        text = json.dumps({**record, "inputs": key}, indent=2, default=str) + "\n"
+        (Path(run_dir) / PROVENANCE_FILE).write_text(text)
     return key
 
 
@@ -227,6 +233,13 @@ def rope_used(config) -> dict[str, list[int]]:
     return rope_in_use(config)
 
 
+def rope_gathers(config) -> dict[str, list[str]]:
+    """The per-position gathers each RoPE runs ({description: aten ops}); all empty = "RoPE without gather"."""
+    from recipes.kernels import rope_gathers as probe
+
+    return probe(config)
+
+
 def overrides_applied(config) -> dict[str, list[str]]:
     """Which nodes each kernel override replaced ({name: [model-relative fqns]}), read from the config."""
     from recipes.overrides import replaced_nodes
@@ -242,6 +255,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "weights": weights_info(opts),
         "model": built_dims(config),
         "rope": rope_used(config),
+        "rope_gather_ops": rope_gathers(config),
         "overrides": overrides_applied(config),
         "data": {
             **dataset_info(Path(config.dataloader.dataset_path)),

@@ -4,19 +4,37 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from harness.environment import cpu_fingerprint, cpu_model, torchtitan_neuron, versions  # noqa: F401 -- in every report
 from harness.published import CLAIMS, SOURCE
+from harness.run_dir import provenance_state
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 
 def load(report_dir: Path) -> dict:
+    """The report so far; one that cannot be read (cut short, edited by hand) is kept aside, never lost, and
+    the report starts again, saying so on stderr."""
     path = report_dir / RESULTS_JSON
-    if path.exists():
-        return json.loads(path.read_text())
-    return {"source": SOURCE, "runs": [], "checks": []}
+    empty = {"source": SOURCE, "runs": [], "checks": []}
+    if not path.exists():
+        return empty
+    try:
+        report = json.loads(path.read_text())
+        lists = isinstance(report, dict) and all(isinstance(report.get(k, []), list) for k in ("runs", "checks"))
+        if lists:
+            return {**empty, **report}
+        why = "not a report object"
+    except (ValueError, OSError) as e:
+        why = f"{type(e).__name__}: {e}"
+    kept = next(path.with_name(f"{RESULTS_JSON}.unreadable-{n}") for n in range(1, 10_000)
+                if not path.with_name(f"{RESULTS_JSON}.unreadable-{n}").exists())  # fmt: skip
+    path.rename(kept)
+    print(f"harness.report: {path} could not be read ({why}); kept as {kept.name}, starting a new report",
+          file=sys.stderr)  # fmt: skip
+    return empty
 
 
 def save(report_dir: Path, report: dict, replot: bool = True) -> Path:
@@ -156,9 +174,28 @@ def _weights_cell(weights: dict | None) -> str:
 
 
 def _status(run: dict) -> str:
+    """ok, or how the run ended, with the named state of what its ranks did not record."""
+    state = provenance_state(run.get("provenance"))
+    known = f"; {state}" if state else ""
     if run.get("interrupted"):
-        return f"INTERRUPTED ({run['interrupted']}) after {len(run.get('steps') or [])} step(s)"
-    return f"FAILED: {run['error']}" if run.get("error") else "ok"
+        return f"INTERRUPTED ({run['interrupted']}) after {len(run.get('steps') or [])} step(s){known}"
+    return f"FAILED: {run['error']}{known}" if run.get("error") else "ok"
+
+
+def provenance_row(run: dict) -> list[str]:
+    """One run's provenance cells; a run whose ranks wrote none (or part of it) names that state instead."""
+    p = run["provenance"]
+    state = provenance_state(p)
+    if state is not None:
+        return [run.get("recipe", "?"), run.get("init", "?"), *[f"– ({state})"] + ["–"] * 6]
+    t, w, m, d = p["tokenizer"], p.get("weights"), p["model"], p["data"]
+    return [
+        run["recipe"], run["init"], f"{t['path']} ({t['vocab_size']}, {t['sha256'][:12]})", _weights_cell(w),
+        f"{m['hidden_size']}/{m['num_hidden_layers']}/{m['num_attention_heads']}/{m['num_key_value_heads']}/"
+        f"{m['vocab_size']}/{m['rope_theta']:g}/{m['tie_word_embeddings']}",
+        f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']})", p["seed"],
+        p["dtype"]["params"], "; ".join(p["allowed_mismatches"]) or "–",
+    ]  # fmt: skip
 
 
 def reference_section(runs: list[dict]) -> list[str]:
@@ -183,7 +220,7 @@ def reference_section(runs: list[dict]) -> list[str]:
             measured = _fmt(r["losses"][0] if r.get("losses") else None)
             rows.append([r["recipe"], r["tier"], "–", measured, "–", "–", "–", "–", verdict])
             continue
-        verdict = (f"recorded, not judged: {ref['verdict']}" if ref["passed"] is None else ref["verdict"]
+        verdict = (f"unmeasured: {ref['verdict']}" if ref["passed"] is None else ref["verdict"]
                    if ref["passed"] else f"**FAIL: {ref['verdict']}**")  # fmt: skip
         rows.append([
             r["recipe"], r["tier"], ref["model_dir"], _fmt(ref["measured"]), _fmt(ref["reference"]),
@@ -244,10 +281,10 @@ def lane_summary(recipe: str, published: float, tolerance: float, as_published: 
         verdict = "pass" if within else "FAIL"
         causes["corrected vs reference"] = (
             f"Δ {delta:+.3g} vs ±{tol:g} (bf16 on the device vs fp32 on the host): "
-            + (verdict if judged else f"recorded, not judged (the tolerance is not measured yet; would {verdict.lower()})")
+            + (verdict if judged else f"unmeasured (the tolerance is not measured yet; would {verdict.lower()})")
             + ("" if within else f"; diagnosis: {_named(corrected)}")
         )
-        row["corrected_verdict"] = verdict if judged else "recorded, not judged"
+        row["corrected_verdict"] = verdict if judged else "unmeasured"
     return row
 
 
@@ -340,8 +377,8 @@ def markdown(report: dict) -> str:
             rows.append([
                 r["recipe"], r["tier"], r["init"], r["nproc"], f"{r['seq_len']}×{r['local_batch_size']}",
                 _fmt(r["losses"][0] if r["losses"] else None), _fmt(r["losses"][-1] if r["losses"] else None),
-                len(steps), f"{sum(tps) / len(tps) if tps else 0:,.0f}",
-                f"{sum(times) / len(times) if times else 0:.3f}", *speed_cells(r.get("speed") or {}), _status(r),
+                len(steps), f"{sum(tps) / len(tps):,.0f}" if tps else "–",
+                f"{sum(times) / len(times):.3f}" if times else "–", *speed_cells(r.get("speed") or {}), _status(r),
             ])  # fmt: skip
         header = ["recipe", "tier", "init", "procs", "seq×batch", "step-1 loss", "last loss", "steps", "tokens/s",
                   "s/step", "MFU", "to step 1 (s)", "NEFF cache", "status"]  # fmt: skip
@@ -357,17 +394,7 @@ def markdown(report: dict) -> str:
         lines.append("")
     runs_with_provenance = [r for r in report.get("runs", []) if r.get("provenance")]
     if runs_with_provenance:
-        rows = []
-        for r in runs_with_provenance:
-            p = r["provenance"]
-            t, w, m, d = p["tokenizer"], p.get("weights"), p["model"], p["data"]
-            rows.append([
-                r["recipe"], r["init"], f"{t['path']} ({t['vocab_size']}, {t['sha256'][:12]})", _weights_cell(w),
-                f"{m['hidden_size']}/{m['num_hidden_layers']}/{m['num_attention_heads']}/{m['num_key_value_heads']}/"
-                f"{m['vocab_size']}/{m['rope_theta']:g}/{m['tie_word_embeddings']}",
-                f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']})", p["seed"],
-                p["dtype"]["params"], "; ".join(p["allowed_mismatches"]) or "–",
-            ])  # fmt: skip
+        rows = [provenance_row(r) for r in runs_with_provenance]
         header = ["recipe", "init", "tokenizer (V, sha256)", "weights (headers sha256)", "model d/L/H/KV/V/θ/tied",
                   "data seq×local (global)", "seed", "dtype", "allowed mismatches"]  # fmt: skip
         lines += ["## Provenance", ""] + md_table(header, rows)

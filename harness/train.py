@@ -108,6 +108,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
 
     config = build_config(opts, cli_overrides)  # the launcher checked it before any rank started (run.json)
     rank = int(os.environ.get("RANK", "0"))
+    faults.at_start(rank)
     run_dir = Path(config.dump_folder)
     trainer = None
     try:

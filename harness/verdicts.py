@@ -91,6 +91,6 @@ def reference_of(opts: RunOptions, result) -> dict | None:
         return None
     summary = reference.summary(check)
     print("  " + summary.replace("\n", "\n  "))
-    if not check.judged:  # an unmeasured tolerance (trn2 until a night measures it): recorded, not judged
-        return {**check.to_dict(), "passed": None, "summary": f"recorded, not judged: {summary}"}
+    if not check.judged:  # an unmeasured tolerance (trn2 until a night measures it): unmeasured
+        return {**check.to_dict(), "passed": None, "summary": f"unmeasured: {summary}"}
     return {**check.to_dict(), "summary": summary}

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from recipes.kernels.rope import sliced_rope
 from recipes.specs import sized_spec
-from recipes.tiers import TIERS, TINY_MOE, MoEDims
+from recipes.tiers import TIERS, MoEDims
 from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
 #: Qwen3-30B-A3B's own widths (config.json of Qwen/Qwen3-30B-A3B).
@@ -51,7 +51,7 @@ KERNEL_OVERRIDES = ("grouped_experts",)
 
 def moe_dims(tier: str, n_layers: int, num_experts: int, top_k: int) -> MoEDims:
     """30B-A3B shrunk to fit one instance; tiny widths on the cpu tier."""
-    base = QWEN3_30B_A3B if TIERS[tier].full_size_models else TINY_MOE
+    base = QWEN3_30B_A3B if TIERS[tier].full_size_models else TIERS[tier].tiny_moe
     return replace(base, num_hidden_layers=n_layers, num_experts=num_experts, num_experts_per_tok=top_k)
 
 

@@ -6,8 +6,10 @@ recipe modules stay a single description of the tutorial's configuration.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from dataclasses import asdict, dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +102,8 @@ class Tier:
     #: elastic, ranks forked from a forkserver that imported them once, while the launcher checks).
     rank_start: str = "exec"
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: The MoE this tier builds where it does not build the full-size models.
+    tiny_moe: MoEDims = TINY_MOE
 
     def tokenizer_for(self, model_dir: Path | None) -> Path:
         """The tokenizer a run uses unless told otherwise: its weights' own, else the tier's."""
@@ -192,5 +196,55 @@ TRN2 = Tier(
     rank_start="exec",
     extra_env={"NEURON_LOGICAL_NC_CONFIG": "2"},
 )
+
+#: ``QWEN3_REHEARSAL_SETTINGS=<json>``: the cpu rehearsal of the trn2 night (rehearsal/settings.py, loaded by
+#: path: the product never imports the rehearsal). Its loader refuses to act on a host with a real /dev/neuron*.
+REHEARSAL_SETTINGS_ENV = "QWEN3_REHEARSAL_SETTINGS"
+
+
+def rehearsal_settings():
+    """The rehearsal's settings (``rehearsal.settings.RehearsalSettings``) when ``$QWEN3_REHEARSAL_SETTINGS``
+    is set, else None. The one seam between the night's code and its cpu rehearsal."""
+    if not os.environ.get(REHEARSAL_SETTINGS_ENV):
+        return None
+    name = "_qwen3_rehearsal_settings"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "rehearsal" / "settings.py")
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module.load()
+
+
+#: What a rehearsal writes on every value it records (report, runs log, trend): never a trn2 result.
+REHEARSAL_MARK = "rehearsal: stand-in Neuron packages on cpu, never a trn2 result"
+
+
+def rehearsal_mark() -> dict[str, str]:
+    """``{"rehearsal": REHEARSAL_MARK}`` in a rehearsal, ``{}`` otherwise: merged into every record it writes."""
+    return {"rehearsal": REHEARSAL_MARK} if os.environ.get(REHEARSAL_SETTINGS_ENV) else {}
+
+
+def rehearsed(tier: Tier) -> Tier:
+    """``tier`` as the cpu rehearsal runs the night: the seam's rank count and tiny models (the fixture
+    weights stand in for Qwen3-4B), the MoE at the smallest hidden size nkilib's MoE kernels take
+    (512: H % 512 == 0, aws-neuron/nki-library moe_cte's shape checks), seq_len 256 (128 x LNC 2).
+    Without settings, ``tier`` itself."""
+    settings = rehearsal_settings()
+    if settings is None:
+        return tier
+    sizes = settings.sizes
+    return replace(
+        tier,
+        nproc=settings.ranks,
+        seq_len=sizes.get("seq_len", 256),
+        local_batch_size=sizes.get("local_batch_size", 1),
+        launch_timeout_s=sizes.get("launch_timeout_s", 1200),
+        full_size_models=False,
+        tiny_moe=replace(TINY_MOE, hidden_size=sizes.get("moe_hidden_size", 512)),
+    )
+
+
+TRN2 = rehearsed(TRN2)
 
 TIERS = {t.name: t for t in (CPU, TRN2)}

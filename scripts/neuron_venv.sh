@@ -15,7 +15,9 @@
 #
 # Environment: PYTHON (python3), VENV (.venv-neuron), NEURON_VENV, TORCHTITAN_NEURON_URL,
 # TORCHTITAN_NEURON_REF (a branch or tag of that repository), TORCHTITAN_NEURON_DIR
-# ($VENV/src/torchtitan-neuron), OS_RELEASE (/etc/os-release).
+# ($VENV/src/torchtitan-neuron), OS_RELEASE (/etc/os-release); REHEARSAL_PYTHON_FLOOR (e.g. 3.11)
+# is for `make rehearse-trn2` only: it lowers the Python floor, the one check the rehearsal
+# overrides, and says so.
 #
 # Sources (aws-neuron/aws-neuron-sdk docs, Neuron 2.33):
 # - torch/get-started/quickstart-torch-neuron.rst (v2.33.1): "The standalone wheels in this release
@@ -148,10 +150,17 @@ main() {
     case "$arg" in
       --check) CHECK=1 ;;
       --force) FORCE=1 ;;
-      -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
       *) echo "neuron-venv: unknown argument '$arg'; use --check, --force or --help" >&2; exit 2 ;;
     esac
   done
+
+  if [ -n "${REHEARSAL_PYTHON_FLOOR:-}" ]; then
+    [[ "$REHEARSAL_PYTHON_FLOOR" =~ ^3\.[0-9]+$ ]] \
+      || die "REHEARSAL_PYTHON_FLOOR='$REHEARSAL_PYTHON_FLOOR' is not a Python 3.N version; unset it outside a rehearsal"
+    echo "rehearsal: Python floor $MIN_PY overridden to $REHEARSAL_PYTHON_FLOOR"
+    MIN_PY="$REHEARSAL_PYTHON_FLOOR"
+  fi
 
   local os version
   os="$(host_os)"

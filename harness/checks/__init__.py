@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.checks import inputs as input_checks
 from harness.checks.weights import check_config_matches_weights
 from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
+from harness.checks.targets import check_dump_folder_target, check_export_target, check_run_target
 from harness.options import INITS, RunOptions
 from recipes.tiers import TIERS
 
@@ -56,9 +57,14 @@ def check_visible_cores(nproc: int, visible: str | None) -> None:
 
     torchrun passes its environment unchanged to each of the ``nproc`` ranks of a
     node, so a set value is the same for all of them: each rank's runtime would try
-    to claim the same cores. Unset, each local rank is to get its own logical core
-    (README; whether torch_neuronx maps LOCAL_RANK itself is undocumented and stays
-    unverified until a trn2 run). ``NEURON_RT_VISIBLE_CORES`` syntax (one index or an
+    to claim the same cores. Unset, each local rank is to get its own logical core.
+    A public development copy of torch_neuronx does that itself (parmoham-aws/test-repo-parmoham
+    torch_neuronx/distributed/backend.py, ``_set_rt_visible_cores``: when NEURON_RT_VISIBLE_CORES is
+    unset it is set to LOCAL_RANK as the "neuron" process group is created, and ``_neuron_runtime_setup``
+    asserts the runtime was not initialized before ``init_process_group``). The released 2.14.3 is not
+    public (aws-neuron/torch-neuronx cannot be fetched here; the runtime and torch.neuron docs do not
+    say), so the rehearsal runs both settings of that
+    behaviour (rehearsal/settings.py). ``NEURON_RT_VISIBLE_CORES`` syntax (one index or an
     inclusive range): aws-neuron/aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst
     (``neuroncore_ids``) and the runtime configuration docs.
     """
@@ -258,6 +264,7 @@ def check_export_dir(opts: RunOptions) -> None:
                 f"--export-dir {export_dir} is inside the source --model-dir {opts.model_dir}; "
                 "the source weights are never written to: choose another directory"
             )
+    check_export_target(opts)  # before "pass --overwrite": never advise replacing an input
     input_checks.check_output_dir(
         export_dir, "pass an --export-dir that is a writable directory, or a new path in one"
     )
@@ -275,6 +282,7 @@ def check_run_dir(opts: RunOptions) -> None:
     input_checks.check_output_dir(
         opts.run_dir, "pass a --report-dir that is a writable directory, or a new path in one"
     )
+    check_run_target(opts)
 
 
 def check_hf_model(opts: RunOptions) -> None:
@@ -358,3 +366,4 @@ def check_config_paths(opts: RunOptions, config) -> None:
     run_dir = where(config.dump_folder)
     if run_dir is not None and run_dir != opts.run_dir:
         input_checks.check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
+        check_dump_folder_target(opts, run_dir)

@@ -23,7 +23,7 @@ from harness.launch.speed import record_run
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
 from harness.launch.child import _prctl, die_with_parent
-from harness.run_dir import ERROR_FILE, RUN_FILE, read_provenance, read_steps
+from harness.run_dir import CONSOLE_FILE, ERROR_FILE, LOGS_DIR, RUN_FILE, read_provenance, read_steps
 
 LOG_TAIL_LINES = 40
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
@@ -137,7 +137,7 @@ def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[st
         sys.executable, "-m", "torch.distributed.run",
         *rendezvous_args(opts),
         f"--nproc_per_node={opts.nproc}",
-        "--log-dir", str(opts.run_dir / "logs"),
+        "--log-dir", str(opts.run_dir / LOGS_DIR),
         "--redirects", "3",
         "-m", "harness.train",
         "--run-dir", str(opts.run_dir),
@@ -166,7 +166,7 @@ def child_env(opts: RunOptions) -> dict[str, str]:
 def rank_log_tails(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last lines of every rank's stderr, failing ranks' tracebacks included."""
     parts = []
-    for log in sorted((run_dir / "logs").glob("*/attempt_*/*/stderr.log")):
+    for log in sorted((run_dir / LOGS_DIR).glob("*/attempt_*/*/stderr.log")):
         text = log.read_text(errors="replace").splitlines()
         if text:
             rank = log.parent.name
@@ -190,7 +190,7 @@ POLL_S = 0.5
 
 def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
     """'loss became non-finite at step N (last good loss L at step N-1)', if that is what ended the run."""
-    for log in sorted((run_dir / "logs").glob("*/attempt_*/*/stderr.log")):
+    for log in sorted((run_dir / LOGS_DIR).glob("*/attempt_*/*/stderr.log")):
         match = NON_FINITE.search(log.read_text(errors="replace"))
         if match:
             good = f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}" if steps else "no good step"
@@ -376,7 +376,7 @@ def launch(
     run_dir = opts.run_dir
     write_run_file(opts)  # creates run_dir
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    (run_dir / "console.log").unlink(missing_ok=True)  # appended to: a prestarted harness.launch.elastic writes there too
+    (run_dir / CONSOLE_FILE).unlink(missing_ok=True)  # appended to: a prestarted harness.launch.elastic writes there too
     argv = torchrun_command(opts, cli_overrides)
     env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE), RUN_DIR_ENV: str(run_dir)}
     echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
@@ -388,7 +388,7 @@ def launch(
     if prestarted is None:
         prestarted = prestart(opts)
     waiting = RendezvousWait(opts, echo, started)
-    with (run_dir / "console.log").open("ab") as console:
+    with (run_dir / CONSOLE_FILE).open("ab") as console:
         if prestarted is None:
             proc = _start(argv, env, console)
         else:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from recipes.tiers import rehearsal_mark
 
 #: The JSON-lines file each run appends its record to (unset: nothing is appended).
 RUNS_LOG_ENV = "QWEN3_RUNS_LOG"
@@ -173,12 +176,11 @@ def git_commit() -> str | None:
 
 
 def run_label(run_dir: str) -> str:
-    """A run's name across nights: its directory name without the launcher's -YYYYMMDD-HHMMSS stamp."""
+    """A run's name across nights: its directory name without the launcher's -YYYYMMDD-HHMMSS stamp
+    (and the -N that ``harness.run_dir.claim`` adds when two launches share a second)."""
     name = Path(run_dir).name
-    parts = name.rsplit("-", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and len(parts[1]) == 8:
-        return parts[0]
-    return name
+    match = re.fullmatch(r"(.+)-\d{8}-\d{6}(?:-\d+)?", name)
+    return match.group(1) if match else name
 
 
 def run_record(result: dict, versions: dict | None = None, night: str | None = None) -> dict:
@@ -202,6 +204,7 @@ def run_record(result: dict, versions: dict | None = None, night: str | None = N
         "last_loss": losses[-1] if losses else None,
         "published": {"key": claim.key, "value": claim.value} if claim else None,
         "speed": result.get("speed") or {},
+        **rehearsal_mark(),
     }
 
 

@@ -28,7 +28,7 @@ PLAUSIBLE_FRACTION = 0.5
 class Tolerance:
     value: float
     reason: str
-    #: False: a stated allowance no run has measured; a verdict under it is "recorded, not judged".
+    #: False: a stated allowance no run has measured; a verdict under it is "unmeasured".
     measured: bool = True
 
 
@@ -178,7 +178,7 @@ class ReferenceCheck:
     kept_defects: list[str] = field(default_factory=list)
     suspects: list[Suspect] = field(default_factory=list)
     cost: dict = field(default_factory=dict)
-    #: False when the tolerance is an unmeasured allowance: the verdict is "recorded, not judged".
+    #: False when the tolerance is an unmeasured allowance: the verdict is "unmeasured".
     judged: bool = True
 
     @property

@@ -7,12 +7,11 @@ forward over the recorded batch with the run's value in place of the weights' on
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.first_batch import Record, ReferenceError
+from harness.first_batch import IncompleteRecord, Record, ReferenceError
 from harness.reference.scoring import (
     PLAUSIBLE_FRACTION,
     ReferenceCheck,
@@ -161,12 +160,14 @@ class RunInfo:
         """``allow_no_step``: a run that died in step 1 (torchtitan stops on a non-finite loss
         before logging it) is measured as NaN, so its record can still be diagnosed."""
         from harness.options import RunOptions
-        from harness.run_dir import PROVENANCE_FILE, RUN_FILE, STEPS_FILE
+        from harness.run_dir import RUN_FILE, provenance_state, read_provenance, read_steps
 
         run_dir = Path(run_dir)
-        provenance = json.loads((run_dir / PROVENANCE_FILE).read_text())
-        steps_file = run_dir / STEPS_FILE
-        steps = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()] if steps_file.exists() else []
+        provenance = read_provenance(run_dir)
+        state = provenance_state(provenance)
+        if state is not None:
+            raise IncompleteRecord(f"{run_dir}: {state}")
+        steps = read_steps(run_dir)
         if not steps and not allow_no_step:
             raise ReferenceError(f"{run_dir} recorded no step")
         opts = RunOptions.from_json((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).is_file() else None

@@ -40,3 +40,47 @@ def rope_in_use(config) -> dict[str, list[int]]:
         layer = next((int(part) for part in fqn.split(".") if part.isdigit()), -1)
         used.setdefault(described, []).append(layer)
     return used
+
+
+#: aten ops that read rows of a table by index: a RoPE that runs one of these gathers its cos/sin per position.
+GATHER_OPS = frozenset({"index", "index_select", "gather", "embedding", "take", "take_along_dim"})
+
+
+def rope_gathers(config, probe_len: int = 256) -> dict[str, list[str]]:
+    """``{description: [gathering aten ops]}`` of each RoPE ``config``'s model builds (as :func:`rope_in_use` names them).
+
+    Whatever the RoPE's class (the suite's own, or one a TorchTitan fork builds), it is built on
+    the meta device and called as an attention layer calls it, with explicit positions; every
+    aten op it dispatches is recorded, and those in :data:`GATHER_OPS` are returned. "RoPE without
+    gather" (config 3) holds when every list is empty. Nothing is computed: meta tensors only.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from recipes.titan import RoPE
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    probed: dict[str, list[str]] = {}
+    described_by_layer = {layer: d for d, layers in rope_in_use(config).items() for layer in layers}
+    for fqn, cfg, _, _ in config.traverse(RoPE.Config):
+        layer = next((int(part) for part in fqn.split(".") if part.isdigit()), -1)
+        described = described_by_layer[layer]
+        if described in probed:
+            continue
+        seq = min(probe_len, cfg.max_seq_len)
+        with torch.device("meta"):
+            rope = cfg.build()
+            q, k = torch.empty(1, seq, 2, cfg.dim), torch.empty(1, seq, 1, cfg.dim)
+            positions = torch.arange(seq).unsqueeze(0)
+        with Ops() as ops:
+            rope(q, k, positions)
+        probed[described] = sorted(ops.names & GATHER_OPS)
+    return probed

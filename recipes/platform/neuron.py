@@ -14,8 +14,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from recipes.platform import neuron_versions
 from recipes.errors import RecipeError
+from recipes.platform import neuron_versions
+from recipes.tiers import REHEARSAL_SETTINGS_ENV, rehearsal_settings  # noqa: F401 -- the seam's name, re-exported
 
 #: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
 DEFAULT_LNC = 2
@@ -54,6 +55,9 @@ def device_nodes() -> list[str]:
     """``/dev/neuron*`` character devices: one per Neuron device (16 on trn2.48xlarge); none when hidden."""
     if os.environ.get(HIDE_DEVICES_ENV) == "1":
         return []
+    rehearsal = rehearsal_settings()  # the cpu rehearsal's fake nodes; refused where a real /dev/neuron* exists
+    if rehearsal is not None:
+        return rehearsal.device_nodes()
     return sorted(glob.glob("/dev/neuron[0-9]*"))
 
 
@@ -209,9 +213,13 @@ def neuron_status(packages: tuple[str, ...] = ("torch_neuronx",), needs_weights:
 def install() -> None:
     """Make this process a trn2-tier process: register the 'neuron' device and backend.
 
-    ``import torch_neuronx`` renames PrivateUse1 to ``neuron`` and registers the
-    "neuron" process-group backend (it maps LOCAL_RANK to NEURON_RT_VISIBLE_CORES
-    when that is unset), which torchtitan then picks up as its device type.
+    ``import torch_neuronx`` registers PrivateUse1 as ``neuron`` with the ``torch.neuron`` device
+    module (aws-neuron/aws-neuron-sdk torch/reference/api/torch-neuron-module.rst, "How the module
+    is registered"; torch also autoloads it on ``import torch`` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)
+    and the "neuron" process-group backend, which torchtitan then picks up as its device type.
+    A public development copy also sets NEURON_RT_VISIBLE_CORES to LOCAL_RANK when unset, at the process
+    group's creation (parmoham-aws/test-repo-parmoham torch_neuronx/distributed/backend.py,
+    ``_set_rt_visible_cores``); the released 2.14.3 is not public (harness.checks.check_visible_cores).
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
     import torch_neuronx  # noqa: F401

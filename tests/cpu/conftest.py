@@ -20,16 +20,22 @@ STEPS = 5
 HOST_NEURON_ENV = ("QWEN3_REQUIRE_TRN2", "QWEN3_DATASET_DIR")
 
 
-@pytest.fixture(autouse=True)
-def no_host_neuron(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def no_host_neuron():
     """Every cpu test sees a machine without Neuron, whatever the host has: no /dev/neuron* (the
     suite's own detection hook, recipes.platform.neuron.device_nodes, inherited by child processes
-    through QWEN3_HIDE_NEURON_DEVICES) and none of the host's NEURON_*, QWEN3_REQUIRE_TRN2 or QWEN3_DATASET_DIR settings."""
+    through QWEN3_HIDE_NEURON_DEVICES) and none of the host's NEURON_*, QWEN3_REQUIRE_TRN2 or QWEN3_DATASET_DIR settings.
+
+    Session-scoped and autouse, so pytest sets it up before any other session fixture: the shared
+    runs (recipe_run, random_init_proxy, ...) launch ranks that must not see the host's devices either.
+    """
     from recipes.platform.neuron import HIDE_DEVICES_ENV
 
-    for name in [*HOST_NEURON_ENV, *(n for n in os.environ if n.startswith("NEURON_"))]:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(HIDE_DEVICES_ENV, "1")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [*HOST_NEURON_ENV, *(n for n in os.environ if n.startswith("NEURON_"))]:
+            patch.delenv(name, raising=False)
+        patch.setenv(HIDE_DEVICES_ENV, "1")
+        yield
 
 
 @pytest.fixture(params=RANK_STARTS)

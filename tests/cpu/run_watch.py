@@ -101,6 +101,15 @@ class RunWatch:
                 pass
         return left
 
+    def rank_starts(self) -> set[str]:
+        """How the ranks it saw were started: "exec" (``python -m harness.train``, torchrun's exec) or
+        "preloaded" (forked from harness.launch.elastic's forkserver, named by rank_entry)."""
+        return {
+            "exec" if "harness.train" in proc.argv else "preloaded"
+            for key, proc in self.seen.items()
+            if self.roles.get(key) == "rank"
+        }
+
     def summary(self) -> str:
         counts = Counter(self.roles.values())
         return ", ".join(f"{role} {n}" for role, n in sorted(counts.items())) or "nothing"

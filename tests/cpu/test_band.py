@@ -159,7 +159,7 @@ def test_a_band_never_recorded_is_recorded_not_judged_with_the_values(goldens_di
     verdict = band.judge_curve("native_qwen3", "trn2", curve)
     assert (verdict.kind, verdict.passed, verdict.measured) == (goldens.NOT_JUDGED, None, curve)
     assert "python -m harness.band record native_qwen3" in verdict.message()
-    assert "recorded, not judged: loss_curve_3 measured [6.5, 6.4, 6.3]" in verdict.message()
+    assert "unmeasured: loss_curve_3 measured [6.5, 6.4, 6.3]" in verdict.message()
 
 
 def test_a_recorded_band_that_the_curve_leaves_fails(tmp_path, goldens_dir):
@@ -170,7 +170,7 @@ def test_a_recorded_band_that_the_curve_leaves_fails(tmp_path, goldens_dir):
     left = band.judge_curve("native_qwen3", "trn2", [6.52, 6.50, 6.33], here)
     assert (inside.kind, inside.passed) == ("pass", True)
     assert (left.kind, left.passed) == ("regression", False) and "first at step 2" in left.message()
-    # another length has no band of its own yet: recorded, not judged
+    # another length has no band of its own yet: unmeasured
     assert band.judge_curve("native_qwen3", "trn2", [6.5, 6.4], here).kind == goldens.NOT_JUDGED
 
 

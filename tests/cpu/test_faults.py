@@ -70,6 +70,7 @@ def launch_with_fault(tmp_path, monkeypatch, fault: str, **limits) -> Failed:
 def assert_none_left(watch: RunWatch, rank_start: str) -> None:
     """Torchrun (or harness.launch.elastic and its forkserver) and every rank were seen alive; none is alive now."""
     watch.saw(**run_roles(rank_start, NPROC, launcher=False))  # the launcher is this test's own process
+    assert watch.rank_starts() == {rank_start}, f"ranks started {watch.rank_starts()}, not {rank_start!r} ({watch.summary()})"
     left = watch.kill_left()
     assert left == [], f"{len(left)} process(es) of the run outlived launch(): {describe(left)}"
 

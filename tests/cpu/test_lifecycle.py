@@ -13,6 +13,7 @@ launcher, torchrun and every rank alive.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from harness import report
+from harness.run_dir import RUN_FILE
 from harness.launch import GRACE_S
 from recipes.tiers import FIXTURES, RANK_START_ENV, REPO_ROOT
 from run_watch import RunWatch, describe, run_roles
@@ -42,6 +44,26 @@ def start_long_run(report_dir: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def watched_long_run(report_dir: Path):
+    """The long run under a watch of its processes; whatever the test asserts, the run never outlives it.
+
+    A failed assertion inside the block would otherwise leave a 2000-step run (launcher, torchrun, ranks)
+    training on for the rest of the suite: on the way out a launcher still alive is killed, and every
+    process of the run the watch saw is ended (the test's own "none left" checks come after, unchanged).
+    """
+    with RunWatch(report_dir) as watch:
+        parent = start_long_run(report_dir)
+        try:
+            yield parent, watch
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+                parent.communicate(timeout=30)
+                watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
+                watch.kill_left()
+
+
 def wait_for_training(report_dir: Path, parent: subprocess.Popen, timeout_s: float = 240) -> Path:
     """The run's steps.jsonl once rank 0 has logged a step (the ranks are then training)."""
     deadline = time.monotonic() + timeout_s
@@ -58,8 +80,7 @@ def wait_for_training(report_dir: Path, parent: subprocess.Popen, timeout_s: flo
 @pytest.mark.slow
 def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, rank_start, record_property):
     report_dir = tmp_path / "report"
-    with RunWatch(report_dir) as watch:
-        parent = start_long_run(report_dir)
+    with watched_long_run(report_dir) as (parent, watch):
         wait_for_training(report_dir, parent)
         watch.wait_for(30, **run_roles(rank_start))
         signalled = time.monotonic()
@@ -82,8 +103,7 @@ def test_sigterm_ends_every_rank_and_keeps_the_steps_run(tmp_path, rank_start, r
 def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, rank_start, record_property):
     """The OOM killer's case: no handler runs; the kernel's parent-death signals end torchrun, then its ranks."""
     report_dir = tmp_path / "report"
-    with RunWatch(report_dir) as watch:
-        parent = start_long_run(report_dir)
+    with watched_long_run(report_dir) as (parent, watch):
         wait_for_training(report_dir, parent)
         watch.wait_for(30, **run_roles(rank_start))
         parent.kill()
@@ -108,14 +128,15 @@ def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, monkeypat
     """
     monkeypatch.setenv(RANK_START_ENV, "preloaded")
     report_dir = tmp_path / "report"
-    with RunWatch(report_dir) as watch:
-        parent = start_long_run(report_dir)
+    with watched_long_run(report_dir) as (parent, watch):
         deadline = time.monotonic() + 120
         while watch.most["forkserver"] < 1:
             assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
             time.sleep(0.05)
         watch.saw(launcher=1, torchrun=1, forkserver=1)
-        assert not report_dir.exists(), "the checks had already passed: this test needs the launcher still checking"
+        # The run directory is claimed before the checks (harness.run_dir.claim); run.json is written at launch.
+        launched = sorted(report_dir.glob(f"runs/*/{RUN_FILE}"))
+        assert not launched, f"the checks had already passed ({launched}): this test needs the launcher still checking"
         parent.kill()
         parent.communicate(timeout=30)
         gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)

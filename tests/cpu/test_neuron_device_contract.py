@@ -279,3 +279,55 @@ def test_a_test_after_which_the_pytest_process_holds_the_device_fails(contract):
     assert teardown and any(
         isinstance(n, ast.Call) and _name(n.func) == "fail_if_device_held" for n in ast.walk(teardown[0])
     ), "tests/neuron/conftest.py must check, after every neuron test, that the pytest process holds no device"
+
+
+def _autoloading_backend(root: Path, record: Path) -> dict[str, str]:
+    """A package that torch autoloads through the ``torch.backends`` entry point (as torch_neuronx
+    registers itself) and that appends its process id to ``record`` when imported."""
+    (root / "autoload_probe.py").write_text(
+        "import os\n"
+        f"with open({str(record)!r}, 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "def _autoload():\n"
+        "    pass\n"
+    )
+    info = root / "autoload_probe-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: autoload-probe\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nprobe = autoload_probe:_autoload\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO_ROOT)])}
+
+
+def test_the_pytest_process_does_not_autoload_a_device_backend(tmp_path):
+    """With a backend that autoloads on ``import torch`` (as torch_neuronx does on the runner), the night's
+    pytest process imports torch and every neuron test module without loading it; a plain
+    ``import torch`` in a child, with the runner's setting, still loads it (so the probe can fail)."""
+    record = tmp_path / "imported-by.txt"
+    (tmp_path / "site").mkdir()
+    env = _autoloading_backend(tmp_path / "site", record)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests collected" in done.stdout and "import torch" in (REPO_ROOT / "tests/neuron/test_rope_kernel_neuron.py").read_text()
+    assert not record.exists(), f"the pytest process autoloaded the backend: {record.read_text()}"
+    child = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert record.read_text().strip(), "the probe backend did not autoload in a plain child: the test proves nothing"
+
+
+@pytest.fixture(scope="session")
+def environment_seen_by_a_session_fixture() -> dict[str, str | None]:
+    """What a session-scoped fixture (as a shared run is) sees when pytest sets it up."""
+    from recipes.platform.neuron import HIDE_DEVICES_ENV
+
+    return {HIDE_DEVICES_ENV: os.environ.get(HIDE_DEVICES_ENV)}
+
+
+def test_the_host_neuron_is_hidden_before_any_session_fixture(environment_seen_by_a_session_fixture):
+    """A shared run (a session fixture) launched on a trn2 host must already see no Neuron device."""
+    from recipes.platform.neuron import HIDE_DEVICES_ENV
+
+    assert environment_seen_by_a_session_fixture == {HIDE_DEVICES_ENV: "1"}

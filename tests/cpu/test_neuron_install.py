@@ -133,7 +133,8 @@ def git_calls(tmp_path: Path) -> list[str]:
 
 
 def run_script(tmp_path: Path, *args: str, refs: dict[str, str] = REMOTE_REFS, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("NEURON_VENV", "TORCHTITAN_NEURON_URL", "TORCHTITAN_NEURON_REF")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("NEURON_VENV", "TORCHTITAN_NEURON_URL", "TORCHTITAN_NEURON_REF", "REHEARSAL_PYTHON_FLOOR")}
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         capture_output=True,
@@ -229,6 +230,22 @@ def test_a_python_outside_3_12_to_3_14_is_refused(tmp_path, version):
     assert f"'{python}' is Python {version}" in out.stderr
     assert "supports Python 3.12, 3.13 and 3.14" in out.stderr and "PYTHON=python3.12" in out.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_the_rehearsal_lowers_only_the_python_floor_by_name_and_says_so(tmp_path):
+    """make rehearse-trn2 runs the install with the cpu venv's 3.11: that floor, and nothing else, moves."""
+    release = str(os_release(tmp_path, "26.04"))
+    out = run_script(tmp_path, "--check", OS_RELEASE=release, PYTHON=str(fake_python(tmp_path / "py311", "3.11")),
+                     REHEARSAL_PYTHON_FLOOR="3.11")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "rehearsal: Python floor 3.12 overridden to 3.11"
+    for version in ("3.10", "3.15"):  # below the lowered floor, above the ceiling: still refused
+        out = run_script(tmp_path, "--check", OS_RELEASE=release, PYTHON=str(fake_python(tmp_path / version, version)),
+                         REHEARSAL_PYTHON_FLOOR="3.11")  # fmt: skip
+        assert out.returncode == 1 and f"is Python {version}" in out.stderr
+    out = run_script(tmp_path, "--check", OS_RELEASE=release, PYTHON=str(fake_python(tmp_path / "py", "3.12")),
+                     REHEARSAL_PYTHON_FLOOR="eleven")  # fmt: skip
+    assert out.returncode == 1 and "REHEARSAL_PYTHON_FLOOR='eleven' is not a Python 3.N version" in out.stderr
 
 
 @pytest.mark.parametrize("version_id", ["22.04", "24.04"])

@@ -94,6 +94,24 @@ def test_the_checkout_is_found_from_an_editable_torchtitan(tmp_path):
     assert root is None and "is not a TorchTitan checkout" in why
 
 
+def test_the_checkout_is_found_from_the_install_record(tmp_path, monkeypatch):
+    """make neuron-venv records the checkout it installed; it is found there even when `import torchtitan` loads
+    another copy (the rehearsal's fork stand-in sits on the cpu venv's torchtitan)."""
+    from recipes.platform import torchtitan_checkout
+
+    checkout = tmp_path / "torchtitan-neuron"
+    for sub in ("tests/assets/c4_test", "tests/assets/tokenizer"):
+        (checkout / sub).mkdir(parents=True)
+    record = tmp_path / "torchtitan-neuron.json"
+    record.write_text(json.dumps({"url": "file:///fork", "ref": "release-2.33", "ref_kind": "branch",
+                                  "ls_remote_commit": "a" * 40, "commit": "a" * 40, "checkout": str(checkout)}))  # fmt: skip
+    monkeypatch.setenv(torchtitan_checkout.RECORD_ENV, str(record))
+    assert lanes.titan_checkout() == (checkout, "")
+    (checkout / "tests/assets/c4_test").rmdir()
+    root, why = lanes.titan_checkout()
+    assert root is None and f"the install record {record}" in why
+
+
 def test_the_plan_prints_every_step_with_processes_cores_launches_and_the_total():
     lines = nightly.plan_lines()
     text = "\n".join(lines)
@@ -128,17 +146,17 @@ def test_a_config_row_names_the_cause_of_each_difference():
     assert causes["as published vs published"] == "reproduced: |Δ| 0.01 ≤ 0.02"
     assert causes["as published vs corrected"].startswith("Δ +4.12: tokenizer (tokenizer differs; effect +1.5), inv_freq")
     assert causes["corrected vs reference"] == (
-        "Δ +0.02 vs ±0.05 (bf16 on the device vs fp32 on the host): recorded, not judged (the tolerance is not "
+        "Δ +0.02 vs ±0.05 (bf16 on the device vs fp32 on the host): unmeasured (the tolerance is not "
         "measured yet; would pass)"
     )
-    assert row["corrected_verdict"] == "recorded, not judged"
+    assert row["corrected_verdict"] == "unmeasured"
     missed = lane_summary("native_qwen3", 6.54, 0.02, check(3.1, 3.0), check(2.5, 2.2, judged=True))
     assert missed["causes"]["as published vs published"].startswith("not reproduced: Δ -3.44; the as-published lane "
                                                                      "scores what its diagnosis names: none of the known")
     assert missed["corrected_verdict"] == "FAIL" and "diagnosis: none of the known suspects" in missed["causes"][
         "corrected vs reference"]
     lines = "\n".join(lanes_section([row, missed]))
-    assert "| hf_backend | 6.54 | 6.55 | 2.43 | 2.41 | recorded, not judged |" in lines
+    assert "| hf_backend | 6.54 | 6.55 | 2.43 | 2.41 | unmeasured |" in lines
     assert "- native_qwen3, corrected vs reference: Δ +0.3 vs ±0.05" in lines
 
 

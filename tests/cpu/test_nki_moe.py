@@ -48,6 +48,9 @@ def test_shrunk_moe_trains_on_two_processes(recipe_run, golden, record_property)
     assert run["provenance"]["rope"] == {
         "torchtitan CosSinRoPE, sliced cache (positions dropped: no gather)": [0, 1, 2, 3]
     }
+    assert run["provenance"]["rope_gather_ops"] == {
+        "torchtitan CosSinRoPE, sliced cache (positions dropped: no gather)": []
+    }
     # Config 3's grouped-experts kernel override replaced the experts of every layer.
     assert run["provenance"]["overrides"] == {
         "grouped_experts": [f"layers.{i}.moe.routed_experts.inner_experts" for i in range(4)]

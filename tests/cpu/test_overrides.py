@@ -345,3 +345,19 @@ def test_training_with_rope_hf_on_layers_10_to_19_is_bitwise_identical(record_pr
     record_property("rope_scoped_training_losses", losses)
     assert losses["scoped"] == losses["stock"]
     assert losses["stock"][-1] < losses["stock"][0]
+
+
+def test_rope_gathers_names_the_per_position_gather_of_each_rope_class():
+    """Config 3's "RoPE without gather", judged on what the RoPE runs, whatever its class: stock CosSinRoPE
+    gathers its cache rows (aten.index), the sliced RoPE and rope_hf (the suite's NKIRoPE) do not."""
+    from recipes import nki_moe
+    from recipes.kernels import ROPE_DESCRIPTIONS, rope_gathers, rope_in_use
+
+    stock = trainer_config(n_layers=2)
+    assert rope_gathers(stock) == {ROPE_DESCRIPTIONS["CosSinRoPE.Config"]: ["index"]}
+    swapped = trainer_config(n_layers=2)
+    apply_override_specs(swapped, ["rope_hf"])
+    assert rope_gathers(swapped) == {next(iter(rope_in_use(swapped))): []}
+    assert next(iter(rope_in_use(swapped))).startswith(ROPE_DESCRIPTIONS["NKIRoPE.Config"])
+    sliced = rope_gathers(nki_moe.nki_moe_cpu())
+    assert list(sliced.values()) == [[]] and next(iter(sliced)).startswith(ROPE_DESCRIPTIONS["SlicedCosSinRoPE.Config"])

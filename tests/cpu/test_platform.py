@@ -296,11 +296,15 @@ def test_pytest_configure_gives_each_xdist_worker_its_slice(fake_neuron_ls, monk
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
-    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    # set, then deleted: monkeypatch then restores "absent" after the test (a bare delenv of an unset
+    # name records nothing, and pytest_configure's value below would leak into every later test)
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "set-by-this-test")
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
     monkeypatch.setattr(neuron, "device_nodes", lambda: [f"/dev/neuron{i}" for i in range(16)])
-    monkeypatch.setattr(pytestconfig.option, "markexpr", "cpu")
-    root_conftest.pytest_configure(pytestconfig)
-    assert "NEURON_RT_VISIBLE_CORES" not in os.environ, "a cpu-tier session holds no NeuronCore"
+    for cpu_expression in ("cpu", "cpu and not slow", "not neuron"):
+        monkeypatch.setattr(pytestconfig.option, "markexpr", cpu_expression)
+        root_conftest.pytest_configure(pytestconfig)
+        assert "NEURON_RT_VISIBLE_CORES" not in os.environ, f"a -m {cpu_expression!r} session holds no NeuronCore"
     monkeypatch.setattr(pytestconfig.option, "markexpr", "neuron")
     root_conftest.pytest_configure(pytestconfig)
     assert os.environ["NEURON_RT_VISIBLE_CORES"] == "48-63"

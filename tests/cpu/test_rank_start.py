@@ -52,7 +52,9 @@ def test_a_refused_run_leaves_no_prestarted_process(tmp_path, monkeypatch):
 
     def observed_prestart(opts):
         prestarted = real_prestart(opts)
-        started.append((prestarted, prestarted is not None and prestarted.proc.poll() is None))
+        found = {p.pid for p in watch.finder(watch.run_root, watch.parents)} if prestarted is not None else set()
+        started.append((prestarted, prestarted is not None and prestarted.proc.poll() is None,
+                        prestarted is not None and prestarted.proc.pid in found))  # fmt: skip
         return prestarted
 
     monkeypatch.setattr(harness.launch, "prestart", observed_prestart)
@@ -61,6 +63,7 @@ def test_a_refused_run_leaves_no_prestarted_process(tmp_path, monkeypatch):
         code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])
     assert code == 2
     assert started and started[0][1], "harness.launch.elastic was not prestarted (alive) before the checks"
+    assert started[0][2], "the watch's finder did not find the prestarted harness.launch.elastic: 'none left' would prove nothing"
     assert started[0][0].proc.poll() is not None, "the prestarted harness.launch.elastic outlived a refusal"
     assert watch.most["rank"] == 0, f"a refused run started a rank ({watch.summary()})"
     left = watch.kill_left()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harness import environment
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_packages_match_the_lock(record_property):
@@ -39,3 +43,18 @@ def test_a_shadowing_copy_on_pythonpath_is_named(tmp_path):
     assert str(fake / "__init__.py") in lines[0] and "9.9.9" in lines[0], lines[0]
     assert "PYTHONPATH" in lines[0]
     assert not any(line.startswith("torch:") for line in out.stdout.splitlines()), out.stdout
+
+
+def test_both_tiers_pin_a_datasets_that_has_what_the_checks_import():
+    """harness.checks.inputs imports ``datasets.load.LocalDatasetModuleFactory``, which 4.0.0 introduced
+    (3.6.0 has only ``LocalDatasetModuleFactoryWithScript``/``WithoutScript``): ``<4.8`` alone admitted 3.x."""
+    from packaging.requirements import Requirement
+
+    from datasets.load import LocalDatasetModuleFactory  # noqa: F401 -- the name the pin is for
+
+    for name in ("requirements.in", "requirements-neuron.txt"):
+        lines = (ROOT / name).read_text().splitlines()
+        (line,) = [l for l in lines if l.split("#")[0].strip().startswith("datasets")]
+        spec = Requirement(line.split("#")[0].strip()).specifier
+        assert not spec.contains("3.6.0"), f"{name}: {line!r} admits datasets 3.x"
+        assert spec.contains("4.0.0") and spec.contains("4.7.0"), f"{name}: {line!r}"

@@ -9,6 +9,9 @@ everything proves nothing.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from neuron_cores import fail_if_device_held
@@ -17,6 +20,38 @@ from requires import REQUIRE_ENV, gaps, require_trn2
 
 def pytest_configure(config):
     require_trn2()  # refuse a malformed switch before any test runs
+
+
+def launches_of(item) -> list[str]:
+    """The launches a test uses (``@pytest.mark.launch``), each checked against the plan."""
+    from harness.nightly import LAUNCHES
+
+    names = [name for mark in item.iter_markers("launch") for name in mark.args]
+    unknown = [name for name in names if name not in LAUNCHES]
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: pytest.mark.launch{tuple(unknown)} is not in harness.nightly.LAUNCHES")
+    return names
+
+
+def night_order(items: list) -> list:
+    """Cheapest first, then the plan's order: every test that starts no 64-rank launch (versions, names and
+    hooks, kernel numerics on one core, the fork's config compared: seconds each) runs before the first
+    launch, so a failing cheap check never stops the published numbers from being measured; the rest run by
+    the last launch they need, in ``harness.nightly.LAUNCHES`` order, so the launches start in the plan's order."""
+    from harness.nightly import LAUNCHES
+
+    plan = list(LAUNCHES)
+    position = {id(item): i for i, item in enumerate(items)}
+
+    def key(item):
+        names = launches_of(item)
+        return (1, max(plan.index(n) for n in names)) if names else (0, 0), position[id(item)]
+
+    return sorted(items, key=key)
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = night_order(items)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -36,3 +71,12 @@ def pytest_runtest_setup(item):
 def pytest_runtest_teardown(item, nextitem):
     """After the test and its fixtures: an open Neuron device here would starve every later launch."""
     fail_if_device_held(item.nodeid)
+
+
+@pytest.fixture(scope="session")
+def shared_dir(pytestconfig) -> Path:
+    """The night's launches write their run directories (every rank's log, steps, provenance) inside the
+    report directory the workflow uploads: ``<report-dir>/runs/<session>/<launch>``, new for each session."""
+    runs = Path(pytestconfig.getoption("--report-dir")) / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="night-", dir=runs))

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from harness import lanes, nightly
+from neuron_cores import neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
 
@@ -77,12 +79,37 @@ def reference_model(model_dir: str):
     return reference.load_reference_model(Path(model_dir))
 
 
+@neuron_core_body
+def checked_lane_options(name: str, run_dir: str, checkout: str | None, visible: str | None) -> str:
+    """In a child: the launcher's own checks and config for launch ``name`` (``checked_config``, as
+    ``python -m harness run`` does), returned as the resolved options' JSON.
+
+    Building config 3 imports the TorchTitan Neuron fork's ``qwen3_nki_moe_config``: a fork that fails
+    to import, or touches the device at import, fails this launch's tests, never the pytest process,
+    and holds nothing once the child has exited (before torchrun starts). The checks judge the
+    runner's own ``NEURON_RT_VISIBLE_CORES`` (``visible``), not the core this child was lent.
+    """
+    import os
+
+    from harness.config import as_configured, checked_config
+    from neuron_cores import VISIBLE_CORES_ENV
+
+    os.environ.pop(VISIBLE_CORES_ENV, None)
+    if visible is not None:
+        os.environ[VISIBLE_CORES_ENV] = visible
+    spec = nightly.LAUNCHES[name]
+    with lanes.lane_env(lanes.LANES[spec.lane]):
+        options = spec.options(run_dir=Path(run_dir), checkout=Path(checkout) if checkout else None)
+        opts, config = checked_config(options)
+        return as_configured(opts, config).to_json()
+
+
 def lane_run(name: str, shared_dir: Path) -> LaneRun:
     """The launch ``name`` of the plan, made on first use; later callers get the same result."""
     if name in _RUNS:
         return _RUNS[name]
     from harness.launch import LaunchError, launch
-    from harness.checks import preflight
+    from harness.options import RunOptions
     from harness.provenance import input_key
 
     spec = nightly.LAUNCHES[name]
@@ -90,7 +117,12 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     checkout, why = lanes.titan_checkout()
     if (lane.titan_dataset or lane.titan_tokenizer) and checkout is None:
         pytest.fail(why, pytrace=False)
-    opts = preflight(spec.options(run_dir=shared_dir / name, checkout=checkout))
+    opts = RunOptions.from_json(
+        on_neuron_cores(
+            checked_lane_options, name, str(shared_dir / name), str(checkout) if checkout else None,
+            os.environ.get("NEURON_RT_VISIBLE_CORES"),
+        )  # fmt: skip
+    )
     stopped = None
     with lanes.lane_env(lane):
         try:

@@ -7,7 +7,7 @@ into ``fixtures/goldens/<recipe>/trn2-band.json`` (N, k, floor and the 20-step l
 stated and justified in harness/band.py). The curve is the recipe's band lane run of the
 night (``harness.nightly.BAND_LAUNCH``), the very run ``harness.band.band_options`` repeats.
 
-A band nobody has recorded yet judges nothing: the curve is "recorded, not judged" with
+A band nobody has recorded yet judges nothing: the curve is "unmeasured" with
 its values (``harness.band.judge_curve``), and the test fails only when a recorded band
 is left.
 """
@@ -30,9 +30,9 @@ from requires import (
 pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights]
 
 RECIPES = (
-    pytest.param("native_qwen3", marks=requires_titan_assets),
-    pytest.param("hf_backend", marks=requires_dataset),
-    pytest.param("nki_moe", marks=[requires_nkilib, requires_titan_assets]),
+    pytest.param("native_qwen3", marks=[requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["native_qwen3"])]),
+    pytest.param("hf_backend", marks=[requires_dataset, pytest.mark.launch(nightly.BAND_LAUNCH["hf_backend"])]),
+    pytest.param("nki_moe", marks=[requires_nkilib, requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["nki_moe"])]),
 )
 
 

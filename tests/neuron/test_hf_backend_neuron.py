@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from lane_runs import lane_run
 from requires import requires_neuron_device, requires_qwen3_4b_weights, requires_titan_assets, requires_torch_neuronx
 
@@ -22,6 +24,7 @@ MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_titan_assets]
 
 
+@pytest.mark.launch("config1-as_published")
 def test_published_step1_loss_from_pretrained_weights(shared_dir, golden, record_property):
     run = lane_run("config1-as_published", shared_dir)
     record_property("hf_backend.trn2.as_published.provenance", run.result.get("provenance"))
@@ -29,11 +32,13 @@ def test_published_step1_loss_from_pretrained_weights(shared_dir, golden, record
     golden("hf_backend", "trn2", "step1_loss_hf", run.step1(), inputs=run.inputs)
 
 
+@pytest.mark.launch("config1-as_published-random")
 def test_published_step1_loss_from_random_init(shared_dir, golden):
     run = lane_run("config1-as_published-random", shared_dir)
     golden("hf_backend", "trn2", "step1_loss_random", run.step1(), inputs=run.inputs)
 
 
+@pytest.mark.launch("config1-as_published")
 def test_export_round_trip(shared_dir, golden, record_property):
     """The as-published run's export loads into transformers with only the tied head missing, under the source's config."""
     import torch

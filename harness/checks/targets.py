@@ -1,0 +1,107 @@
+"""Nothing the user gave is ever deleted or overwritten: the directories a run writes or replaces, against its inputs.
+
+A run replaces ``--export-dir`` (with ``--overwrite``), writes its checkpoints and records into its
+run directory (or torchtitan's ``--dump_folder``) and clears files there. Each such target is refused
+before launch when it is, contains or lies inside an input of the run (the model, tokenizer and
+dataset directories, the suite's ``fixtures/``, a tracked file of the repository) or the directory
+of a run that is still going. Files in the report's own run directories are the harness's output, not
+inputs, even if tracked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+from harness.checks.errors import PreflightError
+from harness.options import RunOptions
+from recipes.tiers import FIXTURES, REPO_ROOT
+
+
+def relation(target: Path, other: Path) -> str | None:
+    """How ``target`` stands to ``other``: "is", "contains", "lies inside", or None (apart)."""
+    if target == other:
+        return "is"
+    if target in other.parents:
+        return "contains"
+    if other in target.parents:
+        return "lies inside"
+    return None
+
+
+def named_inputs(opts: RunOptions) -> list[tuple[str, Path]]:
+    """The run's input directories, each with the name a refusal gives it (``opts`` resolved)."""
+    named = [("--model-dir", opts.model_dir), ("--tokenizer-dir", opts.tokenizer_dir),
+             ("--dataset-dir", opts.dataset_dir), ("the suite's fixtures/", FIXTURES)]  # fmt: skip
+    return [(name, Path(path).resolve()) for name, path in named if path is not None]
+
+
+@functools.cache
+def tracked_files(root: Path = REPO_ROOT) -> tuple[Path, ...]:
+    """Every file git tracks in the repository (none outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if out.returncode != 0:
+        return ()
+    return tuple(root / name for name in out.stdout.decode(errors="replace").split("\0") if name)
+
+
+def running_run_dirs() -> dict[Path, int]:
+    """The run directory of every run still going (a live process's run marker), with one of its pids.
+
+    The launcher's own processes (this one and what it started, e.g. its prestarted
+    harness.launch.elastic, which carries the planned run's marker) are not another run.
+    A fresh look each time (a run may start between two checks): 10-50 ms of /proc.
+    """
+    from harness.launch.processes import descendants_of, table  # the one finder of a run's processes
+
+    procs = table()
+    own = {os.getpid(), *descendants_of(os.getpid(), procs)}
+    return {Path(p.run_dir): pid for pid, p in sorted(procs.items())
+            if p.run_dir and p.alive and pid not in own}  # fmt: skip
+
+
+def check_target(target: Path, what: str, opts: RunOptions, fix: str) -> None:
+    """Refuse ``target`` (the flag ``what`` names it) if writing or replacing it could touch an input or a going run."""
+    target = Path(target).resolve()
+    runs = opts.run_dir.parent.resolve() if opts.run_dir is not None else None
+    for name, path in named_inputs(opts):
+        how = relation(target, path)
+        if how is not None:
+            raise PreflightError(
+                f"{what} {target} {how} {name} {path}; a run never deletes or overwrites its inputs: {fix}"
+            )
+    tracked = [f for f in tracked_files() if relation(target, f) is not None
+               and not (runs is not None and relation(f, runs) == "lies inside")]  # fmt: skip
+    if tracked:
+        held = (f"is the tracked file {tracked[0].relative_to(REPO_ROOT)}" if tracked[0] == target else
+                f"contains {len(tracked)} tracked file(s) of the repository (e.g. {tracked[0].relative_to(REPO_ROOT)})")
+        raise PreflightError(f"{what} {target} {held}; a run never deletes or overwrites them: {fix}")
+    for run_dir, pid in running_run_dirs().items():
+        how = relation(target, run_dir.resolve())
+        if how is not None:
+            raise PreflightError(
+                f"{what} {target} {how} the run directory {run_dir} of a run still going (pid {pid}); "
+                f"wait for it to end, or {fix}"
+            )
+
+
+def check_export_target(opts: RunOptions) -> None:
+    """``--export-dir``: written, and replaced with ``--overwrite``."""
+    if opts.export_dir is not None:
+        check_target(opts.export_dir, "--export-dir", opts, "choose an --export-dir outside every input")
+
+
+def check_run_target(opts: RunOptions) -> None:
+    """The run's directory (``REPORT_DIR/runs/NAME``: checkpoints, records, logs): written and cleared."""
+    if opts.run_dir is not None:
+        check_target(opts.run_dir, "the run directory", opts, "pass a --report-dir outside every input")
+
+
+def check_dump_folder_target(opts: RunOptions, dump_folder: Path) -> None:
+    """torchtitan's ``--dump_folder``, where it moves the run's checkpoints and records."""
+    check_target(dump_folder, "--dump_folder", opts, "drop --dump_folder, or pass one outside every input")

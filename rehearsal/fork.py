@@ -1,0 +1,107 @@
+"""The TorchTitan Neuron stand-in: a local git repository that `make neuron-venv` clones over file://.
+
+The real fork (github.com/aws-neuron/torchtitan-neuron, not publicly readable from here) installs
+the distribution ``torchtitan`` 0.2.2+neuron.1 and ships its recipes as
+``torchtitan_neuron.models.qwen3.config_registry`` (aws-neuron/aws-neuron-sdk
+training/torchtitan/get-started/setup-torchtitan-neuron.rst, release-notes/components/torchtitan-neuron.rst;
+/work/shared/DESIGN.md "Packages and install"). The stand-in cannot install a second
+``torchtitan``: it would shadow the real torchtitan 0.3.0 it stands on. So its distribution is
+``torchtitan-neuron-standin`` (version 0.2.2+neuron.1) and it holds only the package
+``torchtitan_neuron``; ``import torchtitan`` still loads the stock 0.3.0 from the cpu venv.
+
+Its ``qwen3_nki_moe_config`` builds config 3 from stock torchtitan classes (``qwen3_30b_a3b``,
+``_build_qwen3_moe_layers``, ``CosSinRoPE``, ``ScaledDotProductAttention``), never from the suite's
+twin in recipes/nki_moe.py, so a suite that only agrees with itself shows here. The checkout holds
+``tests/assets/c4_test`` and ``tests/assets/tokenizer`` (harness/lanes.py TITAN_DATASET,
+TITAN_TOKENIZER), filled from fixtures/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REF = "release-2.33"
+DISTRIBUTION = "torchtitan-neuron-standin"
+VERSION = "0.2.2+neuron.1"
+
+PYPROJECT = f"""\
+# Rehearsal stand-in for TorchTitan Neuron (rehearsal/fork.py): NOT the real fork.
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{DISTRIBUTION}"
+version = "{VERSION}"
+description = "rehearsal stand-in: torchtitan_neuron recipes over stock torchtitan 0.3.0"
+requires-python = ">=3.11"
+
+[tool.setuptools.packages.find]
+include = ["torchtitan_neuron*"]
+"""
+
+# The stock torchtitan the stand-in stands on; already in the layered venv, so pip installs nothing.
+REQUIREMENTS = "torchtitan==0.3.0\n"
+
+CONFIG_REGISTRY = '''\
+"""Rehearsal stand-in of TorchTitan Neuron's qwen3 recipes: built from stock torchtitan 0.3.0 classes."""
+
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.common.rope import CosSinRoPE
+from torchtitan.models.qwen3 import _build_qwen3_moe_layers
+from torchtitan.models.qwen3.config_registry import qwen3_30b_a3b
+
+# Qwen3-30B-A3B's widths, as stock torchtitan's "30B-A3B" flavor has them.
+_WIDTHS = dict(dim=2048, n_heads=32, n_kv_heads=4, head_dim=128, moe_hidden_dim=768)
+
+
+def qwen3_nki_moe_config(flavor="30B-A3B", n_layers=4, num_experts=64, top_k=4):
+    """The tutorial's config 3: 30B-A3B with n_layers layers, num_experts experts, top_k routing, SDPA, eager."""
+    if flavor != "30B-A3B":
+        raise ValueError(f"qwen3_nki_moe_config: flavor {flavor!r}; this stand-in builds 30B-A3B only")
+    config = qwen3_30b_a3b()
+    layers = _build_qwen3_moe_layers(
+        n_layers=n_layers, num_experts=num_experts, top_k=top_k, attn_backend="flex",
+        moe_comm_backend="standard",
+        rope=CosSinRoPE.Config(dim=_WIDTHS["head_dim"], max_seq_len=40960, theta=1000000.0),
+        **_WIDTHS,
+    )
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    config.model_spec.model.layers = layers
+    config.compile.enable = False
+    config.parallelism.expert_parallel_degree = 1
+    return config
+'''
+
+
+def git(*args: str, cwd: Path) -> str:
+    env = {"GIT_AUTHOR_NAME": "rehearsal", "GIT_AUTHOR_EMAIL": "rehearsal@localhost",
+           "GIT_COMMITTER_NAME": "rehearsal", "GIT_COMMITTER_EMAIL": "rehearsal@localhost",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
+           "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+    out = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"rehearsal: git {' '.join(args)} in {cwd} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def build(dest: Path, fixtures: Path) -> str:
+    """The stand-in repository at ``dest`` with branch ``release-2.33``; returns its file:// URL."""
+    dest.mkdir(parents=True)
+    (dest / "pyproject.toml").write_text(PYPROJECT)
+    (dest / "requirements.txt").write_text(REQUIREMENTS)
+    package = dest / "torchtitan_neuron"
+    for sub in ("", "models", "models/qwen3"):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+        (package / sub / "__init__.py").write_text('"""Rehearsal stand-in (rehearsal/fork.py)."""\n')
+    (package / "models/qwen3/config_registry.py").write_text(CONFIG_REGISTRY)
+    assets = dest / "tests" / "assets"
+    shutil.copytree(fixtures / "corpus", assets / "c4_test")
+    shutil.copytree(fixtures / "tokenizer", assets / "tokenizer")
+    git("init", "--quiet", "--initial-branch", REF, cwd=dest)
+    git("add", ".", cwd=dest)
+    git("commit", "--quiet", "-m", "rehearsal stand-in of TorchTitan Neuron release-2.33", cwd=dest)
+    return f"file://{dest}"

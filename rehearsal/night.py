@@ -1,0 +1,338 @@
+"""The trn2 night, rehearsed on cpu from .github/workflows/nightly-trn2.yml's own steps.
+
+    python -m rehearsal.night --standins DIR [--night first|later] [--scratch DIR]   (make rehearse-trn2)
+
+Every step is read from the workflow with pyyaml and run in a scratch workspace as a runner
+would (rehearsal/workflow.py). :data:`RUNNER` is the one table of what a real runner would
+supply: the ``${{ github.* }}`` values, the absolute paths of the job's env and steps mapped
+into the scratch dir, and the machine's environment (HOME, TMPDIR, caches and pip inside the
+scratch dir; pip offline from the stand-in wheelhouse; the fork from a local git repository).
+:data:`EXPECTED` is each step's exit code on a first and a later night. Nothing is written
+outside the scratch dir: the source checkout's ``git status`` and /opt are compared after.
+A rehearsal is never a trn2 result: every line it prints starts with "rehearsal".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rehearsal import fork, wheels
+from rehearsal.workflow import Context, JobRun, StepResult, WorkflowError, step_name, upload_artifact
+
+SOURCE = Path(__file__).resolve().parents[1]
+WORKFLOW = SOURCE / ".github/workflows/nightly-trn2.yml"
+
+
+@dataclass(frozen=True)
+class RunnerTable:
+    """What the self-hosted trn2 runner supplies, with ``{scratch}``, ``{standins}``, ``{fork_url}`` filled in."""
+
+    github: dict[str, str]
+    #: Absolute path on the runner -> path relative to the scratch dir (its stand-in).
+    paths: dict[str, str]
+    #: The runner machine's environment for every step (before the job's own env).
+    env: dict[str, str]
+    #: rehearsal/settings.py RehearsalSettings fields (the stand-ins' seam): fake devices, ranks, sizes.
+    settings: dict
+
+
+RUNNER = RunnerTable(
+    github={
+        "workspace": "{scratch}/workspace",
+        "run_number": "1",
+        "run_id": "1000001",
+        "token": "rehearsal-token-reaches-nothing",
+        "repository": "rehearsal/qwen3-trn-repro",
+    },
+    paths={
+        "/opt/models/Qwen3-4B-Instruct-2507": "opt/models/Qwen3-4B-Instruct-2507",  # copy of fixtures/qwen3-tiny
+        "/opt/datasets/c4_test": "opt/datasets/c4_test",  # copy of fixtures/corpus
+        "/opt/aws_neuronx_venv_torch_neuronx_2_14_0": "opt/aws_neuronx_venv_torch_neuronx_2_14_0",  # stand-in venv
+        "/opt/neuron-cache/neff": "opt/neuron-cache/neff",
+        "/opt/qwen3-trn-repro/trend.jsonl": "opt/qwen3-trn-repro/trend.jsonl",
+        "/opt/qwen3-trn-repro/venv-neuron": "opt/qwen3-trn-repro/venv-neuron",  # the suite's trn2 venv, kept across nights
+    },
+    env={
+        "PATH": "{standins}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "{scratch}/home",
+        "TMPDIR": "{scratch}/tmp",
+        "XDG_CACHE_HOME": "{scratch}/home/.cache",
+        "PIP_CACHE_DIR": "{scratch}/home/.cache/pip",
+        "RUNNER_TEMP": "{scratch}/runner-temp",
+        "LANG": "C.UTF-8",
+        "CI": "true",
+        "GITHUB_ACTIONS": "true",
+        "RUNNER_OS": "Linux",
+        "GITHUB_RUN_ID": "1000001",
+        "GITHUB_RUN_NUMBER": "1",
+        "GITHUB_REPOSITORY": "rehearsal/qwen3-trn-repro",
+        # pip offline: the stand-in wheelhouse, and the cpu venv's setuptools repacked (rehearsal/wheels.py:
+        # Python 3.11's venv seeds setuptools 65.5, torch 2.14.0 needs >=77.0.3; a 3.12 venv seeds none).
+        # The fork's editable install builds with that setuptools (no build isolation: no index to fill one).
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "{standins}/wheelhouse {scratch}/wheelhouse-cpu",
+        "PIP_NO_BUILD_ISOLATION": "0",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "TORCHTITAN_NEURON_URL": "{fork_url}",
+        # The one check overridden, by name (scripts/neuron_venv.sh prints it when used).
+        "REHEARSAL_PYTHON_FLOOR": "{python_floor}",
+    },
+    settings={"device_dir": "{scratch}/dev", "neuron_devices": 1, "cores_per_device": 2, "lnc": 2, "ranks": 2},
+)
+
+#: Each step's exit code on a first night (goldens' inputs still null) and on a later night.
+#: A first night's require-claims fails by design: its claims are "unmeasured" until recorded.
+EXPECTED: dict[str, tuple[int, int]] = {
+    "actions/checkout@v4": (0, 0),
+    "Previous nights' runs log (artifact runs-history of the latest nightly that uploaded one)": (0, 0),
+    "Neuron devices, driver and runtime": (0, 0),
+    "Install the trn2 tier (requirements-neuron.txt + TorchTitan Neuron release-2.33)": (0, 0),
+    "torchtitan names and hooks (recipes/titan.py) against the installed TorchTitan Neuron": (0, 0),
+    "TorchTitan Neuron ref and commit (recorded by the install; also in the report's versions)": (0, 0),
+    "Compiler version (keys the NEFF cache)": (0, 0),
+    "Persistent NEFF cache, keyed by compiler version": (0, 0),
+    "Neuron tests, serial (a 64-rank job takes the whole instance)": (0, 0),
+    "NEFF cache hits and misses": (0, 0),
+    "Fail when no neuron test actually ran": (0, 0),
+    "Fail unless every published trn2 claim was measured": (1, 0),
+    "Record the input keys of claims measured for the first time": (0, 0),
+    "Append tonight's results to the trend file": (0, 0),
+    "Published numbers and speed across nights (python -m harness history)": (0, 0),
+    "Upload the runs log (tomorrow's nightly downloads it and appends)": (0, 0),
+    "Upload the report": (0, 0),
+}
+NIGHTS = ("first", "later")
+
+
+class RehearsalError(RuntimeError):
+    """The rehearsal cannot start or wrote outside its scratch dir."""
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def expected_codes(workflow: Path, night: str) -> dict[str, int]:
+    """EXPECTED for every step of ``workflow``, by name; a step the table lacks (or names wrongly) is an error."""
+    from rehearsal.workflow import load_job
+
+    names = [step_name(s) for s in load_job(workflow)[1].get("steps") or []]
+    missing = [n for n in names if n not in EXPECTED]
+    extra = [n for n in EXPECTED if n not in names]
+    if missing or extra:
+        raise RehearsalError(f"rehearsal/night.py EXPECTED does not match {workflow}'s steps: no entry for {missing}; "
+                             f"entries for no step {extra}; give every step its first- and later-night exit code")
+    return {n: EXPECTED[n][NIGHTS.index(night)] for n in names}
+
+
+def check_standins(standins: Path) -> None:
+    wheels = sorted((standins / "wheelhouse").glob("*.whl"))
+    if not wheels or not os.access(standins / "bin" / "neuron-ls", os.X_OK):
+        raise RehearsalError(f"rehearsal: --standins {standins} has no wheelhouse/*.whl or no executable bin/neuron-ls; "
+                             "build it with `python -m rehearsal.standins build --out DIR` (branch i34standins)")
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+    out = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RehearsalError(f"rehearsal: {' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+
+
+def cpu_site_packages() -> Path:
+    """The source checkout's .venv site-packages (torch, torchtitan 0.3.0, transformers), resolved."""
+    venv = (SOURCE / ".venv").resolve()
+    found = sorted(venv.glob("lib/python3.*/site-packages"))
+    if not found:
+        raise RehearsalError(f"rehearsal: {SOURCE / '.venv'} has no lib/python3.*/site-packages; run `make venv` first")
+    return found[0]
+
+
+def standin_neuron_venv(path: Path, standins: Path, env: dict[str, str]) -> None:
+    """The DLAMI venv's stand-in: the cpu venv's packages (a .pth) plus the stand-in wheels, installed offline."""
+    run([str(SOURCE / ".venv/bin/python"), "-m", "venv", "--system-site-packages", str(path)], env)
+    site = next(path.glob("lib/python3.*/site-packages"))
+    (site / "_rehearsal_cpu_venv.pth").write_text(f"import site; site.addsitedir({str(cpu_site_packages())!r})\n")
+    wheels = [str(w) for w in sorted((standins / "wheelhouse").glob("*.whl"))]
+    run([str(path / "bin/python"), "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+         str(standins / "wheelhouse"), *wheels], env)
+
+
+def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) -> dict[str, str]:
+    """RUNNER.settings written for rehearsal/settings.py, loaded back through it; the variables it exports."""
+    try:
+        from rehearsal import settings as seam
+    except ImportError:
+        raise RehearsalError("rehearsal: rehearsal/settings.py (the stand-ins' seam, branch i34standins) is missing; "
+                             "merge that branch first") from None
+    path = scratch / "rehearsal-settings.json"
+    data = {k: fill(v, values) if isinstance(v, str) else v for k, v in RUNNER.settings.items()}
+    path.write_text(json.dumps({**data, "switches": {**seam.SWITCHES, **switches}}, indent=1) + "\n")
+    return {seam.SETTINGS_ENV: str(path), **seam.load(path).env()}
+
+
+def prepare(scratch: Path, standins: Path, python_floor: str, switches: dict[str, str]) -> tuple[Context, dict]:
+    """The scratch dir as a runner's machine would have it before the job; returns the table filled in."""
+    fork_url = fork.build(scratch / "git/torchtitan-neuron", SOURCE / "fixtures")
+    wheels.repack("setuptools", scratch / "wheelhouse-cpu")
+    values = {"scratch": str(scratch), "standins": str(standins.resolve()), "fork_url": fork_url,
+              "python_floor": python_floor}
+    env = {k: fill(v, values) for k, v in RUNNER.env.items()}
+    env.update(seam_env(scratch, values, switches))
+    if shutil.which("gh", path=env["PATH"]):
+        raise RehearsalError(f"rehearsal: `gh` is on the rehearsal's PATH ({shutil.which('gh', path=env['PATH'])}); "
+                             "it would reach GitHub: remove it from PATH in rehearsal/night.py RUNNER")
+    for key in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "RUNNER_TEMP"):
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    paths = {real: scratch / rel for real, rel in RUNNER.paths.items()}
+    shutil.copytree(SOURCE / "fixtures/qwen3-tiny", paths["/opt/models/Qwen3-4B-Instruct-2507"])
+    shutil.copytree(SOURCE / "fixtures/corpus", paths["/opt/datasets/c4_test"])
+    paths["/opt/neuron-cache/neff"].mkdir(parents=True)
+    paths["/opt/qwen3-trn-repro/trend.jsonl"].parent.mkdir(parents=True)
+    standin_neuron_venv(paths["/opt/aws_neuronx_venv_torch_neuronx_2_14_0"], standins, env)
+    github = {k: fill(v, values) for k, v in RUNNER.github.items()}
+    return Context(github=github, paths=paths), env
+
+
+def checkout(with_: dict, job: JobRun, out) -> int:
+    """actions/checkout: a clone of the source checkout's HEAD (its uncommitted changes are not in it)."""
+    head = subprocess.run(["git", "-C", str(SOURCE), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    for argv in (["git", "clone", "--quiet", "--no-hardlinks", str(SOURCE), str(job.workspace)],
+                 ["git", "-C", str(job.workspace), "checkout", "--quiet", "--detach", head]):
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=job.base_env).returncode
+        if code:
+            return code
+    out.write(f"checked out {head} into {job.workspace}\n")
+    return 0
+
+
+def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt") -> dict:
+    """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths."""
+    status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"], capture_output=True, text=True)
+    return {"source": str(source), "git status": status.stdout, "opt": opt,
+            "entries": sorted(os.listdir(opt)) if os.path.isdir(opt) else [],
+            "mapped": {p: os.path.exists(p) for p in watched}}
+
+
+def writes_outside(before: dict, after: dict) -> list[str]:
+    """One line per thing the rehearsal changed outside its scratch dir."""
+    found = []
+    if before["git status"] != after["git status"]:
+        found.append(f"the source checkout {before['source']} changed (git status --porcelain before: "
+                     f"{before['git status']!r}, after: {after['git status']!r})")
+    new = sorted(set(after["entries"]) - set(before["entries"]))
+    if new:
+        found.append(f"{before['opt']} gained {new}")
+    found += [f"{p} was created" for p in after["mapped"] if after["mapped"][p] and not before["mapped"][p]]
+    return found
+
+
+def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
+    """(neuron tests executed, neuron tests skipped, launches): report/tests.json and the run dirs in scratch."""
+    from harness.ci import executed
+    from harness.run_dir import RUN_FILE
+
+    report = workspace / "report/tests.json"
+    tests = json.loads(report.read_text())["tests"] if report.is_file() else []
+    neuron = [t for t in tests if t["test"].startswith("tests/neuron/")]
+    launches = sum(1 for _ in scratch.rglob(RUN_FILE))
+    return sum(map(executed, neuron)), sum(t["outcome"] == "skipped" for t in neuron), launches
+
+
+def collected(job: JobRun) -> tuple[int | None, str]:
+    """How many neuron tests the night's own pytest command collects, and its collection errors' summary.
+
+    None when the install never made .venv-neuron. Any collection error makes the count a failure:
+    pytest runs nothing when collection is interrupted."""
+    python = job.workspace / ".venv-neuron/bin/python"
+    if not python.exists():
+        return None, ".venv-neuron was never made"
+    env = {**job.base_env, **job.job_env(), **job.env_from_steps}
+    out = subprocess.run([str(python), "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
+                         cwd=job.workspace, env=env, capture_output=True, text=True)
+    count = sum(1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line)
+    errors = sorted(set(re.findall(r"ERROR collecting (\S+)", out.stdout)))
+    if out.returncode == 0:
+        return count, ""
+    return count, f"pytest --collect-only exited {out.returncode}; errors collecting {', '.join(errors) or '(none named)'}"
+
+
+def report_line(result: StepResult, expected: int) -> str:
+    got = "skipped" if result.exit_code is None else str(result.exit_code)
+    verdict = "ok" if result.exit_code == expected else "DIFFERS"
+    return (f"rehearsal: step {result.index:2d} {verdict:7s} expected {expected} got {got:7s} "
+            f"{result.seconds:7.1f}s  {result.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rehearsal.night", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--standins", type=Path, required=True, help="python -m rehearsal.standins build --out DIR")
+    parser.add_argument("--night", choices=NIGHTS, default="first", help="which exit codes to expect (EXPECTED)")
+    parser.add_argument("--scratch", type=Path, help="a new or empty dir (default: a new temporary dir)")
+    parser.add_argument("--python-floor", default="%d.%d" % sys.version_info[:2],
+                        help="scripts/neuron_venv.sh's Python floor for the rehearsal (its real one is 3.12)")
+    parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1",
+                        help="a stand-in switch (rehearsal/settings.py SWITCHES); the rest take their defaults")
+    parser.add_argument("--step-timeout", type=float, default=3600.0, help="seconds per step")
+    parser.add_argument("--min-available-gib", type=float, default=2.0,
+                        help="end a step when the machine's available memory falls under this (a shared host)")
+    parser.add_argument("--echo", action="store_true", help="print every step's output as it runs")
+    args = parser.parse_args(argv)
+    start_wall, start_cpu = time.monotonic(), os.times()
+    try:
+        check_standins(args.standins)
+        expected = expected_codes(WORKFLOW, args.night)
+        scratch = (args.scratch or Path(tempfile.mkdtemp(prefix="qwen3-rehearsal-"))).resolve()
+        scratch.mkdir(parents=True, exist_ok=True)
+        if any(scratch.iterdir()):
+            raise RehearsalError(f"rehearsal: --scratch {scratch} is not empty; give a new or empty dir")
+        before = snapshot()
+        print(f"rehearsal: scratch dir {scratch}; {args.night} night; stand-ins {args.standins}", flush=True)
+        switches = dict(s.split("=", 1) for s in args.switch if "=" in s)
+        if len(switches) != len(args.switch):
+            raise RehearsalError(f"rehearsal: --switch {args.switch}: write each as NAME=0 or NAME=1")
+        print(f"rehearsal: switches {switches or 'all at their defaults'}", flush=True)
+        context, env = prepare(scratch, args.standins, args.python_floor, switches)
+        job = JobRun(WORKFLOW, context, Path(context.github["workspace"]), env,
+                     actions={"actions/checkout": checkout, "actions/upload-artifact": upload_artifact},
+                     logs=scratch / "logs", echo=args.echo, timeout_s=args.step_timeout,
+                     min_available=int(args.min_available_gib * 2**30))
+        results = job.run(on_step=lambda r: print(report_line(r, expected[r.name]), flush=True))
+    except (RuntimeError, ValueError) as error:  # RehearsalError, WorkflowError, a git or settings refusal
+        print(str(error) if str(error).startswith("rehearsal") else f"rehearsal: {error}", file=sys.stderr)
+        return 2
+    differs = [r for r in results if r.exit_code != expected[r.name]]
+    (scratch / "artifacts.json").write_text(json.dumps(job.artifacts, indent=2) + "\n")
+    for r in differs:
+        if r.log and r.log.exists():
+            tail = r.log.read_text(errors="replace").splitlines()[-12:]
+            print(f"rehearsal: last lines of step {r.index} ({r.log}):\n  " + "\n  ".join(tail))
+    outside = writes_outside(before, snapshot())
+    for line in outside:
+        print(f"rehearsal: wrote outside its scratch dir: {line}")
+    ran, skipped, launches = counts(job.workspace, scratch)
+    n_collected, collect_error = collected(job)
+    if collect_error:
+        print(f"rehearsal: collection: {collect_error}")
+    cpu = os.times()
+    cpu_s = sum(getattr(cpu, k) - getattr(start_cpu, k) for k in ("user", "system", "children_user", "children_system"))
+    print(f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
+          f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}")
+    print(f"rehearsal: {ran} neuron tests executed, {skipped} skipped, {launches} launches, {len(differs)} steps failed")
+    ok = not differs and not outside and not collect_error and skipped == 0 and ran == n_collected
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Stand-in of aws-neuron/nki-library src/nkilib_src/nkilib/core/moe/moe_cte/__init__.py (same exports)."""
+
+from .moe_cte import (
+    BlockShardStrategy,
+    MoECTEImplementation,
+    MoECTESpec,
+    QuantizationConfig,
+    ShardOnBlockConfig,
+    ShardOnIConfig,
+    SkipMode,
+    moe_cte,
+)
+
+__all__ = [
+    "moe_cte",
+    "MoECTESpec",
+    "MoECTEImplementation",
+    "ShardOnBlockConfig",
+    "ShardOnIConfig",
+    "BlockShardStrategy",
+    "SkipMode",
+]

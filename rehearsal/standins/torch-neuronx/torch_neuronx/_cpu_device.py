@@ -1,0 +1,202 @@
+"""The stand-in's ``neuron`` device: PrivateUse1 renamed ``neuron``, every tensor a CPU tensor in a wrapper.
+
+How (torch 2.14): ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``
+(its docstring; pytorch/pytorch test/test_privateuseone_python_backend.py shows the pattern)
+gives PrivateUse1 a Python device guard and hooks. A :class:`NeuronTensor` is a wrapper
+subclass on ``neuron`` holding its CPU ``payload``; its ``__torch_dispatch__`` (below autograd)
+runs each aten op on the payloads and wraps the results, so views alias their base's payload,
+in-place ops mutate it, and autograd sees an ordinary device. Factory functions called with
+``device="neuron"`` reach the PrivateUse1 key with no tensor to dispatch on: each has a
+PrivateUse1 kernel that builds the CPU result and wraps it, and a boxed fallback catches the rest.
+
+``untyped_storage``/``data_ptr`` are the payload's (FSDP2 frees and re-allocates parameter memory
+through them). ``torch.autocast("neuron")`` is a pass-through (ops keep their inputs' dtypes). What it cannot do
+(each a loud error, never a silent answer): pinned memory, device generators, streams with real ordering,
+torch.compile graphs that lower to a Neuron backend, and any number that means "trn2".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_map
+
+DEVICE_NAME = "neuron"
+_CPU = torch.device("cpu")
+
+
+def _is_neuron(device) -> bool:
+    return device is not None and torch.device(device).type == DEVICE_NAME
+
+
+class NeuronTensor(torch.Tensor):
+    """A tensor on ``neuron:<i>`` whose data is the CPU tensor ``payload``."""
+
+    payload: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, payload: torch.Tensor, index: int = 0):
+        t = torch.Tensor._make_wrapper_subclass(
+            cls,
+            payload.size(),
+            strides=payload.stride(),
+            storage_offset=payload.storage_offset(),
+            dtype=payload.dtype,
+            layout=payload.layout,
+            device=torch.device(DEVICE_NAME, index),
+            requires_grad=False,
+        )
+        t.payload = payload
+        return t
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return f"tensor({self.payload.tolist() if self.numel() <= 8 else '...'}, device='{self.device}', standin)"
+
+    def tolist(self):
+        """A device tensor's ``tolist`` copies to the host (torch refuses it for subclasses)."""
+        return self.detach().cpu().tolist()
+
+    def untyped_storage(self):
+        """The device memory is the payload's: FSDP2 frees and re-allocates it with ``resize_``."""
+        return self.payload.untyped_storage()
+
+    def data_ptr(self) -> int:
+        return self.payload.data_ptr()
+
+    def __tensor_flatten__(self):
+        """A traceable wrapper: ``nn.Module._apply`` swaps such parameters instead of ``.data =``."""
+        return ["payload"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return NeuronTensor(inner["payload"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return run_on_cpu(func, args, kwargs or {})
+
+
+def _unwrap(x):
+    if isinstance(x, NeuronTensor):
+        return x.payload
+    if isinstance(x, torch.device) and x.type == DEVICE_NAME:
+        return _CPU
+    return x
+
+
+def _wrap(x):
+    if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor) and x.device.type == "cpu":
+        return NeuronTensor(x)
+    return x
+
+
+def _aliased_outputs(func, args, kwargs) -> dict[int, object]:
+    """Outputs an op returns as one of its (mutated) inputs: those must come back as the same objects."""
+    schema = func._schema
+    by_set = {}
+    flat = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    for arg, value in zip(schema.arguments, flat):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            by_set[frozenset(arg.alias_info.before_set)] = value
+    found = {}
+    for i, ret in enumerate(schema.returns):
+        if ret.alias_info is not None and ret.alias_info.is_write:
+            key = frozenset(ret.alias_info.before_set)
+            if key in by_set:
+                found[i] = by_set[key]
+    return found
+
+
+def _custom_op_body(func):
+    """The Python implementation of a ``torch.library.custom_op`` (its "neuron" one, else its default)."""
+    if func.namespace in ("aten", "prims"):
+        return None
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    opdef = _maybe_get_opdef(func)
+    if opdef is None:
+        return None
+    return opdef._backend_fns.get(DEVICE_NAME) or opdef._backend_fns.get(None)
+
+
+def _target_device(func, args, kwargs):
+    """The op's ``device`` argument (positional or keyword), or None."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "device":
+            return args[i] if i < len(args) and not arg.kwarg_only else kwargs.get("device")
+    return None
+
+
+def run_on_cpu(func, args, kwargs):
+    """Run one aten op on the CPU payloads; wrap what it made, hand back what it mutated."""
+    if func is torch.ops.aten.is_pinned.default:
+        return False
+    body = _custom_op_body(func)
+    if body is not None:
+        # A torch.library.custom_op (the suite's kernels, ``qwen3_trn_repro::*``): its body must see
+        # neuron tensors, as on the device, so it takes its device branch (autograd already ran above).
+        return body(*args, **kwargs)
+    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    target = _target_device(func, args, kwargs)
+    if target is not None and not _is_neuron(target):
+        return out  # .cpu() / .to("cpu") (_to_copy, or to.* below autograd): a plain tensor leaves the device
+    aliased = _aliased_outputs(func, args, kwargs)
+    if aliased:
+        if len(func._schema.returns) == 1:
+            return aliased[0]
+        return tuple(aliased.get(i, _wrap(o)) for i, o in enumerate(out))
+    return tree_map(_wrap, out)
+
+
+#: Factory functions: called with device="neuron" they reach PrivateUse1 with no tensor argument.
+FACTORIES = (
+    "arange", "empty", "empty_strided", "empty_permuted", "eye", "full", "linspace", "logspace",
+    "normal", "ones", "rand", "randint", "randn", "randperm", "scalar_tensor", "tril_indices",
+    "triu_indices", "zeros",
+)  # fmt: skip
+
+
+def _factory(op):
+    def impl(*args, **kwargs):
+        kwargs = {**kwargs, "device": _CPU}
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        return tree_map(_wrap, op(*args, **kwargs))
+
+    return impl
+
+
+def _fallback(op, *args, **kwargs):
+    """Any other op that reaches PrivateUse1 without a neuron tensor (a factory not listed above)."""
+    return run_on_cpu(op, args, kwargs)
+
+
+_libraries: list = []  # torch.library registrations live as long as their Library objects
+
+
+def install(device_module) -> None:
+    """Rename PrivateUse1 to ``neuron``, register ``torch.neuron`` and the kernels above (once per process)."""
+    if torch._C._get_privateuse1_backend_name() == DEVICE_NAME:
+        return
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    _setup_privateuseone_for_python_backend(DEVICE_NAME, backend_module=device_module)
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_fallback, "PrivateUse1")
+    # torch.autocast(device_type="neuron") (torchtitan's MoE router keeps fp32 with it): no autocast
+    # kernels here, so autocast is a pass-through: ops run in their inputs' dtypes.
+    fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    aten = torch.library.Library("aten", "IMPL")
+    for name in FACTORIES:
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            arguments = op._schema.arguments
+            takes_tensor = any(a.type.kind() == "TensorType" for a in arguments)
+            if "out" in overload or takes_tensor or not any(a.name == "device" for a in arguments):
+                continue
+            aten.impl(op, _factory(op), "PrivateUse1")
+    # torch.tensor(data, device="neuron") sends the CPU tensor's _to_copy to PrivateUse1; through the boxed
+    # fallback torch 2.14 trips an internal assert (python_dispatch.cpp "func != nullptr"), so it gets a kernel.
+    to_copy = torch.ops.aten._to_copy.default
+    aten.impl(to_copy, lambda *args, **kwargs: run_on_cpu(to_copy, args, kwargs), "PrivateUse1")
+    _libraries.extend([fallback, aten])

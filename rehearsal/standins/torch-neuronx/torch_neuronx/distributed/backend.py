@@ -1,0 +1,51 @@
+"""The ``neuron`` process-group backend (stand-in): gloo on the neuron tensors' CPU payloads.
+
+The real one registers ``dist.Backend.register_backend("neuron", _create_neuron_process_group,
+devices=["neuron"])`` (parmoham-aws/test-repo-parmoham torch_neuronx/distributed/backend.py) and,
+when the first group is created, sets ``NEURON_RT_VISIBLE_CORES`` to the local rank if the user has
+not (same file, ``_set_rt_visible_cores``: only when ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set).
+That is a development copy, so the mapping is the switch ``QWEN3_STANDIN_LOCAL_RANK_CORES``.
+
+Here the backend is gloo, registered for ``neuron`` and ``cpu``: a collective on neuron tensors
+reaches :func:`torch_neuronx._cpu_device.run_on_cpu`, which calls the same c10d op on the payloads,
+and the op then finds this group's cpu backend. gloo's limits are this backend's limits (it rejects
+``ReduceOp.PREMUL_SUM``, which the real backend is not known to reject).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+LOCAL_RANK_SWITCH = "QWEN3_STANDIN_LOCAL_RANK_CORES"
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+_first_group = True
+
+
+def set_rt_visible_cores() -> None:
+    """``NEURON_RT_VISIBLE_CORES = LOCAL_RANK`` when unset (public copy's ``_set_rt_visible_cores``), if switched on."""
+    if os.environ.get(LOCAL_RANK_SWITCH, "1") != "1":
+        return
+    local_rank, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+    if local_rank is not None and local_world is not None and not os.environ.get(VISIBLE_CORES_ENV):
+        os.environ[VISIBLE_CORES_ENV] = str(int(local_rank))
+
+
+def _create_neuron_process_group(store, rank, size, timeout):
+    """The public copy's creator name; returns gloo over the payloads (see the module docstring)."""
+    global _first_group
+    if _first_group:
+        _first_group = False
+        set_rt_visible_cores()
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+# The public copy's class name, for code that checks isinstance against it.
+ProcessGroupNeuron = dist.ProcessGroupGloo
+
+
+def register_neuron_backend() -> None:
+    if "neuron" in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend("neuron", _create_neuron_process_group, devices=["neuron", "cpu"])

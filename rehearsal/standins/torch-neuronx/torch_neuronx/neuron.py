@@ -1,0 +1,195 @@
+"""``torch.neuron``: the device module torch_neuronx registers (``torch._register_device_module``).
+
+Names follow the public development copy (parmoham-aws/test-repo-parmoham torch_neuronx/__init__.py
+registers ``torch_neuronx.neuron`` as ``torch.neuron``) and what torchtitan asks of a device module
+(torchtitan/tools/utils.py: set_device, current_device, device_count, get_device_name,
+get_device_properties, memory_stats, reset_peak_memory_stats, empty_cache). Counts come from
+``NEURON_RT_VISIBLE_CORES`` or, unset, ``QWEN3_STANDIN_CORES`` (rehearsal/settings.py).
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+_current = 0
+
+
+def _visible() -> list[int]:
+    value = os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip()
+    if not value:
+        return list(range(int(os.environ.get("QWEN3_STANDIN_CORES", "2"))))
+    cores: list[int] = []
+    for part in value.split(","):
+        first, _, last = part.strip().partition("-")
+        cores.extend(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def is_available() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return len(_visible())
+
+
+def current_device() -> int:
+    return _current
+
+
+def set_device(device) -> None:
+    global _current
+    index = getattr(device, "index", device)
+    index = 0 if index is None else int(index)
+    if not 0 <= index < device_count():
+        raise ValueError(f"Invalid device id: {index}. Valid range is 0 to {device_count() - 1}")
+    _current = index
+
+
+def manual_seed_all(seed: int) -> None:
+    """Neuron tensors draw from the CPU generator (torch.manual_seed calls this after seeding it)."""
+    import torch
+
+    torch.default_generator.manual_seed(seed)
+
+
+def manual_seed(seed: int) -> None:
+    manual_seed_all(seed)
+
+
+def get_rng_state(device="neuron"):
+    import torch
+
+    return torch.get_rng_state()
+
+
+def set_rng_state(state, device="neuron") -> None:
+    import torch
+
+    torch.set_rng_state(state)
+
+
+def get_device_name(device=None) -> str:
+    return "neuron (rehearsal stand-in on cpu)"
+
+
+def get_device_properties(device=None):
+    return SimpleNamespace(name=get_device_name(device), total_memory=24 * 2**30)
+
+
+def get_amp_supported_dtype():
+    """What ``torch.autocast(device_type="neuron")`` asks of a device module (torch/amp/autocast_mode.py)."""
+    import torch
+
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
+def get_device_capability(device=None):
+    return (0, 0)
+
+
+def memory_stats(device=None) -> dict:
+    return {}
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    pass
+
+
+def empty_cache() -> None:
+    pass
+
+
+def synchronize(device=None) -> None:
+    pass
+
+
+def max_memory_allocated(device=None) -> int:
+    return 0
+
+
+def max_memory_reserved(device=None) -> int:
+    return 0
+
+
+def memory_allocated(device=None) -> int:
+    return 0
+
+
+def memory_reserved(device=None) -> int:
+    return 0
+
+
+class Event:
+    """``torch.neuron.Event`` (public copy: torch_neuronx/streams.py): on the CPU every op is done when it returns."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class Stream:
+    """``torch.neuron.Stream``: what FSDP2 asks of a device stream (wait, record, context), all immediate."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device, self.priority = device, priority
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event if event is not None else Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_default_stream = Stream()
+
+
+def current_stream(device=None) -> Stream:
+    return _default_stream
+
+
+def default_stream(device=None) -> Stream:
+    return _default_stream
+
+
+def set_stream(stream) -> None:
+    pass
+
+
+def stream(stream):
+    return stream if stream is not None else _default_stream

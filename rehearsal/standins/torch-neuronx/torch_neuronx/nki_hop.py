@@ -1,0 +1,101 @@
+"""``torch_neuronx.nki_hop`` (stand-in): ``wrap_nki``, ``NKIHOPCaller``, ``nki_op``.
+
+Signatures and behaviour the suite relies on are copied from the public development copy
+(parmoham-aws/test-repo-parmoham torch_neuronx/nki_hop.py):
+
+* ``wrap_nki(nki_kernel, **kwargs)`` reads ``nki_kernel.sign`` (an ``inspect.Signature``) and
+  ``nki_kernel.func`` and returns ``NKIHOPCaller(kernel_idx, [], arg_names, kernel_default_args)``;
+* ``NKIHOPCaller.__getitem__(grid)`` does ``tuple(map(int, grid))`` (an int grid raises TypeError,
+  as there); ``__call__(*args, **kwargs)`` merges positional names, keywords and defaults;
+* ``nki_op(name, fn=None, mutates_args={})`` is ``custom_op(name, backend_fn, mutates_args=...,
+  schema=infer_schema(fn, mutates_args=...))`` with ``fn`` registered as the fake, so the result
+  has ``register_autograd`` like any ``CustomOpDef``.
+
+The stand-in runs the kernel eagerly: it calls ``nki_kernel`` (the stand-in ``nki.jit`` object, whose
+body computes with torch) with the launch grid set, instead of tracing it to a NEFF.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from torch._library.custom_ops import custom_op
+from torch._library.infer_schema import infer_schema
+
+NKIGridType = tuple[int, ...] | list[int]
+
+wrap_nki_enabled = threading.local()
+_kernels: dict[int, Any] = {}
+
+
+def is_wrap_nki_enabled() -> bool:
+    return getattr(wrap_nki_enabled, "value", True)
+
+
+@contextlib.contextmanager
+def set_wrap_nki_enabled(enabled: bool):
+    prev = is_wrap_nki_enabled()
+    wrap_nki_enabled.value = enabled
+    try:
+        yield
+    finally:
+        wrap_nki_enabled.value = prev
+
+
+class NKIHOPCaller:
+    """A ``wrap_nki`` kernel: ``caller[grid](*args, **kwargs)``."""
+
+    def __init__(self, kernel_idx: int | None, grid: NKIGridType | None, kernel_arg_names: list[str],
+                 kernel_default_args: dict[str, Any]) -> None:  # fmt: skip
+        self.kernel_idx = kernel_idx
+        self.grid = [] if grid is None else grid
+        self.kernel_arg_names = kernel_arg_names
+        self.kernel_default_args = kernel_default_args
+
+    def __getitem__(self, grid: NKIGridType) -> NKIHOPCaller:
+        grid = tuple(map(int, grid))
+        return NKIHOPCaller(self.kernel_idx, grid, self.kernel_arg_names, self.kernel_default_args)
+
+    def __call__(self, *args: Sequence[Any], **kwargs: dict[str, Any]) -> Any:
+        combined = {**dict(zip(self.kernel_arg_names, args)), **kwargs}
+        unknown = sorted(set(combined) - set(self.kernel_arg_names))
+        if unknown:
+            raise TypeError(f"wrap_nki kernel got unexpected arguments {unknown}; it takes {self.kernel_arg_names}")
+        for name in self.kernel_arg_names:
+            if name not in combined:
+                if name not in self.kernel_default_args:
+                    raise TypeError(f"wrap_nki kernel is missing the argument {name!r}")
+                combined[name] = self.kernel_default_args[name]
+        for name, value in combined.items():
+            if not hasattr(value, "shape"):
+                hash(value)  # the real caller hashes every constant into the kernel's cache key
+        kernel = _kernels[self.kernel_idx]
+        return kernel[self.grid](**combined)
+
+
+def wrap_nki(nki_kernel, **kwargs) -> Any:
+    """Allows capture of a nki kernel into a graph via torch.compile (here: an eager call)."""
+    sig = nki_kernel.sign
+    arg_names = list(sig.parameters.keys())
+    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+    idx = len(_kernels)
+    _kernels[idx] = nki_kernel
+    return NKIHOPCaller(idx, [], arg_names, defaults)
+
+
+def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[str] = {}) -> Callable:  # noqa: B006
+    """Create a custom operator whose implementation is backed by NKI kernels (public copy's signature)."""
+
+    def dec(fn: Callable):
+        def backend_fn(*args, **kwargs):
+            with set_wrap_nki_enabled(False):
+                return fn(*args, **kwargs)
+
+        result = custom_op(name, backend_fn, mutates_args=mutates_args, schema=infer_schema(fn, mutates_args=mutates_args))
+        result.register_fake(fn)
+        return result
+
+    return dec if fn is None else dec(fn)

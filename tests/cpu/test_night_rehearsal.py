@@ -1,0 +1,195 @@
+"""The rehearsal's runner machinery (rehearsal/workflow.py, rehearsal/night.py) on small workflows.
+
+Each workflow is written in tmp_path and run for real with bash, as the rehearsal runs
+.github/workflows/nightly-trn2.yml; the whole night is `make rehearse-trn2`, not run here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rehearsal import night
+from rehearsal.workflow import Context, JobRun, WorkflowError, upload_artifact
+
+
+def job(tmp_path: Path, steps: list[dict], env: dict | None = None, paths: dict | None = None) -> JobRun:
+    workflow = tmp_path / "wf.yml"
+    workflow.write_text(yaml.safe_dump({"on": "push", "jobs": {"j": {"runs-on": "x", "env": env or {}, "steps": steps}}}))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    context = Context(github={"workspace": str(workspace), "run_number": "7"}, paths=paths or {})
+    base_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RUNNER_TEMP": str(tmp_path / "rt")}
+    (tmp_path / "rt").mkdir()
+    return JobRun(workflow, context, workspace, base_env, actions={"actions/upload-artifact": upload_artifact})
+
+
+def codes(results) -> list:
+    return [r.exit_code for r in results]
+
+
+def test_expressions_env_and_mapped_paths_reach_the_step(tmp_path):
+    opt = tmp_path / "opt-standin"
+    run = job(tmp_path, [{"name": "s", "env": {"N": "${{ github.run_number }}"},
+                          "run": 'echo "$N ${{ github.workspace }} $CACHE" > out.txt'}],
+              env={"CACHE": "/opt/cache/neff"}, paths={"/opt/cache": opt})
+    assert codes(run.run()) == [0]
+    assert (run.workspace / "out.txt").read_text() == f"7 {run.workspace} {opt}/neff\n"
+
+
+def test_github_env_and_output_reach_later_steps(tmp_path):
+    run = job(tmp_path, [
+        {"name": "a", "id": "a", "run": 'echo "V=one" >> "$GITHUB_ENV"\nprintf "k<<EOF\\nx y\\nEOF\\n" >> "$GITHUB_OUTPUT"'},
+        {"name": "b", "run": 'echo "$V ${{ steps.a.outputs.k }}" > out.txt'},
+    ], env={"V": "job"})
+    assert codes(run.run()) == [0, 0]
+    assert (run.workspace / "out.txt").read_text() == "one x y\n"  # GITHUB_ENV over the job's env
+
+
+def test_an_unnamed_shell_is_bash_e_and_shell_bash_adds_pipefail(tmp_path):
+    run = job(tmp_path, [
+        {"name": "unnamed", "run": "false | true\ntouch unnamed.txt\nfalse\ntouch never.txt"},  # bash -e {0}
+        {"name": "bash", "if": "always()", "shell": "bash", "run": "false | true\ntouch never.txt"},
+    ])
+    assert codes(run.run()) == [1, 1]
+    assert sorted(p.name for p in run.workspace.iterdir()) == ["unnamed.txt"]
+
+
+def test_after_a_failure_only_always_and_not_cancelled_steps_run(tmp_path):
+    run = job(tmp_path, [
+        {"name": "fails", "run": "false\necho never > never.txt"},
+        {"name": "default success()", "run": "touch skipped.txt"},
+        {"name": "always", "if": "always()", "run": "touch always.txt"},
+        {"name": "not cancelled", "if": "${{ !cancelled() }}", "run": "touch not-cancelled.txt"},
+    ])
+    assert codes(run.run()) == [1, None, 0, 0]
+    assert sorted(p.name for p in run.workspace.iterdir()) == ["always.txt", "not-cancelled.txt"]
+
+
+@pytest.mark.parametrize("text, named", [
+    ("echo ${{ github.event_name }}", "github.event_name"),
+    ("echo ${{ secrets.TOKEN }}", "secrets.TOKEN"),
+    ("ls /opt/unmapped/dir", "/opt/unmapped/dir"),
+])  # fmt: skip
+def test_an_unknown_expression_or_unmapped_path_is_refused_by_name(tmp_path, text, named):
+    run = job(tmp_path, [{"name": "s", "run": text}], paths={"/opt/cache": tmp_path})
+    with pytest.raises(WorkflowError, match=f"step 1 's'.*'[^']*{named}"):
+        run.run()
+
+
+def test_upload_artifact_honours_if_no_files_found(tmp_path):
+    run = job(tmp_path, [
+        {"name": "make", "run": "mkdir -p report && touch report/a.json"},
+        {"name": "up", "uses": "actions/upload-artifact@v4", "with": {"name": "r", "path": "report/"}},
+        {"name": "missing", "uses": "actions/upload-artifact@v4",
+         "with": {"name": "h", "path": "history/runs.jsonl", "if-no-files-found": "error"}},
+    ])
+    assert codes(run.run()) == [0, 0, 1]
+    assert [a["missing"] for a in run.artifacts] == [[], ["history/runs.jsonl"]]
+
+
+def test_a_write_into_the_source_checkout_or_opt_is_found(tmp_path):
+    source, opt = tmp_path / "src", tmp_path / "opt"
+    opt.mkdir()
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    watched = (str(opt / "trend.jsonl"),)
+    before = night.snapshot(source, watched, str(opt))
+    assert night.writes_outside(before, night.snapshot(source, watched, str(opt))) == []
+    (source / "stray.txt").write_text("x")
+    (opt / "trend.jsonl").write_text("x")
+    found = night.writes_outside(before, night.snapshot(source, watched, str(opt)))
+    assert len(found) == 3 and "stray.txt" in found[0] and "trend.jsonl" in found[1] and "trend.jsonl" in found[2]
+
+
+def test_the_expected_exit_table_names_every_step_of_the_real_nightly(tmp_path):
+    expected = night.expected_codes(night.WORKFLOW, "first")
+    assert len(expected) == len(yaml.safe_load(night.WORKFLOW.read_text())["jobs"]["neuron"]["steps"])
+    assert expected["Fail unless every published trn2 claim was measured"] == 1  # goldens' inputs still null
+    assert set(night.expected_codes(night.WORKFLOW, "later").values()) == {0}
+    renamed = tmp_path / "nightly.yml"
+    renamed.write_text(night.WORKFLOW.read_text().replace("- name: NEFF cache hits and misses", "- name: NEFF hits"))
+    with pytest.raises(night.RehearsalError, match=r"no entry for \['NEFF hits'\].*'NEFF cache hits and misses'"):
+        night.expected_codes(renamed, "first")
+
+
+def test_missing_standins_is_one_clear_line(tmp_path, capsys):
+    assert night.main(["--standins", str(tmp_path / "none"), "--scratch", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "python -m rehearsal.standins build --out DIR" in err
+    assert not (tmp_path / "s").exists()
+
+
+def classes_in(node, seen=None) -> set[str]:
+    """``module.qualname`` of every config object in a config tree (dataclass fields, lists, dicts)."""
+    import dataclasses
+
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return set()
+    seen.add(id(node))
+    found = set()
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        found.add(f"{type(node).__module__}.{type(node).__qualname__}")
+        for f in dataclasses.fields(node):
+            found |= classes_in(getattr(node, f.name), seen)
+    elif isinstance(node, (list, tuple)):
+        for item in node:
+            found |= classes_in(item, seen)
+    elif isinstance(node, dict):
+        for item in node.values():
+            found |= classes_in(item, seen)
+    return found
+
+
+def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(tmp_path):
+    import importlib.util
+    import tomllib
+
+    from rehearsal import fork
+
+    url = fork.build(tmp_path / "fork", night.SOURCE / "fixtures")
+    refs = subprocess.run(["git", "ls-remote", "--heads", "--tags", url], capture_output=True, text=True).stdout
+    assert [line.split("\t")[1] for line in refs.splitlines()] == ["refs/heads/release-2.33"]
+    checkout = tmp_path / "fork"
+    project = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]
+    assert (project["name"], project["version"]) == ("torchtitan-neuron-standin", "0.2.2+neuron.1")  # never 'torchtitan'
+    corpus = night.SOURCE / "fixtures/corpus/train.jsonl"
+    assert (checkout / "tests/assets/c4_test/train.jsonl").read_bytes() == corpus.read_bytes()
+    assert (checkout / "tests/assets/tokenizer/tokenizer.json").is_file()
+    path = checkout / "torchtitan_neuron/models/qwen3/config_registry.py"
+    spec = importlib.util.spec_from_file_location("standin_config_registry", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)
+    layers = config.model_spec.model.layers
+    assert len(layers) == 4 and {(l.moe.num_experts, l.moe.router.top_k) for l in layers} == {(64, 4)}
+    assert config.compile.enable is False and config.parallelism.expert_parallel_degree == 1
+    classes = classes_in(config)
+    assert classes and all(c.startswith("torchtitan.") for c in classes), sorted(c for c in classes
+                                                                             if not c.startswith("torchtitan."))
+    assert "torchtitan.models.common.rope.CosSinRoPE.Config" in classes
+
+
+@pytest.mark.parametrize("limit, why", [("timeout", "timed out after 2 s"), ("memory", "available memory fell under")])
+def test_a_step_is_ended_on_its_timeout_or_when_memory_runs_low(tmp_path, limit, why):
+    run = job(tmp_path, [{"name": "long", "run": "sleep 30 &\necho $! > child.pid\nwait\ntouch done.txt"}])
+    if limit == "timeout":
+        run.timeout_s = 2.0
+    else:  # memory runs out once the step has started its child
+        run.available_memory = lambda: 0 if (run.workspace / "child.pid").exists() else 1 << 62
+    start = time.monotonic()
+    (result,) = run.run()
+    assert result.exit_code == -9 and time.monotonic() - start < 10
+    assert why in result.log.read_text() and not (run.workspace / "done.txt").exists()
+    child = int((run.workspace / "child.pid").read_text())
+    for _ in range(50):  # the step's whole process group ends, not only its shell
+        state = Path(f"/proc/{child}/stat")
+        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {child} outlived the step")

@@ -1,0 +1,141 @@
+"""The stand-in ``neuron`` device computes like the CPU, and the stand-in kernels let the trn2 kernel tests fail.
+
+rehearsal/standins/torch-neuronx puts a CPU payload behind every tensor on ``neuron``; a rehearsal
+is only worth something if that device computes what the CPU computes and if a wrong kernel makes
+the suite's own kernel tests fail. Each check runs in a child interpreter whose sys.path names the
+stand-ins' sources (PYTHONPATH): this process never imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from recipes.tiers import REPO_ROOT
+
+STANDINS = REPO_ROOT / "rehearsal" / "standins"
+SOURCE_DIRS = [STANDINS / name for name in ("torch-neuronx", "neuronx-cc", "nki")]
+NEURON_TESTS = REPO_ROOT / "tests" / "neuron"
+
+pytestmark = pytest.mark.slow
+
+#: The debugmodel's gradients, stand-in vs cpu: attention's backward on the stand-in is torch's math
+#: decomposition of SDPA (no fused kernel for PrivateUse1), on cpu the fused kernel; they sum in another
+#: order. Measured 1.25e-6 (about 10 fp32 ulps of the largest gradient); the loss itself is equal.
+GRAD_RTOL = 2**-16
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QWEN3_STANDIN_", "NEURON_"))}
+    env.update(PYTHONPATH=os.pathsep.join(map(str, SOURCE_DIRS)), OMP_NUM_THREADS="1", **extra)
+    env.pop("QWEN3_HIDE_NEURON_DEVICES", None)
+    return env
+
+
+def run_child(code: str, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=600, cwd=REPO_ROOT, env=child_env(**env))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_device_computes_what_the_cpu_computes():
+    """Ops, autograd, views, factories, autocast, CosSinRoPE and a torchtitan Qwen3 debugmodel step: equal to the CPU's."""
+    measured = run_child("""
+        import json, os, torch, torch_neuronx
+        GRAD_RTOL = float(os.environ["GRAD_RTOL"])
+        from recipes.titan import CosSinRoPE
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(8, 16, generator=g), torch.randn(16, 4, generator=g)
+        an, bn = a.to("neuron").requires_grad_(), b.to("neuron")
+        out = (an.sin() * 2 + 1) @ bn
+        out.sum().backward()
+        ac = a.clone().requires_grad_()
+        ref = (ac.sin() * 2 + 1) @ b
+        ref.sum().backward()
+        x = torch.zeros(3, 3, device="neuron"); x[1].add_(1); x.t()[0].fill_(5)
+        cfg = CosSinRoPE.Config(dim=16, max_seq_len=64, theta=10000.0)
+        with torch.device("neuron"):
+            rope = cfg.build()
+        q, k = torch.randn(2, 32, 4, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
+        qn, kn = rope(q.to("neuron"), k.to("neuron"))
+        qc, kc = cfg.build()(q, k)
+        with torch.autocast(device_type="neuron", dtype=torch.float32):  # torchtitan's MoE router does this
+            linear_n = torch.nn.functional.linear(an.detach(), bn.t())
+        autocast_equal = torch.equal(linear_n.cpu(), torch.nn.functional.linear(a, b.t()))
+        from torchtitan.models.qwen3 import model_registry
+        from torchtitan.models.common.attention import ScaledDotProductAttention
+        def titan_loss(device):
+            cfg = model_registry("debugmodel").model
+            for layer in cfg.layers:
+                layer.attention.inner_attention = ScaledDotProductAttention.Config()
+            torch.manual_seed(0)
+            with torch.device("meta"):
+                model = cfg.build()
+            model.to_empty(device=device)
+            with torch.no_grad():
+                model.init_states()
+            ids = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1)).to(device)
+            loss = model(ids).float().logsumexp(-1).mean()
+            loss.backward()
+            return loss.item(), [p.grad.cpu() for p in model.parameters()]
+        (loss_n, grads_n), (loss_c, grads_c) = titan_loss("neuron"), titan_loss("cpu")
+        print(json.dumps({
+            "autocast_equal": autocast_equal, "titan_loss_equal": loss_n == loss_c,
+            "titan_grads": len(grads_n) == len(grads_c)
+            and max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(grads_n, grads_c)) <= GRAD_RTOL,
+            "device": str(out.device), "cache_device": str(rope.cache.device),
+            "forward_equal": torch.equal(out.cpu(), ref.detach()), "grad_equal": torch.equal(an.grad.cpu(), ac.grad),
+            "item": out.sum().item() == ref.sum().item(), "aliasing": x.tolist(),
+            "tensor": torch.tensor([1, 2], device="neuron").cpu().tolist(),
+            "rope_equal": torch.equal(qn.cpu(), qc) and torch.equal(kn.cpu(), kc),
+            "cpu_type": type(out.cpu()).__name__,
+        }))
+    """, GRAD_RTOL=repr(GRAD_RTOL))
+    assert measured == {
+        "device": "neuron:0", "cache_device": "neuron:0", "forward_equal": True, "grad_equal": True, "item": True,
+        "aliasing": [[5.0, 0.0, 0.0], [5.0, 1.0, 1.0], [5.0, 0.0, 0.0]], "tensor": [1, 2], "rope_equal": True,
+        "cpu_type": "Tensor", "titan_loss_equal": True, "titan_grads": True,
+        "autocast_equal": True,
+    }  # fmt: skip
+
+
+def run_body(module: str, body: str, **env: str) -> dict:
+    """A ``@neuron_core_body`` of tests/neuron, run as ``on_neuron_cores`` runs it (its child), on the stand-ins."""
+    result = Path(env.pop("result"))
+    request = {"module": str(NEURON_TESTS / module), "body": body, "args": [], "result": str(result)}
+    done = subprocess.run(
+        [sys.executable, str(NEURON_TESTS / "neuron_cores.py"), json.dumps(request)], capture_output=True, text=True,
+        timeout=900, cwd=REPO_ROOT, env=child_env(QWEN3_NEURON_CORE_CHILD="1", NEURON_RT_VISIBLE_CORES="0", **env),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(result.read_text())
+
+
+def test_rope_body_runs_the_kernel_and_one_ulp_shows(tmp_path):
+    """test_rope_kernel_neuron's body: the stand-in rope_hf is launched (1 forward, 2 backward) and equals
+    CosSinRoPE exactly; one ulp in the kernel's output makes the forward diff the published 0.0 is not."""
+    right = run_body("test_rope_kernel_neuron.py", "measure_rope_hf", result=str(tmp_path / "right.json"))
+    assert right["op"] == "torch_neuronx.nki_hop.nki_op"
+    assert (right["forward"]["launches"], right["backward"]["launches"]) == (1, 2)
+    assert right["forward"]["q"] == 0.0 and right["forward"]["k"] == 0.0
+    wrong = run_body("test_rope_kernel_neuron.py", "measure_rope_hf", result=str(tmp_path / "wrong.json"),
+                     QWEN3_STANDIN_FAULT="rope_hf")  # fmt: skip
+    assert wrong["forward"]["q"] > 0.0 and wrong["forward"]["k"] > 0.0
+
+
+def test_grouped_experts_body_runs_both_kernels_and_a_layout_error_shows(tmp_path):
+    """test_nki_moe_neuron's one-core body: moe_cte and blockwise_mm_bwd launched once each, within the
+    test's 2^-6 / 2^-5; the stand-in with gate and up swapped misses the forward bound."""
+    right = run_body("test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "right.json"))
+    assert {k: len(v) for k, v in right["launches"].items()} == {"moe_cte": 1, "blockwise_mm_bwd": 1}
+    assert right["forward"] <= 2**-6 and max(right["backward"].values()) <= 2**-5
+    wrong = run_body("test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "wrong.json"),
+                     QWEN3_STANDIN_FAULT="moe_cte")  # fmt: skip
+    assert wrong["forward"] > 2**-6
