@@ -16,8 +16,9 @@ from pathlib import Path
 
 from harness import run_dir as run_dir_mod
 from harness.launch.child import exit_now
-from harness.options import RunCommand, RunOptions, parse_run_command
+from harness.options import RunCommand, RunOptions, absolute_titan_paths, parse_run_command
 from harness.verdicts import FULL_WIDTH_RANDOM_INIT, golden_key, judge, reference_of  # noqa: F401
+from recipes.errors import RecipeError
 from recipes.tiers import TIERS
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
 STARTED = time.perf_counter()
@@ -243,11 +244,21 @@ def main(argv: list[str] | None = None) -> int:
         from harness.history import main as history_main
 
         return history_main(rest)
+    if command in (None, "-h", "--help"):
+        print(USAGE, file=sys.stdout if command else sys.stderr)
+        return 0 if command else 2
     if command != "run":
-        print(USAGE, file=sys.stderr if command not in ("-h", "--help") else sys.stdout)
-        return 0 if command in ("-h", "--help") else 2
-    args, cli_overrides = parse_run_command(rest)
+        dry_run = " (a dry run is `python -m harness run RECIPE --dry-run`)" if "dry" in command else ""
+        print(f"python -m harness: error: unknown command {command!r}; choose one of list, run, history{dry_run}; "
+              "see python -m harness --help", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        args, cli_overrides = parse_run_command(rest)
+    except RecipeError as e:
+        print(f"python -m harness run: error: {e}", file=sys.stderr)
+        return 2
     args.report_dir = args.report_dir.resolve()
+    cli_overrides = absolute_titan_paths(cli_overrides)  # the user's relative paths are from here, not the ranks' cwd
     if args.dry_run:
         return cmd_dry_run(args, cli_overrides)
     return cmd_run(args, cli_overrides)

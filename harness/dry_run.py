@@ -172,6 +172,7 @@ def check_sizes(opts: RunOptions, config) -> list[str]:
         for key in provenance.COMPARED_DIMS
         if key in hf and key in dims and hf[key] != dims[key]
     ]  # fmt: skip
+    found += provenance.norm_and_rope_mismatches(opts, config, hf)
     limit = hf.get("max_position_embeddings")
     if limit and config.training.seq_len > limit:
         found.append(provenance.Mismatch("seq_len", f"seq_len {config.training.seq_len} is above "

@@ -47,6 +47,8 @@ class RunOptions:
     node_rank: int = 0
     #: HOST:PORT of the rendezvous store on node 0 (multi-node).
     rdzv_endpoint: str | None = None
+    #: Seconds every node has to join the rendezvous before the run ends (multi-node; torch's join_timeout).
+    rdzv_timeout: int = 600
     #: Training steps (default: the tier's).
     steps: int | None = None
     #: Tokens per sequence (default: the tier's).
@@ -152,8 +154,58 @@ class RunCommand(RunOptions):
 
 
 def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
-    """``run``'s arguments: the command (from ``RunCommand``'s fields, via tyro) and the torchtitan overrides left over."""
-    return tyro.cli(RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
+    """``run``'s arguments: the command (from ``RunCommand``'s fields, via tyro) and the torchtitan overrides left over.
+
+    A refused flag (``--steps abc``) is one ``RecipeError`` line from tyro's parse-error event
+    (``harness.tyro_events``), not tyro's box; ``--help`` still prints tyro's help.
+    """
+    from recipes import titan
+    from recipes.errors import RecipeError
+    from harness.tyro_events import ParseRefused, describe, refuse
+
+    on_parse_error, _ = titan.optional("on_parse_error")
+    parse = functools.partial(tyro.cli, RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
+    if on_parse_error is None:  # an older tyro: its own box
+        return parse()
+    try:
+        with on_parse_error(refuse):
+            return parse()
+    except ParseRefused as refused:
+        try:
+            what = describe(refused.event, argv, lambda flag: None)
+        except (AttributeError, TypeError) as e:  # the event is tyro's private API: a new tyro may reshape it
+            what = f"{type(refused.event).__name__} (tyro's event could not be read: {e})"
+        raise RecipeError(f"{what}; see python -m harness run --help") from None
+
+
+#: torchtitan options that name a file or directory (``checkpoint.folder`` is inside the dump folder by design).
+TITAN_PATH_OPTIONS = ("--hf_assets_path", "--dataloader.dataset_path", "--dump_folder", "--checkpoint.initial_load_path")
+
+
+def absolute_titan_paths(cli_overrides: list[str], cwd: Path | None = None) -> list[str]:
+    """``cli_overrides`` with each relative path of a :data:`TITAN_PATH_OPTIONS` option made absolute from ``cwd``.
+
+    The user typed it from the current directory; the ranks run in the repository root, where
+    torchtitan would otherwise read it, as the harness's own ``--model-dir`` is read from the current directory.
+    """
+    from harness.tyro_events import _spelling
+
+    cwd = Path.cwd() if cwd is None else cwd
+    wanted = {_spelling(o) for o in TITAN_PATH_OPTIONS}
+    out = list(cli_overrides)
+    for i, token in enumerate(out):
+        name, eq, value = token.partition("=")
+        if _spelling(name) not in wanted:
+            continue
+        if eq:
+            out[i] = f"{name}={_absolute(value, cwd)}"
+        elif i + 1 < len(out) and not out[i + 1].startswith("--"):
+            out[i + 1] = _absolute(out[i + 1], cwd)
+    return out
+
+
+def _absolute(value: str, cwd: Path) -> str:
+    return str((cwd / Path(value).expanduser()).resolve()) if value else value
 
 
 @functools.cache

@@ -20,10 +20,8 @@ from recipes.errors import RecipeError
 from harness.options import RunOptions
 from recipes.specs import read_hf_dims
 
-#: Names ``--allow-mismatch`` accepts.
-MISMATCH_NAMES = (
-    "tokenizer",
-    "vocab",
+#: config.json keys compared with the model the recipe builds.
+COMPARED_DIMS = (
     "rope_theta",
     "vocab_size",
     "hidden_size",
@@ -32,11 +30,11 @@ MISMATCH_NAMES = (
     "num_key_value_heads",
     "head_dim",
     "tie_word_embeddings",
-    "seq_len",
 )
-
-#: config.json keys compared with the model the recipe builds.
-COMPARED_DIMS = MISMATCH_NAMES[2:-1]
+#: Names ``--allow-mismatch`` accepts.
+MISMATCH_NAMES = ("tokenizer", "vocab", *COMPARED_DIMS, "seq_len", "rms_norm_eps", "rope_scaling")
+#: torchtitan's RoPE ``scaling`` under its config.json ``rope_type`` name.
+ROPE_TYPES = {"none": "default", "llama": "llama3", "yarn": "yarn"}
 
 
 class MismatchError(RecipeError):
@@ -305,10 +303,61 @@ def mismatches(opts: RunOptions, config) -> list[Mismatch]:
             if key in hf and key in dims and hf[key] != dims[key]:
                 found.append(Mismatch(key, f"{key}: {opts.model_dir / 'config.json'} says {hf[key]!r}, "
                                            f"recipe {opts.recipe!r} builds {dims[key]!r}"))
+    if hf is not None:
+        found += norm_and_rope_mismatches(opts, config, hf)
     limit = (hf or {}).get("max_position_embeddings")
     if limit and config.training.seq_len > limit:
         found.append(Mismatch("seq_len", f"seq_len {config.training.seq_len} is above "
                                          f"max_position_embeddings {limit}"))
+    return found
+
+
+def norm_and_rope(config) -> dict:
+    """The built torchtitan model's ``rms_norm_eps`` and RoPE ``rope_type``, named as in config.json.
+
+    {} for the HF backend, which builds both from config.json itself.
+    """
+    model = getattr(config.model_spec, "model", None) if not hasattr(config, "hf_model") else None
+    norm, layers = getattr(model, "norm", None), getattr(model, "layers", None)
+    if norm is None or not layers:
+        return {}
+    rope = layers[0].attention.rope
+    rope_type = ROPE_TYPES.get(rope.scaling, rope.scaling)
+    if rope_type == "yarn" and rope.rope_factor <= 1.0:  # torchtitan applies yarn only above factor 1
+        rope_type = "default"
+    return {"rms_norm_eps": norm.eps, "rope_type": rope_type}
+
+
+def config_rope_type(hf: dict) -> tuple[str, str]:
+    """config.json's RoPE scaling: its ``rope_type`` (transformers 5 ``rope_parameters``, 4.x ``rope_scaling``)
+    and the key that says it."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = hf.get(key)
+        if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")):
+            factor = f", factor {rope['factor']}" if "factor" in rope else ""
+            return str(rope.get("rope_type") or rope.get("type")), f"{key}.rope_type{factor}"
+    return "default", "no rope scaling"
+
+
+def norm_and_rope_mismatches(opts: RunOptions, config, hf: dict) -> list[Mismatch]:
+    """config.json's RMSNorm epsilon and RoPE scaling against the model the recipe builds, each named as itself.
+
+    Neither is a size: a wrong one trains and is only seen as a reference mismatch the suspects
+    misname (yarn scaling read as "inv_freq as left by to_empty()"; an epsilon as "none of the suspects").
+    """
+    built = norm_and_rope(config)
+    if not built:
+        return []
+    path = opts.model_dir / "config.json"
+    found = []
+    eps = hf.get("rms_norm_eps")
+    if eps is not None and eps != built["rms_norm_eps"]:
+        found.append(Mismatch("rms_norm_eps", f"rms_norm_eps: {path} says {eps!r}, recipe {opts.recipe!r} builds "
+                                              f"RMSNorm eps {built['rms_norm_eps']!r}"))  # fmt: skip
+    rope_type, said = config_rope_type(hf)
+    if rope_type != built["rope_type"]:
+        found.append(Mismatch("rope_scaling", f"RoPE scaling: {path} says rope_type {rope_type!r} ({said}), recipe "
+                                              f"{opts.recipe!r} builds {built['rope_type']!r} RoPE"))  # fmt: skip
     return found
 
 

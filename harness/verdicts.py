@@ -27,7 +27,8 @@ def golden_key(opts: RunOptions) -> str | None:
     """The golden a run's step-1 loss is recorded as, if it ran under the golden's conditions.
 
     Goldens hold the tier's default launch (processes, batch, seq_len, seed 0, no kernel
-    overrides) and the full-width random-init preset; any other run is reported, not judged.
+    overrides, the tier's own inputs) and the full-width random-init preset; any other run is
+    reported, not judged.
     """
     tier = TIERS[opts.tier]
     plain = opts.seed == 0 and not opts.overrides and opts.rope_theta is None and opts.nnodes == 1
@@ -37,7 +38,20 @@ def golden_key(opts: RunOptions) -> str | None:
         shape = all(getattr(opts, k) == FULL_WIDTH_RANDOM_INIT[k] for k in FULL_WIDTH_SHAPE)
         return FULL_WIDTH_GOLDEN if shape and opts.init == "random" else None
     defaults = (tier.nproc, tier.seq_len, tier.local_batch_size)
-    return f"step1_loss_{opts.init}" if (opts.nproc, opts.seq_len, opts.local_batch_size) == defaults else None
+    if (opts.nproc, opts.seq_len, opts.local_batch_size) != defaults or not reads_tier_inputs(opts):
+        return None
+    return f"step1_loss_{opts.init}"
+
+
+def reads_tier_inputs(opts: RunOptions) -> bool:
+    """The run reads the tier's own weights, tokenizer and corpus: the inputs its goldens were measured on.
+
+    A run on the user's own files is reported, not judged: a golden's "stale golden" advice
+    (``make goldens ACCEPT=1``) is for a code change on the same inputs, never for other inputs.
+    """
+    own = RunOptions(recipe=opts.recipe, tier=opts.tier, init=opts.init).resolved()
+    mine = opts.resolved()
+    return all(getattr(mine, k) == getattr(own, k) for k in ("model_dir", "tokenizer_dir", "dataset_dir"))
 
 
 def judge(opts: RunOptions, result):

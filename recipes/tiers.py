@@ -118,11 +118,19 @@ RANK_STARTS = ("exec", "preloaded")
 
 
 def _rank_start(default: str) -> str:
-    """``$QWEN3_RANK_START`` if set, else ``default``; any other value is refused at import, naming the fix."""
-    value = os.environ.get(RANK_START_ENV) or default
-    if value not in RANK_STARTS:
-        raise ValueError(f"{RANK_START_ENV}={value!r}: use one of {', '.join(RANK_STARTS)}, or unset it")
-    return value
+    """``$QWEN3_RANK_START`` if set, else ``default``.
+
+    Any other value is kept as it is and refused when a run uses it (``rank_start_problem``), not
+    at import: ``python -m harness list`` and ``--help`` import this module and must still work.
+    """
+    return os.environ.get(RANK_START_ENV) or default
+
+
+def rank_start_problem(tier: "Tier") -> str | None:
+    """Why ``tier``'s ranks cannot start as ``$QWEN3_RANK_START`` says, naming the fix; None when they can."""
+    if tier.rank_start in RANK_STARTS:
+        return None
+    return f"{RANK_START_ENV}={tier.rank_start!r} is not a way to start ranks; use one of {', '.join(RANK_STARTS)}, or unset it"
 
 
 def _env_path(name: str) -> Path | None:

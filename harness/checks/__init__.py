@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from harness.checks import inputs as input_checks
+from harness.checks.weights import check_config_matches_weights
 from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
 from harness.checks.targets import check_dump_folder_target, check_export_target, check_run_target
 from harness.options import INITS, RunOptions
@@ -41,7 +42,9 @@ def check_names(opts: RunOptions) -> None:
 def check_tier(opts: RunOptions) -> None:
     from recipes.platform import tier_unavailable
 
-    reason = tier_unavailable(opts.tier)
+    from recipes.tiers import rank_start_problem
+
+    reason = tier_unavailable(opts.tier) or rank_start_problem(TIERS[opts.tier])
     if reason:
         raise PreflightError(reason)
     if opts.tier != "trn2":
@@ -85,6 +88,20 @@ def check_visible_cores(nproc: int, visible: str | None) -> None:
         )
 
 
+def check_cpu_dataset(opts: RunOptions) -> None:
+    """``$QWEN3_DATASET_DIR`` names trn2's corpus; on the cpu tier (fixtures/corpus) it is refused, never ignored.
+
+    Called with the options as given: ``--dataset-dir`` chooses the corpus on any tier.
+    """
+    env = os.environ.get("QWEN3_DATASET_DIR")
+    if opts.tier == "cpu" and opts.dataset_dir is None and env:
+        raise PreflightError(
+            f"QWEN3_DATASET_DIR={env} is set, but the cpu tier trains on its own corpus ({TIERS['cpu'].dataset_path}) "
+            f"and reads QWEN3_DATASET_DIR on trn2 only; to train on it here pass --dataset-dir {env}, "
+            "or unset QWEN3_DATASET_DIR"
+        )
+
+
 def check_trn2_dataset(opts: RunOptions) -> None:
     """trn2 trains on the user's corpus only; the fixture corpus is a cpu-tier stand-in."""
     if opts.tier == "trn2" and opts.dataset_dir is None:
@@ -100,7 +117,7 @@ HARNESS_SET_SIZES = ("threads",)
 
 
 def check_sizes(opts: RunOptions) -> None:
-    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", *HARNESS_SET_SIZES):
+    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", "rdzv_timeout", *HARNESS_SET_SIZES):
         value = getattr(opts, name)
         if value is not None and value < 1:
             what = f"RunOptions.{name} (set by the harness)" if name in HARNESS_SET_SIZES else f"--{name.replace('_', '-')}"
@@ -132,6 +149,21 @@ def check_nodes(opts: RunOptions) -> None:
     if opts.nnodes > 1 and not opts.rdzv_endpoint:
         raise PreflightError(
             f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, reachable from every node)"
+        )
+    if opts.rdzv_endpoint is not None:
+        check_rdzv_endpoint(opts.rdzv_endpoint)
+
+
+def check_rdzv_endpoint(endpoint: str) -> None:
+    """HOST:PORT as torchrun's c10d rendezvous parses it: a host, a colon, a port in 1..65535 (IPv6 in [ ])."""
+    host, colon, port = endpoint.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    fine = bool(colon) and bool(host.strip()) and " " not in endpoint and port.isdigit() and 0 < int(port) < 65536
+    if not fine:
+        raise PreflightError(
+            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (a host name or address, a colon and a port 1-65535); "
+            "pass node 0's address and a free port, e.g. --rdzv-endpoint 10.0.0.1:29500"
         )
 
 
@@ -167,7 +199,8 @@ def check_model_dir(opts: RunOptions) -> None:
             "(config.json, tokenizer.json, *.safetensors)"
         )
     check_model_config(opts)
-    input_checks.check_weights(model_dir)
+    headers = input_checks.check_weights(model_dir)
+    check_config_matches_weights(model_dir / "config.json", read_hf_config(model_dir), headers)
 
 
 def check_tokenizer(opts: RunOptions) -> None:
@@ -292,7 +325,8 @@ def check_torchtitan_names(opts: RunOptions) -> None:
 
 
 #: What can be checked from the options alone, on any machine (the dry run runs these too).
-OPTION_CHECKS = (check_names, check_sizes, check_forward_only, check_nodes, check_mismatch_names, check_torchtitan_names)
+OPTION_CHECKS = (check_names, check_sizes, check_forward_only, check_nodes, check_mismatch_names, check_torchtitan_names,
+                 check_cpu_dataset)  # fmt: skip
 
 
 def preflight(opts: RunOptions) -> RunOptions:

@@ -160,6 +160,8 @@ def check_weights(model_dir: Path) -> dict[str, dict]:
             "safetensors (never pickled .bin files)"
         )
     headers = {path.name: read_safetensors_header(path) for path in files}
+    for name, header in headers.items():
+        check_float_tensors(model_dir / name, header)
     index = model_dir / INDEX_FILE
     if index.exists():
         check_index(index, headers)
@@ -169,6 +171,22 @@ def check_weights(model_dir: Path) -> dict[str, dict]:
             f"transformers (the host reference) loads only those; restore the {INDEX_FILE} that came with the shards"
         )
     return headers
+
+
+#: The safetensors dtypes a recipe loads into its float parameters.
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
+
+
+def check_float_tensors(path: Path, header: dict[str, tuple[str, list[int]]]) -> None:
+    """Every tensor is floating point: an integer or quantized one would be cast into a float parameter
+    and trained (seen: step-1 loss 30186 on int8 weights, "agreeing" with the reference)."""
+    other = sorted(key for key, (dtype, _) in header.items() if dtype not in FLOAT_DTYPES)
+    if other:
+        raise PreflightError(
+            f"{path}: tensor {other[0]!r} is {header[other[0]][0]}, not floating point ({', '.join(FLOAT_DTYPES)}; "
+            f"{len(other)} such tensor(s): a quantized or foreign checkpoint); point --model-dir at the model's "
+            "unquantized float weights"
+        )
 
 
 def check_index(index: Path, headers: dict[str, dict]) -> None:
@@ -326,6 +344,18 @@ def train_files(data: Path) -> list[Path]:
     return [Path(f) for f in splits["train"]]
 
 
+def count_records(data: Path, enough: int) -> int:
+    """The non-blank lines of the files ``datasets`` reads from ``data``, counted up to ``enough`` (no JSON parse)."""
+    records = 0
+    for path in train_files(data):
+        with path.open("rb") as f:
+            for raw in f:
+                records += bool(raw.strip())
+                if records >= enough:
+                    return records
+    return records
+
+
 def check_jsonl_text(path: Path) -> int:
     """Every record of a JSON-lines corpus file is an object with a non-empty "text" string.
 
@@ -338,6 +368,8 @@ def check_jsonl_text(path: Path) -> int:
     records = 0
     try:
         with path.open("rb") as f:
+            check_encoding(path, f.read(4))
+            f.seek(0)
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue
@@ -352,12 +384,35 @@ def check_jsonl_text(path: Path) -> int:
     return records
 
 
+#: Byte-order marks an editor writes ("UTF-8 with BOM", "UTF-16"), longest first; datasets' JSON reader
+#: (pyarrow) reads UTF-8 only and fails on each on every rank ("Expected object or value").
+BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32 text", "utf-32"), (b"\x00\x00\xfe\xff", "UTF-32 text", "utf-32"),
+    (b"\xef\xbb\xbf", "UTF-8 text with a byte-order mark", "utf-8-sig"), (b"\xff\xfe", "UTF-16 text", "utf-16"),
+    (b"\xfe\xff", "UTF-16 text", "utf-16"),
+)  # fmt: skip
+
+
+def check_encoding(path: Path, head: bytes) -> None:
+    """A corpus file is plain UTF-8: one an editor saved with a byte-order mark is refused, naming the re-save."""
+    for bom, encoding, codec in BOMS:
+        if head.startswith(bom):
+            resave = f"p = pathlib.Path(sys.argv[1]); p.write_text(p.read_text('{codec}'), 'utf-8')"
+            raise PreflightError(
+                f"{path} is {encoding}, which the run's JSON reader (pyarrow) cannot read; save it as UTF-8 "
+                f'without a byte-order mark (an editor\'s "UTF-8", not "UTF-8 with BOM" or "UTF-16"), e.g. '
+                f'python3 -c "import pathlib, sys; {resave}" {path}'
+            )
+
+
 def jsonl_problem(raw: bytes) -> str | None:
     """What is wrong with one JSON-lines record, or None."""
+    if b"\x00" in raw:
+        return "NUL bytes: UTF-16 or UTF-32 text without a byte-order mark, or a binary file; save it as UTF-8"
     try:
         record = json.loads(raw)
     except UnicodeDecodeError as e:
-        return f"not UTF-8 (byte {e.start} of the line)"
+        return f"not UTF-8 (byte {e.start} of the line: Latin-1 or another 8-bit encoding?); save the file as UTF-8"
     except json.JSONDecodeError as e:
         return f"not JSON ({e.msg} at column {e.colno})"
     if not isinstance(record, dict):

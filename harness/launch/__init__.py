@@ -18,6 +18,7 @@ from typing import IO
 from harness.options import RunOptions
 from harness.launch import processes
 from harness.launch.processes import RUN_DIR_ENV
+from harness.launch.rendezvous import RendezvousWait
 from harness.launch.speed import record_run
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
@@ -123,7 +124,7 @@ def rendezvous_args(opts: RunOptions) -> list[str]:
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={opts.rdzv_endpoint}",
         f"--rdzv-id={opts.recipe}-{opts.tier}-{opts.seed}",
-        f"--rdzv-conf=is_host={str(opts.node_rank == 0).lower()}",
+        f"--rdzv-conf=is_host={str(opts.node_rank == 0).lower()},join_timeout={opts.rdzv_timeout}",
     ]
 
 
@@ -386,6 +387,7 @@ def launch(
     stopped: BaseException | None = None
     if prestarted is None:
         prestarted = prestart(opts)
+    waiting = RendezvousWait(opts, echo, started)
     with (run_dir / CONSOLE_FILE).open("ab") as console:
         if prestarted is None:
             proc = _start(argv, env, console)
@@ -397,6 +399,7 @@ def launch(
                     proc.wait(timeout=POLL_S)  # returns as soon as torchrun exits
                 except subprocess.TimeoutExpired:
                     pass
+                waiting.poll()
                 steps = read_steps(run_dir)
                 for step in steps[shown:]:
                     echo(_progress(step, opts.steps))
@@ -446,7 +449,7 @@ def launch(
             why = (f"no new step for {stall_timeout_s:g} s after step {steps[-1]['step']} "
                    "(a hung collective or a stuck rank); every rank was ended")  # fmt: skip
         else:
-            why = failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
+            why = waiting.failure() or failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
         raise LaunchError(
             f"{opts.recipe} on {opts.tier} failed after {result.wall_s:.0f} s: {why}.\n{rank_log_tails(run_dir)}",
             result=result,

@@ -15,16 +15,16 @@ FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 STEPS = 5
 
 
-#: What a trn2 host may export that a cpu test must not see (tests/neuron/requires.py's switch and the
-#: Neuron runtime's variables: NEURON_RT_VISIBLE_CORES, NEURON_LOGICAL_NC_CONFIG, ...).
-HOST_NEURON_ENV = ("QWEN3_REQUIRE_TRN2",)
+#: What a trn2 host may export that a cpu test must not see (tests/neuron/requires.py's switch, trn2's corpus,
+#: which the cpu tier refuses rather than ignore, and the Neuron runtime's variables: NEURON_RT_VISIBLE_CORES, ...).
+HOST_NEURON_ENV = ("QWEN3_REQUIRE_TRN2", "QWEN3_DATASET_DIR")
 
 
 @pytest.fixture(autouse=True, scope="session")
 def no_host_neuron():
     """Every cpu test sees a machine without Neuron, whatever the host has: no /dev/neuron* (the
     suite's own detection hook, recipes.platform.neuron.device_nodes, inherited by child processes
-    through QWEN3_HIDE_NEURON_DEVICES) and none of the host's NEURON_* or QWEN3_REQUIRE_TRN2 settings.
+    through QWEN3_HIDE_NEURON_DEVICES) and none of the host's NEURON_*, QWEN3_REQUIRE_TRN2 or QWEN3_DATASET_DIR settings.
 
     Session-scoped and autouse, so pytest sets it up before any other session fixture: the shared
     runs (recipe_run, random_init_proxy, ...) launch ranks that must not see the host's devices either.
