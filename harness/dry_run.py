@@ -160,31 +160,12 @@ def check_files(plan: Plan) -> None:
 
 def check_sizes(opts: RunOptions, config) -> list[str]:
     """Without weights: the built sizes against config.json, refused as a real run refuses them."""
-    from harness import provenance
+    from harness.checks.mismatch import refuse, size_mismatches
 
     if opts.init != "hf":
         return []
-    hf = read_hf_dims(opts.model_dir)
-    dims = provenance.built_dims(config)
-    found = [
-        provenance.Mismatch(key, f"{key}: {opts.model_dir / 'config.json'} says {hf[key]!r}, recipe "
-                                 f"{opts.recipe!r} builds {dims[key]!r}")
-        for key in provenance.COMPARED_DIMS
-        if key in hf and key in dims and hf[key] != dims[key]
-    ]  # fmt: skip
-    found += provenance.norm_and_rope_mismatches(opts, config, hf)
-    limit = hf.get("max_position_embeddings")
-    if limit and config.training.seq_len > limit:
-        found.append(provenance.Mismatch("seq_len", f"seq_len {config.training.seq_len} is above "
-                                                    f"max_position_embeddings {limit}"))  # fmt: skip
-    refused = [m for m in found if m.name not in opts.allow_mismatch]
-    if refused:
-        raise provenance.MismatchError(
-            "; ".join(m.message for m in refused)
-            + ". Fix the inputs, or accept with "
-            + " ".join(f"--allow-mismatch {n}" for n in dict.fromkeys(m.name for m in refused))
-        )
-    return [f"sizes vs {opts.model_dir / 'config.json'}"] + [f"allowed mismatch {m.message}" for m in found]
+    allowed = refuse(size_mismatches(opts, config, read_hf_dims(opts.model_dir)), opts)
+    return [f"sizes vs {opts.model_dir / 'config.json'}"] + [f"allowed mismatch {m.message}" for m in allowed]
 
 
 def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str]]:

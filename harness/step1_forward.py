@@ -63,7 +63,7 @@ class Step1Score:
     #: Labels that count, over all ranks (the loss's denominator).
     global_valid_tokens: int
     ranks: int
-    #: The model built (``harness.provenance.built_dims``) and its parameter count.
+    #: The model built (``harness.checks.mismatch.built_dims``) and its parameter count.
     model: dict
     parameters: int
     #: Trainer build + checkpoint load, then the forward and loss alone.
@@ -149,7 +149,7 @@ def score_built(trainer, config, started: float, initial_state: Path | None = No
     """
     import torch
 
-    from harness.provenance import built_dims
+    from harness.checks.mismatch import built_dims
 
     parameters = sum(p.numel() for p in trainer.model_parts[0].parameters())
     trainer.checkpointer.load(step=config.checkpoint.load_step)

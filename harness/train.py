@@ -61,8 +61,9 @@ def write_provenance(opts: RunOptions, config, path: Path) -> None:
     import torch
 
     from harness import provenance
+    from harness.checks.mismatch import mismatches
 
-    allowed = [m for m in provenance.mismatches(opts, config) if m.name in opts.allow_mismatch]
+    allowed = [m for m in mismatches(opts, config) if m.name in opts.allow_mismatch]
     record = {**provenance.provenance(opts, config, allowed), "rank_start": RANK_START, "threads": torch.get_num_threads()}
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 

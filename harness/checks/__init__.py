@@ -134,7 +134,7 @@ def check_forward_only(opts: RunOptions) -> None:
 
 
 def check_mismatch_names(opts: RunOptions) -> None:
-    from harness.provenance import MISMATCH_NAMES
+    from harness.checks.mismatch import MISMATCH_NAMES
 
     unknown = [n for n in opts.allow_mismatch if n not in MISMATCH_NAMES]
     if unknown:

@@ -16,13 +16,13 @@ from harness.options import RunOptions
 
 def check_inputs(opts: RunOptions, config) -> None:
     """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
-    from harness import provenance
     from harness.checks import check_checkpoint_tensors
+    from harness.checks.mismatch import check as check_mismatches
 
     check_layers(opts, config)
     check_training_sizes(config)
     check_parallelism(opts, config)
-    provenance.check(opts, config)
+    check_mismatches(opts, config)
     if not hasattr(config, "hf_model"):  # the HF backend builds what config.json describes
         check_checkpoint_tensors(opts, config.model_spec)
 

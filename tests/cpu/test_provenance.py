@@ -10,7 +10,8 @@ import pytest
 
 from harness.options import RunOptions
 from harness.checks import preflight
-from harness.provenance import MismatchError, dataset_info, mismatches
+from harness.checks.mismatch import MismatchError, mismatches
+from harness.provenance import dataset_info
 from recipes.tiers import FIXTURES
 from harness.config import build_config, checked_config
 
