@@ -139,3 +139,31 @@ def test_grouped_experts_body_runs_both_kernels_and_a_layout_error_shows(tmp_pat
     wrong = run_body("test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "wrong.json"),
                      QWEN3_STANDIN_FAULT="moe_cte")  # fmt: skip
     assert wrong["forward"] > 2**-6
+
+
+def test_dtensor_random_ops_take_the_devices_philox_state():
+    """A random op on a DTensor on ``neuron`` (torchtitan's init_weights under FSDP) goes through DTensor's
+    OffsetBasedRNGTracker, which reads the device's RNG state as 16 bytes [seed, offset] (the public
+    torch_neuronx copy's NeuronGeneratorImpl). Seen failing: with the CPU generator's 5056-byte state the
+    tracker's ``_PhiloxState.offset`` setter raised AssertionError, as the rehearsal's first launch did."""
+    measured = run_child("""
+        import json, torch, torch_neuronx, torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        torch.manual_seed(5)
+        state = torch.neuron.get_rng_state()
+        seeded = (state.numel(), state.dtype == torch.uint8, state[:8].view(torch.int64).item(),
+                  state[8:].view(torch.int64).item())
+        mesh = init_device_mesh("neuron", (1,))
+        weight = distribute_tensor(torch.zeros(6, 5, device="neuron"), mesh, [Shard(0)])
+        torch.nn.init.trunc_normal_(weight, std=0.02)
+        from torch.distributed.tensor import _random
+        local = weight.to_local().cpu()
+        print(json.dumps({"seeded": seeded, "tracker": type(_random._rng_tracker).__name__,
+                          "offset_after": torch.neuron.get_rng_state()[8:].view(torch.int64).item(),
+                          "drawn": bool(local.abs().max() > 0), "bounded": bool(local.abs().max() <= 2)}))
+    """)
+    # 30 elements: DTensor advances the offset by the tensor's numel rounded up to 4 (_compute_rng_offsets).
+    assert measured == {"seeded": [16, True, 5, 0], "tracker": "OffsetBasedRNGTracker", "offset_after": 32,
+                        "drawn": True, "bounded": True}  # fmt: skip

@@ -10,6 +10,7 @@ get_device_properties, memory_stats, reset_peak_memory_stats, empty_cache). Coun
 from __future__ import annotations
 
 import os
+import struct
 from types import SimpleNamespace
 
 _current = 0
@@ -55,27 +56,86 @@ def set_device(device) -> None:
     _current = index
 
 
-def manual_seed_all(seed: int) -> None:
-    """Neuron tensors draw from the CPU generator (torch.manual_seed calls this after seeding it)."""
-    import torch
+class _PhiloxGenerator:
+    """One device's default generator as the public copy keeps it: a seed and a Philox offset, 16 bytes of state.
 
-    torch.default_generator.manual_seed(seed)
+    parmoham-aws/test-repo-parmoham torch_neuronx/csrc/core/NeuronHooksInterface.cpp ``NeuronGeneratorImpl``
+    ("Philox-based generator for Neuron devices (16-byte state)": ``get_state`` packs seed uint64 then
+    offset int64; ``set_state`` takes 16 bytes, or 8 (the seed, offset 0), else "RNG state is wrong size";
+    a new generator seeds itself non-deterministically); its tests/device/test_rng_state.py asserts the
+    16-byte uint8 state. DTensor's ``OffsetBasedRNGTracker`` reads and writes exactly this layout
+    (torch/distributed/tensor/_random.py ``_PhiloxState``). Random ops on ``neuron`` do not read it: as in
+    that copy ("torch.randn(device='neuron') falls back to CPU, consuming CPU RNG state", an xfail in the
+    same test file), they draw from the CPU generator.
+    """
+
+    def __init__(self) -> None:
+        self.seed = int.from_bytes(os.urandom(8), "little")
+        self.offset = 0
+
+    def manual_seed(self, seed: int) -> None:
+        self.seed = int(seed) % 2**64
+        self.offset = 0
+
+    def get_state(self):
+        import torch
+
+        return torch.frombuffer(bytearray(struct.pack("<Qq", self.seed, self.offset)), dtype=torch.uint8).clone()
+
+    def set_state(self, state) -> None:
+        import torch
+
+        raw = bytes(state.detach().to("cpu").contiguous().view(torch.uint8).tolist())
+        if len(raw) not in (8, 16):
+            raise RuntimeError("RNG state is wrong size")
+        self.seed = struct.unpack("<Q", raw[:8])[0]
+        self.offset = struct.unpack("<q", raw[8:])[0] if len(raw) == 16 else 0
+
+
+_generators: dict[int, _PhiloxGenerator] = {}
+
+
+def _generator(device=None) -> _PhiloxGenerator:
+    """The default generator of ``device`` (an index, "neuron:<i>", a torch.device, or None: the current one)."""
+    if isinstance(device, str):
+        import torch
+
+        device = torch.device(device)
+    index = getattr(device, "index", device)
+    index = current_device() if index is None else int(index)
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"neuron device index {index} out of range: {device_count()} visible")
+    return _generators.setdefault(index, _PhiloxGenerator())
+
+
+def manual_seed_all(seed: int) -> None:
+    """Every visible device's generator (``torch.manual_seed`` calls this through ``_seed_custom_device``)."""
+    for index in range(device_count()):
+        _generator(index).manual_seed(seed)
 
 
 def manual_seed(seed: int) -> None:
-    manual_seed_all(seed)
+    _generator().manual_seed(seed)
 
 
-def get_rng_state(device="neuron"):
-    import torch
-
-    return torch.get_rng_state()
+def seed() -> None:
+    _generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
 
 
-def set_rng_state(state, device="neuron") -> None:
-    import torch
+def seed_all() -> None:
+    manual_seed_all(int.from_bytes(os.urandom(8), "little"))
 
-    torch.set_rng_state(state)
+
+def initial_seed() -> int:
+    return _generator().seed
+
+
+def get_rng_state(device=None):
+    return _generator(device).get_state()
+
+
+def set_rng_state(state, device=None) -> None:
+    _generator(device).set_state(state)
 
 
 def get_device_name(device=None) -> str:
