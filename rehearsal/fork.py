@@ -4,10 +4,15 @@ The real fork (github.com/aws-neuron/torchtitan-neuron, not publicly readable fr
 the distribution ``torchtitan`` 0.2.2+neuron.1 and ships its recipes as
 ``torchtitan_neuron.models.qwen3.config_registry`` (aws-neuron/aws-neuron-sdk
 training/torchtitan/get-started/setup-torchtitan-neuron.rst, release-notes/components/torchtitan-neuron.rst;
-/work/shared/DESIGN.md "Packages and install"). The stand-in cannot install a second
-``torchtitan``: it would shadow the real torchtitan 0.3.0 it stands on. So its distribution is
-``torchtitan-neuron-standin`` (version 0.2.2+neuron.1) and it holds only the package
-``torchtitan_neuron``; ``import torchtitan`` still loads the stock 0.3.0 from the cpu venv.
+/work/shared/DESIGN.md "Packages and install"). The stand-in's distribution is that one too,
+``torchtitan`` 0.2.2+neuron.1, so the night's version check (tests/neuron/test_versions_neuron.py) reads
+what it reads on trn2. It holds only the package ``torchtitan_neuron``: ``import torchtitan`` still loads
+the stock 0.3.0 of the cpu venv the stand-in venv is layered on (a .pth). pip installs the fork into
+the suite's venv and leaves that torchtitan 0.3.0 alone: it never uninstalls a distribution outside the
+environment it installs into ("Not uninstalling torchtitan at ..., outside environment ..."; tried on a
+two-level layered venv in /tmp), and rehearsal/night.py's snapshot fails the rehearsal if the cpu venv's
+distributions change. (Under the stand-in, ``importlib.metadata.version("torchtitan")`` says
+0.2.2+neuron.1 while the code is 0.3.0's: the names check runs against stock torchtitan, not the fork.)
 
 Its ``qwen3_nki_moe_config`` builds config 3 from stock torchtitan classes (``qwen3_30b_a3b``,
 ``_build_qwen3_moe_layers``, ``CosSinRoPE``, ``ScaledDotProductAttention``), never from the suite's
@@ -23,7 +28,7 @@ import subprocess
 from pathlib import Path
 
 REF = "release-2.33"
-DISTRIBUTION = "torchtitan-neuron-standin"
+DISTRIBUTION = "torchtitan"
 VERSION = "0.2.2+neuron.1"
 
 PYPROJECT = f"""\
@@ -42,8 +47,9 @@ requires-python = ">=3.11"
 include = ["torchtitan_neuron*"]
 """
 
-# The stock torchtitan the stand-in stands on; already in the layered venv, so pip installs nothing.
-REQUIREMENTS = "torchtitan==0.3.0\n"
+# The fork's own dependencies: the stand-in needs only the stock torchtitan 0.3.0 (and its dependencies) of the
+# layered cpu venv, which a requirement could not name: ``torchtitan`` is this distribution's own name.
+REQUIREMENTS = "# rehearsal stand-in: nothing beyond the layered cpu venv (torchtitan 0.3.0 and its dependencies)\n"
 
 CONFIG_REGISTRY = '''\
 """Rehearsal stand-in of TorchTitan Neuron's qwen3 recipes: built from stock torchtitan 0.3.0 classes."""

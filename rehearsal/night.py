@@ -217,12 +217,17 @@ def checkout(with_: dict, job: JobRun, out) -> int:
     return 0
 
 
-def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt") -> dict:
-    """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths."""
+def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt",
+             venv_site: Path | None = None) -> dict:
+    """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths,
+    and the distributions of the cpu venv the stand-in venv is layered on (the fork stand-in installs a
+    distribution named ``torchtitan`` on top of it: pip must never touch the cpu venv's own)."""
     status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"], capture_output=True, text=True)
+    venv_site = cpu_site_packages() if venv_site is None else venv_site
     return {"source": str(source), "git status": status.stdout, "opt": opt,
             "entries": sorted(os.listdir(opt)) if os.path.isdir(opt) else [],
-            "mapped": {p: os.path.exists(p) for p in watched}}
+            "mapped": {p: os.path.exists(p) for p in watched},
+            "venv": str(venv_site), "dists": sorted(p.name for p in venv_site.glob("*.dist-info"))}
 
 
 def writes_outside(before: dict, after: dict) -> list[str]:
@@ -235,6 +240,9 @@ def writes_outside(before: dict, after: dict) -> list[str]:
     if new:
         found.append(f"{before['opt']} gained {new}")
     found += [f"{p} was created" for p in after["mapped"] if after["mapped"][p] and not before["mapped"][p]]
+    if before["dists"] != after["dists"]:
+        gone, came = sorted(set(before["dists"]) - set(after["dists"])), sorted(set(after["dists"]) - set(before["dists"]))
+        found.append(f"the cpu venv {before['venv']} changed: lost {gone}, gained {came}")
     return found
 
 

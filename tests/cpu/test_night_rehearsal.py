@@ -92,17 +92,21 @@ def test_upload_artifact_honours_if_no_files_found(tmp_path):
     assert [a["missing"] for a in run.artifacts] == [[], ["history/runs.jsonl"]]
 
 
-def test_a_write_into_the_source_checkout_or_opt_is_found(tmp_path):
-    source, opt = tmp_path / "src", tmp_path / "opt"
+def test_a_write_into_the_source_checkout_opt_or_the_cpu_venv_is_found(tmp_path):
+    source, opt, site = tmp_path / "src", tmp_path / "opt", tmp_path / "site-packages"
     opt.mkdir()
+    (site / "torchtitan-0.3.0.dist-info").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(source)], check=True)
     watched = (str(opt / "trend.jsonl"),)
-    before = night.snapshot(source, watched, str(opt))
-    assert night.writes_outside(before, night.snapshot(source, watched, str(opt))) == []
+    before = night.snapshot(source, watched, str(opt), site)
+    assert night.writes_outside(before, night.snapshot(source, watched, str(opt), site)) == []
     (source / "stray.txt").write_text("x")
     (opt / "trend.jsonl").write_text("x")
-    found = night.writes_outside(before, night.snapshot(source, watched, str(opt)))
-    assert len(found) == 3 and "stray.txt" in found[0] and "trend.jsonl" in found[1] and "trend.jsonl" in found[2]
+    # what pip would leave had it uninstalled the cpu venv's torchtitan for the fork's distribution of that name
+    (site / "torchtitan-0.3.0.dist-info").rename(site / "torchtitan-0.2.2+neuron.1.dist-info")
+    found = night.writes_outside(before, night.snapshot(source, watched, str(opt), site))
+    assert len(found) == 4 and "stray.txt" in found[0] and "trend.jsonl" in found[1] and "trend.jsonl" in found[2]
+    assert "lost ['torchtitan-0.3.0.dist-info'], gained ['torchtitan-0.2.2+neuron.1.dist-info']" in found[3]
 
 
 def test_the_expected_exit_table_names_every_step_of_the_real_nightly(tmp_path):
@@ -156,7 +160,9 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(t
     assert [line.split("\t")[1] for line in refs.splitlines()] == ["refs/heads/release-2.33"]
     checkout = tmp_path / "fork"
     project = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]
-    assert (project["name"], project["version"]) == ("torchtitan-neuron-standin", "0.2.2+neuron.1")  # never 'torchtitan'
+    # The real fork's distribution and version (recipes/platform/neuron_versions.py checks them on the night).
+    assert (project["name"], project["version"]) == ("torchtitan", "0.2.2+neuron.1")
+    assert (checkout / "requirements.txt").read_text().strip().splitlines()[-1].startswith("#")  # asks for nothing
     corpus = night.SOURCE / "fixtures/corpus/train.jsonl"
     assert (checkout / "tests/assets/c4_test/train.jsonl").read_bytes() == corpus.read_bytes()
     assert (checkout / "tests/assets/tokenizer/tokenizer.json").is_file()
