@@ -167,3 +167,18 @@ def test_dtensor_random_ops_take_the_devices_philox_state():
     # 30 elements: DTensor advances the offset by the tensor's numel rounded up to 4 (_compute_rng_offsets).
     assert measured == {"seeded": [16, True, 5, 0], "tracker": "OffsetBasedRNGTracker", "offset_after": 32,
                         "drawn": True, "bounded": True}  # fmt: skip
+
+
+def test_a_ranks_device_is_its_local_rank_after_the_process_group():
+    """torchtitan sets ``neuron:<LOCAL_RANK>`` before it creates the ``neuron`` group; the public torch_neuronx
+    copy then maps that rank to one core and keeps ``neuron:<LOCAL_RANK>`` valid (device_count() = local world
+    size, current device = local rank: csrc/core/NeuronDevice.cpp). Seen failing: rank 1 of the rehearsal's
+    first launch, "neuron device index 1 out of range: 1 visible" once its core was mapped."""
+    measured = run_child("""
+        import json, os, torch, torch_neuronx, torch.distributed as dist
+        torch.neuron.set_device(torch.device("neuron", 1))  # torchtitan's trainer, before init_distributed
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        print(json.dumps({"visible": os.environ.get("NEURON_RT_VISIBLE_CORES"), "count": torch.neuron.device_count(),
+                          "current": torch.neuron.current_device(), "state": torch.neuron.get_rng_state().numel()}))
+    """, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", QWEN3_STANDIN_CORES="2", QWEN3_STANDIN_LOCAL_RANK_CORES="1")
+    assert measured == {"visible": "1", "count": 2, "current": 1, "state": 16}

@@ -14,6 +14,11 @@ import struct
 from types import SimpleNamespace
 
 _current = 0
+#: Set when the first ``neuron`` process group is created (public copy: torch_neuronx/distributed/backend.py
+#: calls ``_set_local_world_size`` and ``_set_local_device_start_index(local_rank)``): from then on
+#: ``device_count()`` is the local world size and the current device is the local rank
+#: (csrc/core/NeuronDevice.cpp: "PyTorch Device ID will always be equal to the local rank of the process").
+_local_world_size: int | None = None
 
 
 def _visible() -> list[int]:
@@ -40,7 +45,17 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return len(_visible())
+    """NeuronDevice.cpp ``device_count``: the local world size once distributed, else the visible cores."""
+    return _local_world_size if _local_world_size is not None else len(_visible())
+
+
+def _set_distributed(local_rank: int, local_world_size: int) -> None:
+    """What the public copy's process-group creation sets: local world size, start index = current = local rank."""
+    global _local_world_size, _current
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local device start index {local_rank} is out of range. Valid range is 0 to "
+                         f"{local_world_size - 1}")
+    _local_world_size, _current = local_world_size, local_rank
 
 
 def current_device() -> int:

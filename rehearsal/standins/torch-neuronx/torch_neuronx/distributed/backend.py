@@ -33,11 +33,23 @@ def set_rt_visible_cores() -> None:
 
 
 def _create_neuron_process_group(store, rank, size, timeout):
-    """The public copy's creator name; returns gloo over the payloads (see the module docstring)."""
+    """The public copy's creator name; returns gloo over the payloads (see the module docstring).
+
+    The first group also fixes the device numbering as the public copy's does (its ``_set_local_world_size``,
+    ``_set_local_device_start_index(local_rank)``): ``neuron:<LOCAL_RANK>`` is this process's device and
+    ``device_count()`` is ``LOCAL_WORLD_SIZE``. Without those variables it finds them through the store
+    (all ranks on one host here: the rank and the world size)."""
     global _first_group
     if _first_group:
         _first_group = False
         set_rt_visible_cores()
+        from torch_neuronx import neuron
+
+        local_rank, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+        if local_rank is not None and local_world is not None:
+            neuron._set_distributed(int(local_rank), int(local_world))
+        else:
+            neuron._set_distributed(rank, size)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
