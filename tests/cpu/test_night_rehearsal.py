@@ -199,3 +199,34 @@ def test_a_step_is_ended_on_its_timeout_or_when_memory_runs_low(tmp_path, limit,
         time.sleep(0.1)
     else:
         pytest.fail(f"the step's child {child} outlived the step")
+
+
+@pytest.mark.slow
+def test_config3_comparison_in_a_rehearsal_is_at_the_published_sizes(tmp_path):
+    """tests/neuron/test_nki_moe_neuron.py's comparison body, run as on_neuron_cores runs it, with the fork
+    stand-in installed and the rehearsal seam set: the fork's function knows no seam (it builds 30B-A3B's
+    widths from stock torchtitan), so the twin it is compared with must not take the seam's tiny widths.
+    Seen failing in the rehearsal: tok_embeddings (151936, 2048) vs (1024, 512), every parameter apart."""
+    import json
+    import os
+    import sys
+
+    from rehearsal import fork
+
+    fork.build(tmp_path / "fork", night.SOURCE / "fixtures")
+    settings = tmp_path / "settings.json"
+    settings.write_text("{}")
+    result = tmp_path / "result.json"
+    request = {"module": str(night.SOURCE / "tests/neuron/test_nki_moe_neuron.py"), "body": "compare_config3",
+               "args": [], "result": str(result)}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QWEN3_", "NEURON_"))}
+    env.update(PYTHONPATH=str(tmp_path / "fork"), QWEN3_REHEARSAL_SETTINGS=str(settings),
+               QWEN3_NEURON_CORE_CHILD="1", NEURON_RT_VISIBLE_CORES="0", OMP_NUM_THREADS="1")  # fmt: skip
+    done = subprocess.run([sys.executable, str(night.SOURCE / "tests/neuron/neuron_cores.py"), json.dumps(request)],
+                          capture_output=True, text=True, timeout=600, cwd=night.SOURCE, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads(result.read_text())
+    assert found["fork"] == "torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config"
+    fork_shapes, twin_shapes = found["shapes"]["fork"], found["shapes"]["twin"]
+    assert fork_shapes["tok_embeddings.weight"] == [151936, 2048]
+    assert fork_shapes == twin_shapes, sorted(set(map(str, fork_shapes.items())) ^ set(map(str, twin_shapes.items())))[:4]
