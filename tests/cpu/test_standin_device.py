@@ -206,3 +206,19 @@ def test_a_ranks_device_is_its_local_rank_after_the_process_group():
                           "current": torch.neuron.current_device(), "state": torch.neuron.get_rng_state().numel()}))
     """, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", QWEN3_STANDIN_CORES="2", QWEN3_STANDIN_LOCAL_RANK_CORES="1")
     assert measured == {"visible": "1", "count": 2, "current": 1, "state": 16}
+
+
+def test_premul_sum_on_the_neuron_group_is_a_scaled_sum():
+    """FSDP2 reduce-scatters gradients with ``PREMUL_SUM(1/factor)`` (torchtitan sets the factor); the public
+    torch_neuronx backend scales the inputs and sums (distributed/utils.py parse_and_update_inputs). Seen
+    failing: the rehearsal's first launch to reach a backward, "Cannot use ReduceOp.PREMUL_SUM with Gloo"."""
+    measured = run_child("""
+        import json, torch, torch_neuronx, torch.distributed as dist
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        out = torch.empty(4, device="neuron")
+        dist.reduce_scatter_single(out, torch.ones(4, device="neuron"), op=dist._make_nccl_premul_sum(0.5))
+        total = torch.ones(3, device="neuron")
+        dist.all_reduce(total, op=dist._make_nccl_premul_sum(3.0))
+        print(json.dumps({"reduce_scatter": out.cpu().tolist(), "all_reduce": total.cpu().tolist()}))
+    """)
+    assert measured == {"reduce_scatter": [0.5] * 4, "all_reduce": [3.0] * 3}
