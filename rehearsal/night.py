@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -283,6 +284,16 @@ def report_line(result: StepResult, expected: int) -> str:
             f"{result.seconds:7.1f}s  {result.name}")
 
 
+def stop_on_signals() -> None:
+    """SIGTERM/SIGHUP end the rehearsal as Ctrl-C does: through ``finally``, so the running step's process
+    group is ended with it (rehearsal/workflow.py ``JobRun._execute``), never left running."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rehearsal.night", description=__doc__.split("\n\n")[0])
     parser.add_argument("--standins", type=Path, required=True, help="python -m rehearsal.standins build --out DIR")
@@ -297,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="end a step when the machine's available memory falls under this (a shared host)")
     parser.add_argument("--echo", action="store_true", help="print every step's output as it runs")
     args = parser.parse_args(argv)
+    stop_on_signals()
     start_wall, start_cpu = time.monotonic(), os.times()
     try:
         check_standins(args.standins)

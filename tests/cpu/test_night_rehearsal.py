@@ -230,3 +230,40 @@ def test_config3_comparison_in_a_rehearsal_is_at_the_published_sizes(tmp_path):
     fork_shapes, twin_shapes = found["shapes"]["fork"], found["shapes"]["twin"]
     assert fork_shapes["tok_embeddings.weight"] == [151936, 2048]
     assert fork_shapes == twin_shapes, sorted(set(map(str, fork_shapes.items())) ^ set(map(str, twin_shapes.items())))[:4]
+
+
+def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
+    """SIGTERM to the rehearsal (a Ctrl-C, a CI cancel) must not leave the night's pytest step running.
+    Seen failing: after ``kill`` of the runner, step 9's pytest and its launches ran on."""
+    import os
+    import signal
+    import sys
+    import textwrap
+
+    script = tmp_path / "runner.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(night.SOURCE)!r})
+        from pathlib import Path
+        from rehearsal import night
+        from tests.cpu.test_night_rehearsal import job
+        night.stop_on_signals()
+        job(Path({str(tmp_path)!r}), [{{"name": "long", "run": "sleep 300 &\\necho $! > child.pid\\nwait"}}]).run()
+    """))
+    runner = subprocess.Popen([sys.executable, str(script)], cwd=night.SOURCE)
+    pid_file = tmp_path / "ws" / "child.pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and runner.poll() is None, "the step never started"
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=30) == 128 + signal.SIGTERM
+    for _ in range(50):
+        state = Path(f"/proc/{child}/stat")
+        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the step's child {child} outlived the rehearsal")
