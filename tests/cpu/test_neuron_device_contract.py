@@ -364,3 +364,18 @@ def test_a_body_and_what_it_started_end_when_pytest_dies(bodies, tmp_path, signu
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"{alive} outlived pytest"
+
+
+def test_every_neuron_launch_takes_its_rank_count_from_the_tier():
+    """A launch in tests/neuron names its ranks through the trn2 tier (``TRN2.nproc``), never as a number: the
+    rehearsal's seam shrinks the tier to 2 ranks, and a literal escapes it. Seen failing: the rehearsal's
+    ``torchtitan.train`` launch of config 2 started 64 ranks on a 2-core host and used up its memory."""
+    literal = []
+    for path in sorted(NEURON_TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _name(node.func) in ("run_titan_train", "titan_train_command"):
+                nproc = node.args[2] if len(node.args) > 2 else next(
+                    (k.value for k in node.keywords if k.arg == "nproc"), None)  # fmt: skip
+                if isinstance(nproc, ast.Constant):
+                    literal.append(f"{path.name}:{node.lineno}: {_name(node.func)}(..., {nproc.value}, ...)")
+    assert not literal, "pass the tier's rank count (recipes.tiers.TRN2.nproc):\n" + "\n".join(literal)
