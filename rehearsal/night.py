@@ -56,7 +56,7 @@ RUNNER = RunnerTable(
         "repository": "rehearsal/qwen3-trn-repro",
     },
     paths={
-        "/opt/models/Qwen3-4B-Instruct-2507": "opt/models/Qwen3-4B-Instruct-2507",  # copy of fixtures/qwen3-tiny
+        "/opt/models/Qwen3-4B-Instruct-2507": "opt/models/Qwen3-4B-Instruct-2507",  # standin_weights()
         "/opt/datasets/c4_test": "opt/datasets/c4_test",  # copy of fixtures/corpus
         "/opt/aws_neuronx_venv_torch_neuronx_2_14_0": "opt/aws_neuronx_venv_torch_neuronx_2_14_0",  # stand-in venv
         "/opt/neuron-cache/neff": "opt/neuron-cache/neff",
@@ -170,6 +170,20 @@ def standin_neuron_venv(path: Path, standins: Path, env: dict[str, str]) -> None
          str(standins / "wheelhouse"), *wheels], env)
 
 
+def standin_weights(dest: Path) -> None:
+    """Qwen3-4B-Instruct-2507's stand-in: fixtures/qwen3-tiny, its config.json's RoPE theta set to the real
+    model's (fixtures/qwen3-4b-instruct-2507/config.json: 5e6; the tiny model was trained at 1e6).
+
+    Config 2's "4B" flavor builds theta 1e6 whatever the weights say; config.json's differing theta is
+    the suspect the night's theta lanes measure, so the stand-in must differ where the real weights do.
+    The weights themselves stay the tiny model's: every lane and its reference read the same config.json."""
+    shutil.copytree(SOURCE / "fixtures/qwen3-tiny", dest)
+    real = json.loads((SOURCE / "fixtures/qwen3-4b-instruct-2507/config.json").read_text())
+    config = json.loads((dest / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = float(real["rope_theta"])
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) -> dict[str, str]:
     """RUNNER.settings written for rehearsal/settings.py, loaded back through it; the variables it exports."""
     try:
@@ -197,7 +211,7 @@ def prepare(scratch: Path, standins: Path, python_floor: str, switches: dict[str
     for key in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "RUNNER_TEMP"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     paths = {real: scratch / rel for real, rel in RUNNER.paths.items()}
-    shutil.copytree(SOURCE / "fixtures/qwen3-tiny", paths["/opt/models/Qwen3-4B-Instruct-2507"])
+    standin_weights(paths["/opt/models/Qwen3-4B-Instruct-2507"])
     shutil.copytree(SOURCE / "fixtures/corpus", paths["/opt/datasets/c4_test"])
     paths["/opt/neuron-cache/neff"].mkdir(parents=True)
     paths["/opt/qwen3-trn-repro/trend.jsonl"].parent.mkdir(parents=True)

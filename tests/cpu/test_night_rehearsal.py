@@ -273,3 +273,16 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail(f"the step's child {child} outlived the rehearsal")
+
+
+def test_the_standin_4b_weights_carry_the_real_models_rope_theta(tmp_path):
+    """Config 2's theta lanes measure the 4B flavor's 1e6 against config.json's 5e6; the tiny fixture says 1e6,
+    so without this the suspect could not apply. Seen failing in the rehearsal:
+    test_config2_theta_as_published_and_corrected, ``assert theta.applies``."""
+    from recipes.specs import read_hf_dims
+
+    night.standin_weights(tmp_path / "4b")
+    real = read_hf_dims(night.SOURCE / "fixtures/qwen3-4b-instruct-2507")["rope_theta"]
+    assert read_hf_dims(tmp_path / "4b")["rope_theta"] == real == 5e6
+    tiny = night.SOURCE / "fixtures/qwen3-tiny/model.safetensors"
+    assert (tmp_path / "4b/model.safetensors").read_bytes() == tiny.read_bytes()
