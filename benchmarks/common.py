@@ -216,11 +216,42 @@ def run_titan_train(module: str, config: str, nproc: int, work_dir: Path, *overr
     """
     log_dir = work_dir / "logs"
     cmd = titan_train_command(module, config, nproc, log_dir, "--dump_folder", str(work_dir / "out"), *overrides)
-    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
+    returncode, stderr = run_bound(cmd, timeout_s)
     text = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log")))
-    if out.returncode != 0:
-        raise RuntimeError(f"torchtitan.train exited {out.returncode}:\n{out.stderr[-3000:]}\nrank 0:\n{text[-3000:]}")
+    if returncode != 0:
+        raise RuntimeError(f"torchtitan.train exited {returncode}:\n{stderr[-3000:]}\nrank 0:\n{text[-3000:]}")
     return parse_titan_steps(text)
+
+
+#: How long torchrun gets to close its ranks after SIGTERM (it SIGKILLs them after 30 s itself).
+TORCHRUN_CLOSE_S = 60
+
+
+def run_bound(cmd: list[str], timeout_s: float) -> tuple[int, str]:
+    """``cmd`` (a torchrun) from the repository root in a session of its own, bound to this process:
+    the kernel SIGTERMs it when this process dies (harness.launch.child.die_with_parent), and a timeout
+    SIGTERMs it too, so torchrun closes its ranks; none outlives the caller holding NeuronCores.
+    ``(returncode, stderr)``; a timeout raises subprocess.TimeoutExpired after the ranks are closed."""
+    from harness.launch.child import _prctl, die_with_parent
+
+    parent = os.getpid()
+    _prctl()  # load libc here, not between fork and exec
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent=parent))
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stderr
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=TORCHRUN_CLOSE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def rank_log(run_dir: Path, rank: int = 0, stream: str = "stdout") -> Path | None:

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from recipes.kernels.rope import sliced_rope
 from recipes.specs import sized_spec
-from recipes.tiers import TIERS, MoEDims
+from recipes.tiers import AS_PUBLISHED, TIERS, MoEDims
 from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
 #: Qwen3-30B-A3B's own widths (config.json of Qwen/Qwen3-30B-A3B).
@@ -49,9 +49,10 @@ QWEN3_30B_A3B = MoEDims(
 KERNEL_OVERRIDES = ("grouped_experts",)
 
 
-def moe_dims(tier: str, n_layers: int, num_experts: int, top_k: int) -> MoEDims:
-    """30B-A3B shrunk to fit one instance; tiny widths on the cpu tier."""
-    base = QWEN3_30B_A3B if TIERS[tier].full_size_models else TIERS[tier].tiny_moe
+def moe_dims(tier: str, n_layers: int, num_experts: int, top_k: int, *, as_published: bool = False) -> MoEDims:
+    """30B-A3B shrunk to fit one instance; tiny widths on the cpu tier (and in a rehearsal, unless ``as_published``)."""
+    spec = AS_PUBLISHED[tier] if as_published else TIERS[tier]
+    base = QWEN3_30B_A3B if spec.full_size_models else spec.tiny_moe
     return replace(base, num_hidden_layers=n_layers, num_experts=num_experts, num_experts_per_tok=top_k)
 
 
@@ -68,6 +69,7 @@ def qwen3_nki_moe_config(
     n_layers: int = 4,
     num_experts: int = 64,
     top_k: int = 4,
+    as_published: bool = False,
 ):
     """The tutorial's MoE ``Trainer.Config`` before run options (data, batch, checkpoint)."""
     from recipes.titan import CompileConfig, qwen3_30b_a3b
@@ -77,7 +79,7 @@ def qwen3_nki_moe_config(
     if flavor != "30B-A3B":
         raise ValueError(f"qwen3_nki_moe_config reproduces the tutorial's 30B-A3B only, got {flavor!r}")
     config = qwen3_30b_a3b()
-    dims = moe_dims(tier, n_layers, num_experts, top_k)
+    dims = moe_dims(tier, n_layers, num_experts, top_k, as_published=as_published)
     config.model_spec = sized_spec(flavor, dims, name=f"{flavor}[{n_layers}L,{num_experts}E,top{top_k}]")
     use_sliced_rope(config.model_spec.model)
     config.compile = CompileConfig(enable=False)
@@ -106,9 +108,10 @@ def fork_config():
     return function(TUTORIAL_FLAVOR, **TUTORIAL_KWARGS), ""
 
 
-def twin_config(tier: str):
-    """The suite's own config 3 on ``tier``."""
-    return qwen3_nki_moe_config(TUTORIAL_FLAVOR, tier=tier, **TUTORIAL_KWARGS)
+def twin_config(tier: str, *, as_published: bool = False):
+    """The suite's own config 3 on ``tier``; ``as_published``: at the tier's published sizes even in a rehearsal
+    (the fork's function knows no rehearsal: what it returns is compared with this)."""
+    return qwen3_nki_moe_config(TUTORIAL_FLAVOR, tier=tier, as_published=as_published, **TUTORIAL_KWARGS)
 
 
 def uses_fork(tier: str) -> bool:

@@ -245,6 +245,10 @@ def rehearsed(tier: Tier) -> Tier:
     )
 
 
+#: Each tier as published, before any rehearsal shrinks it: what the tutorial's own calls build (meta-only
+#: descriptions such as config 3's fork-vs-twin comparison), whatever sizes the launches take.
+AS_PUBLISHED = {t.name: t for t in (CPU, TRN2)}
+
 TRN2 = rehearsed(TRN2)
 
 TIERS = {t.name: t for t in (CPU, TRN2)}

@@ -4,16 +4,22 @@ The real fork (github.com/aws-neuron/torchtitan-neuron, not publicly readable fr
 the distribution ``torchtitan`` 0.2.2+neuron.1 and ships its recipes as
 ``torchtitan_neuron.models.qwen3.config_registry`` (aws-neuron/aws-neuron-sdk
 training/torchtitan/get-started/setup-torchtitan-neuron.rst, release-notes/components/torchtitan-neuron.rst;
-/work/shared/DESIGN.md "Packages and install"). The stand-in cannot install a second
-``torchtitan``: it would shadow the real torchtitan 0.3.0 it stands on. So its distribution is
-``torchtitan-neuron-standin`` (version 0.2.2+neuron.1) and it holds only the package
-``torchtitan_neuron``; ``import torchtitan`` still loads the stock 0.3.0 from the cpu venv.
+/work/shared/DESIGN.md "Packages and install"). The stand-in's distribution is that one too,
+``torchtitan`` 0.2.2+neuron.1, so the night's version check (tests/neuron/test_versions_neuron.py) reads
+what it reads on trn2. It holds only the package ``torchtitan_neuron``: ``import torchtitan`` still loads
+the stock 0.3.0 of the cpu venv the stand-in venv is layered on (a .pth). pip installs the fork into
+the suite's venv and leaves that torchtitan 0.3.0 alone: it never uninstalls a distribution outside the
+environment it installs into ("Not uninstalling torchtitan at ..., outside environment ..."; tried on a
+two-level layered venv in /tmp), and rehearsal/night.py's snapshot fails the rehearsal if the cpu venv's
+distributions change. (Under the stand-in, ``importlib.metadata.version("torchtitan")`` says
+0.2.2+neuron.1 while the code is 0.3.0's: the names check runs against stock torchtitan, not the fork.)
 
 Its ``qwen3_nki_moe_config`` builds config 3 from stock torchtitan classes (``qwen3_30b_a3b``,
 ``_build_qwen3_moe_layers``, ``CosSinRoPE``, ``ScaledDotProductAttention``), never from the suite's
 twin in recipes/nki_moe.py, so a suite that only agrees with itself shows here. The checkout holds
-``tests/assets/c4_test`` and ``tests/assets/tokenizer`` (harness/lanes.py TITAN_DATASET,
-TITAN_TOKENIZER), filled from fixtures/.
+``tests/assets/c4_test`` (the fixture corpus) and ``tests/assets/tokenizer`` (harness/lanes.py TITAN_DATASET,
+TITAN_TOKENIZER): a BPE that is not the weights', as torchtitan's test tokenizer is not Qwen3's
+(:func:`test_tokenizer`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import subprocess
 from pathlib import Path
 
 REF = "release-2.33"
-DISTRIBUTION = "torchtitan-neuron-standin"
+DISTRIBUTION = "torchtitan"
 VERSION = "0.2.2+neuron.1"
 
 PYPROJECT = f"""\
@@ -42,8 +48,9 @@ requires-python = ">=3.11"
 include = ["torchtitan_neuron*"]
 """
 
-# The stock torchtitan the stand-in stands on; already in the layered venv, so pip installs nothing.
-REQUIREMENTS = "torchtitan==0.3.0\n"
+# The fork's own dependencies: the stand-in needs only the stock torchtitan 0.3.0 (and its dependencies) of the
+# layered cpu venv, which a requirement could not name: ``torchtitan`` is this distribution's own name.
+REQUIREMENTS = "# rehearsal stand-in: nothing beyond the layered cpu venv (torchtitan 0.3.0 and its dependencies)\n"
 
 CONFIG_REGISTRY = '''\
 """Rehearsal stand-in of TorchTitan Neuron's qwen3 recipes: built from stock torchtitan 0.3.0 classes."""
@@ -77,6 +84,29 @@ def qwen3_nki_moe_config(flavor="30B-A3B", n_layers=4, num_experts=64, top_k=4):
 '''
 
 
+#: Ids of the stand-in's test tokenizer. torchtitan's tests/assets/tokenizer is a 2,020-id BPE, not the weights'
+#: (harness/lanes.py TITAN_TOKENIZER; recipes/hf_as_published.py), and config 1's as-published lane tokenizes
+#: with it: the stand-in's is likewise another BPE, with fewer ids than the tiny model's 1,024 embedding rows
+#: as 2,020 is fewer than Qwen3's 151,936.
+TEST_BPE_IDS = 512
+
+
+def test_tokenizer(fixtures: Path, out: Path) -> None:
+    """A byte-level BPE of :data:`TEST_BPE_IDS` ids trained on the fixture corpus: not the weights' tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from fixtures.build_fixtures import EOS_TOKEN, read_corpus, write_tokenizer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=TEST_BPE_IDS, special_tokens=[EOS_TOKEN], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator(read_corpus(fixtures / "corpus"), trainer=trainer)
+    write_tokenizer(tokenizer, out)
+
+
 def git(*args: str, cwd: Path) -> str:
     env = {"GIT_AUTHOR_NAME": "rehearsal", "GIT_AUTHOR_EMAIL": "rehearsal@localhost",
            "GIT_COMMITTER_NAME": "rehearsal", "GIT_COMMITTER_EMAIL": "rehearsal@localhost",
@@ -100,7 +130,7 @@ def build(dest: Path, fixtures: Path) -> str:
     (package / "models/qwen3/config_registry.py").write_text(CONFIG_REGISTRY)
     assets = dest / "tests" / "assets"
     shutil.copytree(fixtures / "corpus", assets / "c4_test")
-    shutil.copytree(fixtures / "tokenizer", assets / "tokenizer")
+    test_tokenizer(fixtures, assets / "tokenizer")
     git("init", "--quiet", "--initial-branch", REF, cwd=dest)
     git("add", ".", cwd=dest)
     git("commit", "--quiet", "-m", "rehearsal stand-in of TorchTitan Neuron release-2.33", cwd=dest)

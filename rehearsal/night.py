@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ RUNNER = RunnerTable(
         "repository": "rehearsal/qwen3-trn-repro",
     },
     paths={
-        "/opt/models/Qwen3-4B-Instruct-2507": "opt/models/Qwen3-4B-Instruct-2507",  # copy of fixtures/qwen3-tiny
+        "/opt/models/Qwen3-4B-Instruct-2507": "opt/models/Qwen3-4B-Instruct-2507",  # standin_weights()
         "/opt/datasets/c4_test": "opt/datasets/c4_test",  # copy of fixtures/corpus
         "/opt/aws_neuronx_venv_torch_neuronx_2_14_0": "opt/aws_neuronx_venv_torch_neuronx_2_14_0",  # stand-in venv
         "/opt/neuron-cache/neff": "opt/neuron-cache/neff",
@@ -169,6 +170,20 @@ def standin_neuron_venv(path: Path, standins: Path, env: dict[str, str]) -> None
          str(standins / "wheelhouse"), *wheels], env)
 
 
+def standin_weights(dest: Path) -> None:
+    """Qwen3-4B-Instruct-2507's stand-in: fixtures/qwen3-tiny, its config.json's RoPE theta set to the real
+    model's (fixtures/qwen3-4b-instruct-2507/config.json: 5e6; the tiny model was trained at 1e6).
+
+    Config 2's "4B" flavor builds theta 1e6 whatever the weights say; config.json's differing theta is
+    the suspect the night's theta lanes measure, so the stand-in must differ where the real weights do.
+    The weights themselves stay the tiny model's: every lane and its reference read the same config.json."""
+    shutil.copytree(SOURCE / "fixtures/qwen3-tiny", dest)
+    real = json.loads((SOURCE / "fixtures/qwen3-4b-instruct-2507/config.json").read_text())
+    config = json.loads((dest / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = float(real["rope_theta"])
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) -> dict[str, str]:
     """RUNNER.settings written for rehearsal/settings.py, loaded back through it; the variables it exports."""
     try:
@@ -196,7 +211,7 @@ def prepare(scratch: Path, standins: Path, python_floor: str, switches: dict[str
     for key in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "RUNNER_TEMP"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     paths = {real: scratch / rel for real, rel in RUNNER.paths.items()}
-    shutil.copytree(SOURCE / "fixtures/qwen3-tiny", paths["/opt/models/Qwen3-4B-Instruct-2507"])
+    standin_weights(paths["/opt/models/Qwen3-4B-Instruct-2507"])
     shutil.copytree(SOURCE / "fixtures/corpus", paths["/opt/datasets/c4_test"])
     paths["/opt/neuron-cache/neff"].mkdir(parents=True)
     paths["/opt/qwen3-trn-repro/trend.jsonl"].parent.mkdir(parents=True)
@@ -217,12 +232,17 @@ def checkout(with_: dict, job: JobRun, out) -> int:
     return 0
 
 
-def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt") -> dict:
-    """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths."""
+def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt",
+             venv_site: Path | None = None) -> dict:
+    """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths,
+    and the distributions of the cpu venv the stand-in venv is layered on (the fork stand-in installs a
+    distribution named ``torchtitan`` on top of it: pip must never touch the cpu venv's own)."""
     status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"], capture_output=True, text=True)
+    venv_site = cpu_site_packages() if venv_site is None else venv_site
     return {"source": str(source), "git status": status.stdout, "opt": opt,
             "entries": sorted(os.listdir(opt)) if os.path.isdir(opt) else [],
-            "mapped": {p: os.path.exists(p) for p in watched}}
+            "mapped": {p: os.path.exists(p) for p in watched},
+            "venv": str(venv_site), "dists": sorted(p.name for p in venv_site.glob("*.dist-info"))}
 
 
 def writes_outside(before: dict, after: dict) -> list[str]:
@@ -235,6 +255,9 @@ def writes_outside(before: dict, after: dict) -> list[str]:
     if new:
         found.append(f"{before['opt']} gained {new}")
     found += [f"{p} was created" for p in after["mapped"] if after["mapped"][p] and not before["mapped"][p]]
+    if before["dists"] != after["dists"]:
+        gone, came = sorted(set(before["dists"]) - set(after["dists"])), sorted(set(after["dists"]) - set(before["dists"]))
+        found.append(f"the cpu venv {before['venv']} changed: lost {gone}, gained {came}")
     return found
 
 
@@ -275,6 +298,16 @@ def report_line(result: StepResult, expected: int) -> str:
             f"{result.seconds:7.1f}s  {result.name}")
 
 
+def stop_on_signals() -> None:
+    """SIGTERM/SIGHUP end the rehearsal as Ctrl-C does: through ``finally``, so the running step's process
+    group is ended with it (rehearsal/workflow.py ``JobRun._execute``), never left running."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rehearsal.night", description=__doc__.split("\n\n")[0])
     parser.add_argument("--standins", type=Path, required=True, help="python -m rehearsal.standins build --out DIR")
@@ -289,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="end a step when the machine's available memory falls under this (a shared host)")
     parser.add_argument("--echo", action="store_true", help="print every step's output as it runs")
     args = parser.parse_args(argv)
+    stop_on_signals()
     start_wall, start_cpu = time.monotonic(), os.times()
     try:
         check_standins(args.standins)

@@ -257,17 +257,20 @@ class JobRun:
                                     start_new_session=True)
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
             why = ""
-            while proc.poll() is None:
-                if deadline and time.monotonic() > deadline:
-                    why = f"timed out after {self.timeout_s:.0f} s"
-                elif self.available_memory() < self.min_available:
-                    why = (f"the machine's available memory fell under {self.min_available / 2**30:.1f} GiB "
-                           "(rehearsal/workflow.py JobRun.min_available)")
-                if why:
+            try:
+                while proc.poll() is None:
+                    if deadline and time.monotonic() > deadline:
+                        why = f"timed out after {self.timeout_s:.0f} s"
+                    elif self.available_memory() < self.min_available:
+                        why = (f"the machine's available memory fell under {self.min_available / 2**30:.1f} GiB "
+                               "(rehearsal/workflow.py JobRun.min_available)")
+                    if why:
+                        break
+                    time.sleep(0.2)
+            finally:  # a timeout, low memory, or the rehearsal itself stopped (SIGTERM, Ctrl-C): the step goes too
+                if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-                    break
-                time.sleep(0.2)
             if why:
                 out.write(f"\nrehearsal: step ended by the rehearsal: {why}\n")
             if self.echo:

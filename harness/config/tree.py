@@ -97,7 +97,8 @@ def collapse_layers(diffs: list[dict]) -> list[dict]:
 
 
 def config3_comparison(inputs) -> dict:
-    """Tutorial config 3 from the fork's own function vs the suite's twin, both at ``inputs``' launch.
+    """Tutorial config 3 from the fork's own function vs the suite's twin, both at ``inputs``' launch
+    and at the published sizes (a rehearsal shrinks the launches, not the fork's function).
 
     ``{"fork": qualified name or "absent", "finding": why absent, "source": what a run builds,
     "differences": [{"path", "fork", "twin"}...]}``; the differences repeat per layer only once
@@ -111,7 +112,7 @@ def config3_comparison(inputs) -> dict:
     fork, why = nki_moe.fork_config()
     if fork is None:
         return {"fork": "absent", "finding": why, "source": source, "differences": []}
-    twin = tutorial_settings(nki_moe.twin_config(inputs.tier), inputs)
+    twin = tutorial_settings(nki_moe.twin_config(inputs.tier, as_published=True), inputs)
     fork = tutorial_settings(fork, inputs)
     found = collapse_layers(differences(config_tree(fork), config_tree(twin)))
     return {

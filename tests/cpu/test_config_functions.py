@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
+
+from recipes.tiers import REPO_ROOT
 
 
 #: (module, config function, recipe, tier, init)
@@ -79,3 +88,33 @@ def test_torchtitan_train_runs_config_2_to_the_golden_step1_loss(tmp_path, recor
     record_property("torchtitan_train_step1_loss", steps[0].loss)
     # torchtitan prints 5 decimals: equal to the golden at the precision it prints.
     assert abs(steps[0].loss - golden) <= 0.5e-5, (steps[0].loss, golden)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_torchtitan_train_launch_ends_with_its_caller(tmp_path, signum):
+    """``run_titan_train``'s torchrun must not outlive pytest (a cancelled night, the rehearsal's watchdog): on
+    trn2 its 64 ranks would keep every NeuronCore. Seen failing in the rehearsal: after the runner ended the
+    pytest step, config 2's torchtitan.train ranks ran on until the host's memory was gone."""
+    pid_file = tmp_path / "launch.pid"
+    launch = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from benchmarks.common import run_bound
+        run_bound([sys.executable, "-c", {launch!r}], timeout_s=600)
+    """)], cwd=REPO_ROOT)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline and caller.poll() is None, "the launch never started"
+        time.sleep(0.1)
+    launched = int(pid_file.read_text())
+    caller.send_signal(signum)
+    caller.wait(timeout=30)
+    for _ in range(100):
+        state = Path(f"/proc/{launched}/stat")
+        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(launched, signal.SIGKILL)
+        pytest.fail(f"the launch {launched} outlived its caller")

@@ -14,6 +14,7 @@ import ast
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -331,3 +332,50 @@ def test_the_host_neuron_is_hidden_before_any_session_fixture(environment_seen_b
     from recipes.platform.neuron import HIDE_DEVICES_ENV
 
     assert environment_seen_by_a_session_fixture == {HIDE_DEVICES_ENV: "1"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_body_and_what_it_started_end_when_pytest_dies(bodies, tmp_path, signum):
+    """A cancelled night or a step's timeout kills pytest: its body child must not keep running (and holding its
+    NeuronCores) in a session of its own. Seen failing: the rehearsal's runner ended the pytest step and
+    ``neuron_cores.py ... checked_lane_options`` was still running afterwards."""
+    pid_file = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import importlib.util, sys
+        sys.path[:0] = [{str(NEURON_TESTS)!r}, {str(REPO_ROOT)!r}]
+        from neuron_cores import on_neuron_cores
+        spec = importlib.util.spec_from_file_location("bodies_for_test", {bodies.__file__!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        on_neuron_cores(module.hangs, {str(pid_file)!r}, timeout_s=600)
+    """)], cwd=REPO_ROOT)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
+        assert time.monotonic() < deadline and parent.poll() is None, "the body never started"
+        time.sleep(0.1)
+    child, helper = map(int, pid_file.read_text().split())
+    parent.send_signal(signum)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while (_alive(child) or _alive(helper)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in (child, helper) if _alive(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"{alive} outlived pytest"
+
+
+def test_every_neuron_launch_takes_its_rank_count_from_the_tier():
+    """A launch in tests/neuron names its ranks through the trn2 tier (``TRN2.nproc``), never as a number: the
+    rehearsal's seam shrinks the tier to 2 ranks, and a literal escapes it. Seen failing: the rehearsal's
+    ``torchtitan.train`` launch of config 2 started 64 ranks on a 2-core host and used up its memory."""
+    literal = []
+    for path in sorted(NEURON_TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _name(node.func) in ("run_titan_train", "titan_train_command"):
+                nproc = node.args[2] if len(node.args) > 2 else next(
+                    (k.value for k in node.keywords if k.arg == "nproc"), None)  # fmt: skip
+                if isinstance(nproc, ast.Constant):
+                    literal.append(f"{path.name}:{node.lineno}: {_name(node.func)}(..., {nproc.value}, ...)")
+    assert not literal, "pass the tier's rank count (recipes.tiers.TRN2.nproc):\n" + "\n".join(literal)

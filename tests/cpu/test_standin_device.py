@@ -97,7 +97,7 @@ def test_device_computes_what_the_cpu_computes():
             "rope_equal": torch.equal(qn.cpu(), qc) and torch.equal(kn.cpu(), kc),
             "cpu_type": type(out.cpu()).__name__,
         }))
-    """, GRAD_RTOL=repr(GRAD_RTOL))
+    """, GRAD_RTOL=repr(GRAD_RTOL), QWEN3_STANDIN_DEVICE_RANDOM="0")  # init draws the CPU's numbers, as the cpu run
     assert measured == {
         "device": "neuron:0", "cache_device": "neuron:0", "forward_equal": True, "grad_equal": True, "item": True,
         "aliasing": [[5.0, 0.0, 0.0], [5.0, 1.0, 1.0], [5.0, 0.0, 0.0]], "tensor": [1, 2], "rope_equal": True,
@@ -139,3 +139,86 @@ def test_grouped_experts_body_runs_both_kernels_and_a_layout_error_shows(tmp_pat
     wrong = run_body("test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "wrong.json"),
                      QWEN3_STANDIN_FAULT="moe_cte")  # fmt: skip
     assert wrong["forward"] > 2**-6
+
+
+def dtensor_draws(**env: str) -> dict:
+    """Random ops on 1-rank DTensors on the stand-in device, in a child."""
+    measured = run_child("""
+        import json, os, torch, torch_neuronx, torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        torch.manual_seed(5)
+        state = torch.neuron.get_rng_state()
+        seeded = (state.numel(), state.dtype == torch.uint8, state[:8].view(torch.int64).item(),
+                  state[8:].view(torch.int64).item())
+        mesh = init_device_mesh("neuron", (1,))
+        weight = distribute_tensor(torch.zeros(6, 5, device="neuron"), mesh, [Shard(0)])
+        torch.nn.init.trunc_normal_(weight, std=0.02)
+        from torch.distributed.tensor import _random
+        local = weight.to_local().cpu()
+        offset_after = torch.neuron.get_rng_state()[8:].view(torch.int64).item()
+        # two DTensor draws in a row: different numbers only if the op reads the device's [seed, offset]
+        # (DTensor restores the CPU generator after each: a CPU draw repeats itself)
+        a, b = (distribute_tensor(torch.zeros(64, device="neuron"), mesh, [Shard(0)]) for _ in range(2))
+        a.normal_(); b.normal_()
+        # torch 2.14's trunc_normal_ redraws what falls outside [a, b] until nothing does: 8192 draws at +-2 sigma
+        # have ~370 outside, so it returns only if each redraw differs
+        if not os.environ.get("skip_trunc_normal"):
+            big = distribute_tensor(torch.zeros(8192, device="neuron"), mesh, [Shard(0)])
+            torch.nn.init.trunc_normal_(big, std=1.0, a=-2.0, b=2.0)
+        print(json.dumps({"seeded": seeded, "tracker": type(_random._rng_tracker).__name__,
+                          "offset_after": offset_after, "repeats": torch.equal(a.to_local().cpu(), b.to_local().cpu()),
+                          "drawn": bool(local.abs().max() > 0), "bounded": bool(local.abs().max() <= 2)}))
+    """, **env)
+    return measured
+
+
+def test_dtensor_random_ops_take_the_devices_philox_state():
+    """A random op on a DTensor on ``neuron`` (torchtitan's init_weights under FSDP) goes through DTensor's
+    OffsetBasedRNGTracker, which reads the device's RNG state as 16 bytes [seed, offset] (the public
+    torch_neuronx copy's NeuronGeneratorImpl), and draws from it. Seen failing: with the CPU generator's
+    5056-byte state the tracker's ``_PhiloxState.offset`` setter raised AssertionError, as the rehearsal's first
+    launch did; with draws from the CPU generator (switch 0) every launch hung in ``trunc_normal_``."""
+    measured = dtensor_draws()
+    # 30 elements: DTensor advances the offset by the tensor's numel rounded up to 4 (_compute_rng_offsets).
+    assert measured == {"seeded": [16, True, 5, 0], "tracker": "OffsetBasedRNGTracker", "offset_after": 32,
+                        "repeats": False, "drawn": True, "bounded": True}  # fmt: skip
+
+
+def test_with_cpu_random_ops_dtensor_draws_repeat():
+    """The switch's other side, the public copy's CPU fallback: each DTensor draw repeats the last (and so
+    ``trunc_normal_`` would loop forever; the child would not return, so only the repeat is shown here)."""
+    measured = dtensor_draws(QWEN3_STANDIN_DEVICE_RANDOM="0", skip_trunc_normal="1")
+    assert measured["repeats"] is True
+
+
+def test_a_ranks_device_is_its_local_rank_after_the_process_group():
+    """torchtitan sets ``neuron:<LOCAL_RANK>`` before it creates the ``neuron`` group; the public torch_neuronx
+    copy then maps that rank to one core and keeps ``neuron:<LOCAL_RANK>`` valid (device_count() = local world
+    size, current device = local rank: csrc/core/NeuronDevice.cpp). Seen failing: rank 1 of the rehearsal's
+    first launch, "neuron device index 1 out of range: 1 visible" once its core was mapped."""
+    measured = run_child("""
+        import json, os, torch, torch_neuronx, torch.distributed as dist
+        torch.neuron.set_device(torch.device("neuron", 1))  # torchtitan's trainer, before init_distributed
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        print(json.dumps({"visible": os.environ.get("NEURON_RT_VISIBLE_CORES"), "count": torch.neuron.device_count(),
+                          "current": torch.neuron.current_device(), "state": torch.neuron.get_rng_state().numel()}))
+    """, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", QWEN3_STANDIN_CORES="2", QWEN3_STANDIN_LOCAL_RANK_CORES="1")
+    assert measured == {"visible": "1", "count": 2, "current": 1, "state": 16}
+
+
+def test_premul_sum_on_the_neuron_group_is_a_scaled_sum():
+    """FSDP2 reduce-scatters gradients with ``PREMUL_SUM(1/factor)`` (torchtitan sets the factor); the public
+    torch_neuronx backend scales the inputs and sums (distributed/utils.py parse_and_update_inputs). Seen
+    failing: the rehearsal's first launch to reach a backward, "Cannot use ReduceOp.PREMUL_SUM with Gloo"."""
+    measured = run_child("""
+        import json, torch, torch_neuronx, torch.distributed as dist
+        dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+        out = torch.empty(4, device="neuron")
+        dist.reduce_scatter_single(out, torch.ones(4, device="neuron"), op=dist._make_nccl_premul_sum(0.5))
+        total = torch.ones(3, device="neuron")
+        dist.all_reduce(total, op=dist._make_nccl_premul_sum(3.0))
+        print(json.dumps({"reduce_scatter": out.cpu().tolist(), "all_reduce": total.cpu().tolist()}))
+    """)
+    assert measured == {"reduce_scatter": [0.5] * 4, "all_reduce": [3.0] * 3}

@@ -140,6 +140,10 @@ def on_neuron_cores(body, *args, cores: int = 1, timeout_s: float = DEFAULT_TIME
     module_file = Path(inspect.getfile(inspect.unwrap(body))).resolve()
     visible = child_cores(cores, os.environ.get(VISIBLE_CORES_ENV))
     env = {**os.environ, CHILD_ENV: "1", VISIBLE_CORES_ENV: visible}
+    from harness.launch.child import _prctl, die_with_parent
+
+    parent = os.getpid()
+    _prctl()  # load libc here, not between fork and exec
     with tempfile.TemporaryDirectory(prefix="neuron-core-body-") as tmp:
         result_file = Path(tmp) / "result.json"
         request = {"module": str(module_file), "body": body.__name__, "args": list(args), "result": str(result_file)}
@@ -147,6 +151,9 @@ def on_neuron_cores(body, *args, cores: int = 1, timeout_s: float = DEFAULT_TIME
             [sys.executable, str(Path(__file__).resolve()), json.dumps(request)],
             cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,  # its own process group, killed whole on timeout
+            # and SIGTERMed by the kernel when pytest dies (a cancelled night, a step's timeout): it never
+            # outlives pytest holding its cores; _child_main then ends its whole group.
+            preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent=parent),
         )  # fmt: skip
         try:
             output, _ = proc.communicate(timeout=timeout_s)
@@ -211,8 +218,14 @@ def fail_if_device_held(nodeid: str, held: list[str] | None = None) -> None:
         )
 
 
+def _end_group(signum, frame) -> None:
+    """SIGTERM in the child (pytest died): the child and everything it started go, as on a timeout."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
 def _child_main(request: dict) -> None:
     """In the child: import the body's module by path, run the body, write its JSON result."""
+    signal.signal(signal.SIGTERM, _end_group)
     for path in (str(_HERE), str(_REPO)):
         if path not in sys.path:
             sys.path.insert(0, path)

@@ -75,7 +75,7 @@ def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(shared_dir, 
     harness_run = lane_run("config2-as_published", shared_dir)
     dataset = lanes.titan_checkout()[0] / lanes.TITAN_DATASET
     steps = run_titan_train(
-        "recipes.native_qwen3", "native_qwen3_trn2", 64, tmp_path, "--training.steps", str(spec.steps),
+        "recipes.native_qwen3", "native_qwen3_trn2", TRN2.nproc, tmp_path, "--training.steps", str(spec.steps),
         "--dataloader.dataset_path", str(dataset), timeout_s=TRN2.launch_timeout_s,
     )  # fmt: skip
     assert [s.step for s in steps] == [1], steps

@@ -233,7 +233,8 @@ def compare_config3() -> dict:
     found["twin_source"] = nki_moe.TWIN
     if found["fork"] != "absent":
         shapes = {}
-        for side, config in (("fork", nki_moe.fork_config()[0]), ("twin", nki_moe.twin_config("trn2"))):
+        twin = nki_moe.twin_config("trn2", as_published=True)  # the fork's function knows no rehearsal
+        for side, config in (("fork", nki_moe.fork_config()[0]), ("twin", twin)):
             config = tutorial_settings(config, inputs)
             model = build_on_meta(config.model_spec.model, config.training.dtype)
             shapes[side] = {name: list(p.shape) for name, p in model.named_parameters()}

@@ -17,8 +17,10 @@ torch.compile graphs that lower to a Neuron backend, and any number that means "
 
 from __future__ import annotations
 
+import os
+
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 DEVICE_NAME = "neuron"
 _CPU = torch.device("cpu")
@@ -126,6 +128,47 @@ def _target_device(func, args, kwargs):
     return None
 
 
+#: The switch (rehearsal/settings.py SWITCHES): "1" random ops on ``neuron`` draw from the device's own
+#: [seed, offset] generator, "0" from the CPU generator (the public copy today).
+DEVICE_RANDOM_SWITCH = "QWEN3_STANDIN_DEVICE_RANDOM"
+
+
+def _mix(seed: int, offset: int) -> int:
+    """One CPU-generator seed per (seed, offset): a counter-based generator's stream, approximated."""
+    return (seed ^ ((offset + 1) * 0x9E3779B97F4A7C15)) % 2**64
+
+
+def _with_device_generator(func, args, kwargs):
+    """``(args, kwargs, generator)`` with a CPU generator drawn from the device's [seed, offset] for a random op
+    called without a generator, or ``None`` as the generator when the op is not one (or the switch is off).
+
+    DTensor's RNG tracker (torch/distributed/tensor/_random.py ``_distribute_region``) sets each shard's offset
+    in the device state, runs the op under ``torch.random.fork_rng`` (which restores the CPU generator after),
+    and expects the op to read the device state, as a CUDA op reads its Philox seed and offset. The public
+    torch_neuronx copy's random ops fall back to the CPU (its tests/device/test_rng_state.py xfail, "will pass
+    once native Neuron random ops are implemented"); with that, every DTensor random op redraws the same CPU
+    numbers and torch 2.14's ``trunc_normal_`` rejection loop never ends (seen in the rehearsal: rank 0 and 1
+    spinning in ``_no_grad_trunc_normal_``). Which one the released 2.14.3 does is not public: a switch.
+    """
+    if os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or torch.Tag.nondeterministic_seeded not in func.tags:
+        return args, kwargs, None
+    names = [a.name for a in func._schema.arguments]
+    if "generator" not in names:
+        return args, kwargs, None
+    i = names.index("generator")
+    if (args[i] if i < len(args) else kwargs.get("generator")) is not None:
+        return args, kwargs, None
+    from torch_neuronx import neuron
+
+    state = neuron._generator()
+    generator = torch.Generator().manual_seed(_mix(state.seed, state.offset))
+    if i < len(args):
+        args = (*args[:i], generator, *args[i + 1:])
+    else:
+        kwargs = {**kwargs, "generator": generator}
+    return args, kwargs, state
+
+
 def run_on_cpu(func, args, kwargs):
     """Run one aten op on the CPU payloads; wrap what it made, hand back what it mutated."""
     if func is torch.ops.aten.is_pinned.default:
@@ -135,7 +178,11 @@ def run_on_cpu(func, args, kwargs):
         # A torch.library.custom_op (the suite's kernels, ``qwen3_trn_repro::*``): its body must see
         # neuron tensors, as on the device, so it takes its device branch (autograd already ran above).
         return body(*args, **kwargs)
+    args, kwargs, device_state = _with_device_generator(func, args, kwargs)
     out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    if device_state is not None:  # advance the offset by the draws, rounded up to 4 as a Philox generator does
+        drawn = next((t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
+        device_state.offset += (drawn + 3) // 4 * 4
     target = _target_device(func, args, kwargs)
     if target is not None and not _is_neuron(target):
         return out  # .cpu() / .to("cpu") (_to_copy, or to.* below autograd): a plain tensor leaves the device

@@ -10,9 +10,15 @@ get_device_properties, memory_stats, reset_peak_memory_stats, empty_cache). Coun
 from __future__ import annotations
 
 import os
+import struct
 from types import SimpleNamespace
 
 _current = 0
+#: Set when the first ``neuron`` process group is created (public copy: torch_neuronx/distributed/backend.py
+#: calls ``_set_local_world_size`` and ``_set_local_device_start_index(local_rank)``): from then on
+#: ``device_count()`` is the local world size and the current device is the local rank
+#: (csrc/core/NeuronDevice.cpp: "PyTorch Device ID will always be equal to the local rank of the process").
+_local_world_size: int | None = None
 
 
 def _visible() -> list[int]:
@@ -39,7 +45,17 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return len(_visible())
+    """NeuronDevice.cpp ``device_count``: the local world size once distributed, else the visible cores."""
+    return _local_world_size if _local_world_size is not None else len(_visible())
+
+
+def _set_distributed(local_rank: int, local_world_size: int) -> None:
+    """What the public copy's process-group creation sets: local world size, start index = current = local rank."""
+    global _local_world_size, _current
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local device start index {local_rank} is out of range. Valid range is 0 to "
+                         f"{local_world_size - 1}")
+    _local_world_size, _current = local_world_size, local_rank
 
 
 def current_device() -> int:
@@ -55,27 +71,86 @@ def set_device(device) -> None:
     _current = index
 
 
-def manual_seed_all(seed: int) -> None:
-    """Neuron tensors draw from the CPU generator (torch.manual_seed calls this after seeding it)."""
-    import torch
+class _PhiloxGenerator:
+    """One device's default generator as the public copy keeps it: a seed and a Philox offset, 16 bytes of state.
 
-    torch.default_generator.manual_seed(seed)
+    parmoham-aws/test-repo-parmoham torch_neuronx/csrc/core/NeuronHooksInterface.cpp ``NeuronGeneratorImpl``
+    ("Philox-based generator for Neuron devices (16-byte state)": ``get_state`` packs seed uint64 then
+    offset int64; ``set_state`` takes 16 bytes, or 8 (the seed, offset 0), else "RNG state is wrong size";
+    a new generator seeds itself non-deterministically); its tests/device/test_rng_state.py asserts the
+    16-byte uint8 state. DTensor's ``OffsetBasedRNGTracker`` reads and writes exactly this layout
+    (torch/distributed/tensor/_random.py ``_PhiloxState``). Random ops on ``neuron`` do not read it: as in
+    that copy ("torch.randn(device='neuron') falls back to CPU, consuming CPU RNG state", an xfail in the
+    same test file), they draw from the CPU generator.
+    """
+
+    def __init__(self) -> None:
+        self.seed = int.from_bytes(os.urandom(8), "little")
+        self.offset = 0
+
+    def manual_seed(self, seed: int) -> None:
+        self.seed = int(seed) % 2**64
+        self.offset = 0
+
+    def get_state(self):
+        import torch
+
+        return torch.frombuffer(bytearray(struct.pack("<Qq", self.seed, self.offset)), dtype=torch.uint8).clone()
+
+    def set_state(self, state) -> None:
+        import torch
+
+        raw = bytes(state.detach().to("cpu").contiguous().view(torch.uint8).tolist())
+        if len(raw) not in (8, 16):
+            raise RuntimeError("RNG state is wrong size")
+        self.seed = struct.unpack("<Q", raw[:8])[0]
+        self.offset = struct.unpack("<q", raw[8:])[0] if len(raw) == 16 else 0
+
+
+_generators: dict[int, _PhiloxGenerator] = {}
+
+
+def _generator(device=None) -> _PhiloxGenerator:
+    """The default generator of ``device`` (an index, "neuron:<i>", a torch.device, or None: the current one)."""
+    if isinstance(device, str):
+        import torch
+
+        device = torch.device(device)
+    index = getattr(device, "index", device)
+    index = current_device() if index is None else int(index)
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"neuron device index {index} out of range: {device_count()} visible")
+    return _generators.setdefault(index, _PhiloxGenerator())
+
+
+def manual_seed_all(seed: int) -> None:
+    """Every visible device's generator (``torch.manual_seed`` calls this through ``_seed_custom_device``)."""
+    for index in range(device_count()):
+        _generator(index).manual_seed(seed)
 
 
 def manual_seed(seed: int) -> None:
-    manual_seed_all(seed)
+    _generator().manual_seed(seed)
 
 
-def get_rng_state(device="neuron"):
-    import torch
-
-    return torch.get_rng_state()
+def seed() -> None:
+    _generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
 
 
-def set_rng_state(state, device="neuron") -> None:
-    import torch
+def seed_all() -> None:
+    manual_seed_all(int.from_bytes(os.urandom(8), "little"))
 
-    torch.set_rng_state(state)
+
+def initial_seed() -> int:
+    return _generator().seed
+
+
+def get_rng_state(device=None):
+    return _generator(device).get_state()
+
+
+def set_rng_state(state, device=None) -> None:
+    _generator(device).set_state(state)
 
 
 def get_device_name(device=None) -> str:
