@@ -261,27 +261,39 @@ def writes_outside(before: dict, after: dict) -> list[str]:
     return found
 
 
+def launches_in(scratch: Path) -> int:
+    """The torchrun launches the night made: each writes ``<log-dir>/<run id>/attempt_0`` (torchrun ``--log-dir``;
+    harness launches under their run dir, the torchtitan.train launch under its test's tmp dir, which has no
+    run.json: counting run dirs missed it)."""
+    return sum(1 for d in scratch.rglob("attempt_0") if d.is_dir() and d.parent.parent.name == "logs")
+
+
 def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
-    """(neuron tests executed, neuron tests skipped, launches): report/tests.json and the run dirs in scratch."""
+    """(neuron tests executed, neuron tests skipped, launches): report/tests.json and the launches in scratch."""
     from harness.ci import executed
-    from harness.run_dir import RUN_FILE
 
     report = workspace / "report/tests.json"
     tests = json.loads(report.read_text())["tests"] if report.is_file() else []
     neuron = [t for t in tests if t["test"].startswith("tests/neuron/")]
-    launches = sum(1 for _ in scratch.rglob(RUN_FILE))
-    return sum(map(executed, neuron)), sum(t["outcome"] == "skipped" for t in neuron), launches
+    return sum(map(executed, neuron)), sum(t["outcome"] == "skipped" for t in neuron), launches_in(scratch)
+
+
+#: The job env variable that names the suite's trn2 venv in every step of the nightly.
+VENV_VARIABLE = "NEURON_VENV_DIR"
 
 
 def collected(job: JobRun) -> tuple[int | None, str]:
     """How many neuron tests the night's own pytest command collects, and its collection errors' summary.
 
-    None when the install never made .venv-neuron. Any collection error makes the count a failure:
-    pytest runs nothing when collection is interrupted."""
-    python = job.workspace / ".venv-neuron/bin/python"
-    if not python.exists():
-        return None, ".venv-neuron was never made"
+    None when the install never made the suite's venv, which the workflow names in every step with
+    :data:`VENV_VARIABLE` (outside the workspace, kept across nights). Any collection error makes the count
+    a failure: pytest runs nothing when collection is interrupted."""
     env = {**job.base_env, **job.job_env(), **job.env_from_steps}
+    if not env.get(VENV_VARIABLE):
+        return None, f"the workflow's job env has no {VENV_VARIABLE} (the suite's trn2 venv): update VENV_VARIABLE"
+    python = Path(env[VENV_VARIABLE]) / "bin/python"
+    if not python.exists():
+        return None, f"{python} was never made (${VENV_VARIABLE})"
     out = subprocess.run([str(python), "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
                          cwd=job.workspace, env=env, capture_output=True, text=True)
     count = sum(1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line)

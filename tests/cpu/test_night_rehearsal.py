@@ -286,3 +286,30 @@ def test_the_standin_4b_weights_carry_the_real_models_rope_theta(tmp_path):
     assert read_hf_dims(tmp_path / "4b")["rope_theta"] == real == 5e6
     tiny = night.SOURCE / "fixtures/qwen3-tiny/model.safetensors"
     assert (tmp_path / "4b/model.safetensors").read_bytes() == tiny.read_bytes()
+
+
+def test_launches_count_torchrun_attempts_also_of_the_torchtitan_train_launch(tmp_path):
+    """The night's plan has 11 launches; one is torchtitan.train, which writes no run.json. Seen failing: the
+    first full rehearsal said '10 launches'."""
+    runs = tmp_path / "workspace/report/runs/night-x"
+    (runs / "config2-as_published").mkdir(parents=True)
+    (runs / "config2-as_published/run.json").write_text("{}")
+    (runs / "config2-as_published/logs/abc_1/attempt_0").mkdir(parents=True)
+    (tmp_path / "tmp/pytest-of-root/test_titan0/logs/def_2/attempt_0").mkdir(parents=True)
+    (tmp_path / "elsewhere/attempt_0").mkdir(parents=True)  # not a torchrun log dir
+    assert night.counts(tmp_path / "workspace", tmp_path)[2] == 2
+
+
+def test_collection_is_counted_with_the_venv_the_workflow_names(tmp_path):
+    """The nightly keeps the suite's venv outside the workspace ($NEURON_VENV_DIR in every step). Seen failing:
+    the first full rehearsal printed '.venv-neuron was never made' and 'no neuron tests collected'."""
+    venv = tmp_path / "opt/venv-neuron"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin/python"
+    fake.write_text("#!/bin/sh\necho 'tests/neuron/test_a.py::test_one'\necho 'tests/neuron/test_a.py::test_two'\n")
+    fake.chmod(0o755)
+    run = job(tmp_path, [{"name": "noop", "run": "true"}], env={night.VENV_VARIABLE: "/opt/venv-neuron"},
+              paths={"/opt/venv-neuron": venv})  # fmt: skip
+    assert night.collected(run) == (2, "")
+    (tmp_path / "other").mkdir()
+    assert night.collected(job(tmp_path / "other", [{"name": "noop", "run": "true"}]))[0] is None
