@@ -50,10 +50,15 @@ test-neuron: neuron-venv
 # dir, on stand-in Neuron packages (rehearsal/night.py), built first into STANDINS (offline, ~6 s).
 # REHEARSAL_ARGS="--night later" expects a later night's exit codes. Never a trn2 result.
 STANDINS ?= $(CURDIR)/.rehearsal-standins
+# Each behaviour of the real packages no cited source confirms is a stand-in switch (rehearsal/settings.py
+# SWITCHES): the night runs with every switch at its default, then with these flipped. DEVICE_RANDOM=0 (the
+# public copy's CPU-generator fallback) is not flipped: under it DTensor's trunc_normal_ never returns.
+REHEARSAL_FLIPPED ?= --switch QWEN3_STANDIN_AUTOLOAD=0 --switch QWEN3_STANDIN_LOCAL_RANK_CORES=0
 
 rehearse-trn2: venv
 	$(PY) -m rehearsal.standins build --out $(STANDINS)
 	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_ARGS)
+	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_FLIPPED) $(REHEARSAL_ARGS)
 
 # Regenerate the lock (pip-tools, exact pins with hashes) from requirements.in.
 lock: venv
