@@ -211,6 +211,8 @@ class Step:
     cores: int
     launches: int
     estimate: Estimate
+    #: The launch of ``LAUNCHES`` this step is (None: not a launch).
+    launch: str | None = None
 
 
 def steps() -> list[Step]:
@@ -226,7 +228,8 @@ def steps() -> list[Step]:
     for launch in LAUNCHES.values():
         estimate = launch_estimate(launch, launch.family not in seen)
         seen.add(launch.family)
-        out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate))
+        out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate,
+                        launch.name))  # fmt: skip
     out.append(Step("guards: require-ran, require-claims, record-inputs, trend", "python -m harness.ci ...",
                     1, 0, 0, Estimate(0.5, 0.5)))  # fmt: skip
     return out
@@ -234,7 +237,7 @@ def steps() -> list[Step]:
 
 def launch_estimates() -> dict[str, Estimate]:
     """Each launch's estimate, as the plan orders them (the first of a compile family compiles cold)."""
-    return {s.name.split(":")[0].removeprefix("launch "): s.estimate for s in steps() if s.launches}
+    return {s.launch: s.estimate for s in steps() if s.launch}
 
 
 def measured_lines(measured: dict[str, dict]) -> list[str]:
@@ -261,16 +264,15 @@ def totals(plan: list[Step] | None = None) -> Estimate:
     return Estimate(cold=sum(s.estimate.cold for s in plan), warm=sum(s.estimate.warm for s in plan))
 
 
-def first_published_verdict() -> tuple[str, Estimate]:
+def first_published_verdict(plan: list[Step] | None = None) -> tuple[str, Estimate]:
     """The first launch whose tests judge a published claim, and the minutes into the night when it ends, by the
     plan (tests/neuron/conftest.py runs the night in this order: the cheap checks, then the launches as listed)."""
     judging = {j.launch for j in CLAIM_JUDGES.values() if j.launch}
     cold = warm = 0.0
-    for step in steps():
-        name = step.name.split(":")[0].removeprefix("launch ")
-        if step.launches and name in judging:  # judged as the launch ends, before its host reference forwards
+    for step in plan or steps():
+        if step.launch in judging:  # judged as the launch ends, before its host reference forwards
             after = step.estimate.parts.get("reference", 0.0)
-            return name, Estimate(cold=cold + step.estimate.cold - after, warm=warm + step.estimate.warm - after)
+            return step.launch, Estimate(cold=cold + step.estimate.cold - after, warm=warm + step.estimate.warm - after)
         cold, warm = cold + step.estimate.cold, warm + step.estimate.warm
     raise ValueError("no launch of the plan judges a published claim (harness.nightly.CLAIM_JUDGES)")
 
@@ -304,7 +306,7 @@ def plan_lines() -> list[str]:
         f"warm; workflow timeout-minutes {workflow_timeout_minutes()} (cold x {TIMEOUT_MARGIN:g}, rounded up to "
         f"{TIMEOUT_ROUND_MIN} min)",
         "first published verdict: after {0}, about {1.warm:.0f} min into a warm night ({1.cold:.0f} cold)".format(
-            *first_published_verdict()),
+            *first_published_verdict(plan)),
     ]
 
 
