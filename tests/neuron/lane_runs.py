@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness import lanes, nightly
-from neuron_cores import neuron_core_body, on_neuron_cores
+from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
 
@@ -95,10 +95,7 @@ def checked_lane_options(name: str, run_dir: str, checkout: str | None, visible:
     and holds nothing once the child has exited (before torchrun starts). The checks judge the
     runner's own ``NEURON_RT_VISIBLE_CORES`` (``visible``), not the core this child was lent.
     """
-    import os
-
     from harness.config import as_configured, checked_config
-    from neuron_cores import VISIBLE_CORES_ENV
 
     os.environ.pop(VISIBLE_CORES_ENV, None)
     if visible is not None:
@@ -127,7 +124,7 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     opts = RunOptions.from_json(
         on_neuron_cores(
             checked_lane_options, name, str(shared_dir / name), str(checkout) if checkout else None,
-            os.environ.get("NEURON_RT_VISIBLE_CORES"),
+            os.environ.get(VISIBLE_CORES_ENV),
         )  # fmt: skip
     )
     stopped = None
