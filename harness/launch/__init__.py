@@ -271,6 +271,8 @@ class Prestarted:
 
     proc: subprocess.Popen
     output: IO[bytes]
+    #: The run it was started for (its processes carry this marker).
+    run_dir: Path | None = None
     #: How much of ``output`` is already in the run's console.log (the child shares the file offset).
     copied: int = 0
 
@@ -279,7 +281,7 @@ class Prestarted:
             self.proc.stdin.close()  # end of input without a run: it exits 0
         except OSError:
             pass
-        end_run(self.proc)
+        end_run(self.proc, self.run_dir)
         self.output.close()
 
 
@@ -293,7 +295,7 @@ def prestart(opts: RunOptions) -> Prestarted | None:
     output = tempfile.TemporaryFile()
     cmd = [sys.executable, "-m", "harness.launch.elastic", "--preload", ",".join(preload_modules(opts.recipe))]
     proc = _start(cmd, {**child_env(opts), RUN_DIR_ENV: str(opts.run_dir)}, output, stdin=subprocess.PIPE)
-    return Prestarted(proc, output)
+    return Prestarted(proc, output, opts.run_dir)
 
 
 #: ``python -m torch.distributed.run``: what ``torchrun_command`` starts with and harness.launch.elastic does not need.
@@ -328,12 +330,14 @@ def _copy_output(prestarted: Prestarted, console) -> None:
     console.flush()
 
 
-def end_run(proc: subprocess.Popen) -> None:
+def end_run(proc: subprocess.Popen, run_dir: Path | None = None) -> None:
     """Stop torchrun and every rank it started, within ``GRACE_S`` plus a moment; then reap.
 
     SIGTERM lets torchrun close its ranks itself; after ``GRACE_S`` torchrun's group
     is SIGKILLed, and the ranks (not in torchrun's process group: torch elastic starts
     each with ``start_new_session``, subprocess_handler.py) die by their own death signal.
+    Last, whatever still carries ``run_dir``'s marker (``processes.marked``: a resource
+    tracker finishing after its parent) gets the same grace, then SIGKILL: none outlives the run.
     """
     procs = processes.table()
     ranks = [procs[pid] for pid in processes.descendants_of(proc.pid, procs)]
@@ -350,6 +354,15 @@ def end_run(proc: subprocess.Popen) -> None:
     proc.wait()
     while any(processes.still_running(rank) for rank in ranks) and time.monotonic() < deadline + GRACE_S:
         time.sleep(0.1)
+    if run_dir is None:
+        return
+    while (left := processes.marked(run_dir)) and time.monotonic() < deadline + GRACE_S:
+        time.sleep(0.05)
+    for straggler in left:
+        try:
+            os.kill(straggler.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def launch(
@@ -414,7 +427,7 @@ def launch(
         except (Interrupted, KeyboardInterrupt) as stop:
             stopped = stop
         finally:
-            end_run(proc)
+            end_run(proc, run_dir)
             if prestarted is not None:
                 _copy_output(prestarted, console)
                 prestarted.output.close()

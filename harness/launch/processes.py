@@ -86,6 +86,14 @@ def descendants_of(pid: int, procs: dict[int, Process] | None = None) -> list[in
     return found
 
 
+def marked(run_dir: Path) -> list[Process]:
+    """The live processes whose run marker is exactly ``run_dir``, this process excepted: what a run started,
+    including what outlives its parent (multiprocessing's resource tracker ignores SIGTERM and exits
+    only when its pipe closes, re-parented to init by then)."""
+    own, wanted = os.getpid(), str(run_dir)
+    return [p for p in table().values() if p.run_dir == wanted and p.alive and p.pid != own]
+
+
 def still_running(proc: Process) -> bool:
     """Whether ``proc`` itself (not a later process that reuses its pid) is alive."""
     now = read(proc.pid)

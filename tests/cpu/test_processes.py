@@ -120,3 +120,34 @@ def test_a_rank_is_read_by_the_name_it_gives_itself(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+#: A launcher stand-in that leaves behind, in a session of its own and deaf to SIGTERM, a process carrying its
+#: run marker (as multiprocessing's resource tracker does when its parent is killed), then exits.
+LEAVES_A_STRAGGLER = """
+import signal, subprocess, sys
+straggler = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                              "print(flush=True); time.sleep(120)"], stdout=subprocess.PIPE, start_new_session=True)
+straggler.stdout.readline()  # it ignores SIGTERM from here on
+print(straggler.pid, flush=True)
+"""
+
+
+@pytest.mark.parametrize("given_run_dir", [True, False])
+def test_end_run_leaves_nothing_that_carries_the_run_marker(given_run_dir, tmp_path, monkeypatch):
+    """The CI failure of 2026-12-06: a resource tracker outlived its SIGKILLed harness.launch.elastic; end_run
+    with the run's directory waits a grace, then SIGKILLs; without it (the control) the straggler stays."""
+    import harness.launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "GRACE_S", 0.5)
+    run = tmp_path / "run"
+    launcher, straggler = start(run, LEAVES_A_STRAGGLER)
+    try:
+        launch_mod.end_run(launcher, run if given_run_dir else None)
+        left = [p.pid for p in processes.marked(run)]
+        assert left == ([] if given_run_dir else [straggler])
+    finally:
+        try:
+            os.kill(straggler, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

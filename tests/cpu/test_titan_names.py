@@ -179,6 +179,23 @@ def test_run_refuses_in_one_line_before_any_rank(case, tmp_path, monkeypatch):
     assert_names_refusal(case, out, report_dir)
 
 
+#: Test code run before ``main`` in the fresh interpreter: after the CLI prestarts harness.launch.elastic, it waits
+#: until the test's watch has seen that process (the file ``$QWEN3_TEST_SEEN`` appears) before the checks refuse,
+#: so "none left" is believed only of a process the watch saw alive, on a machine of any speed.
+WAIT_UNTIL_SEEN = """
+import os, time
+import harness.launch as launch_mod
+original = launch_mod.prestart
+def prestart(opts):
+    started = original(opts)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.environ["QWEN3_TEST_SEEN"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return started
+launch_mod.prestart = prestart
+"""
+
+
 @pytest.mark.slow
 def test_the_command_line_refuses_a_hidden_name_like_main_in_process(tmp_path):
     """A fresh interpreter whose torchtitan lacks the name before ``main`` imports anything, the tier as it ships
@@ -188,17 +205,22 @@ def test_the_command_line_refuses_a_hidden_name_like_main_in_process(tmp_path):
     case = "a public function"
     module, attribute, _, args, _, _ = HIDE[case]
     report_dir = tmp_path / "report"
-    wrapper = (f"import {module} as m; del m.{attribute}\n"
+    seen = tmp_path / "seen"
+    wrapper = (f"import {module} as m; del m.{attribute}\n{WAIT_UNTIL_SEEN}"
                "import sys\nfrom harness.__main__ import main\nsys.exit(main(sys.argv[1:]))\n")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "QWEN3_TEST_SEEN": str(seen)}
     with RunWatch(report_dir) as watch:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-c", wrapper, "run", *args, *RUN, "--report-dir", str(report_dir)],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        try:
+            watch.wait_for(120, torchrun=1)  # the prestarted harness.launch.elastic, alive while the checks wait
+        finally:
+            seen.touch()
+            out, err = proc.communicate(timeout=300)
     left = watch.kill_left()
-    assert_names_refusal(case, proc, report_dir)
-    watch.saw(torchrun=1)  # the prestarted harness.launch.elastic, alive while main imported: seen before "none left"
+    assert_names_refusal(case, subprocess.CompletedProcess(proc.args, proc.returncode, out, err), report_dir)
     assert left == [], f"a refused run left {describe(left)} ({watch.summary()})"
 
 
