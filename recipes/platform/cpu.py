@@ -20,17 +20,9 @@ import os
 
 import torch
 
+from recipes.platform.device_copies import DEVICE_COPIES
 from recipes.upstream_shape import require, require_attributes
 
-#: torchtitan modules that copy ``device_type``/``device_module`` at import.
-_DEVICE_COPIES = (
-    "torchtitan.tools.utils",
-    "torchtitan.components.metrics",
-    "torchtitan.models.common.token_dispatcher",
-    "torchtitan.distributed.parallel_dims",
-    "torchtitan.distributed.utils",
-    "torchtitan.tools.profiler",
-)
 
 _installed = False
 
@@ -127,7 +119,7 @@ def _patch_device_type() -> None:
     utils.device_module = CpuDeviceModule
     utils.get_device_info = lambda: ("cpu", CpuDeviceModule)
     utils.get_local_device = lambda: torch.device("cpu")
-    for name in _DEVICE_COPIES:
+    for name in DEVICE_COPIES:
         module = import_device_copy(name)
         if hasattr(module, "device_type"):
             module.device_type = "cpu"

@@ -18,6 +18,9 @@ from recipes.errors import RecipeError
 from recipes.platform import neuron_versions
 from recipes.tiers import REHEARSAL_SETTINGS_ENV, rehearsal_settings  # noqa: F401 -- the seam's name, re-exported
 
+#: The device type torch-neuronx registers (PrivateUse1 renamed "neuron"; recipes.platform.on_neuron).
+NEURON_DEVICE_TYPE = "neuron"
+
 #: ``NEURON_LOGICAL_NC_CONFIG``: physical cores per logical NeuronCore. trn2 defaults to 2.
 DEFAULT_LNC = 2
 VALID_LNC = (1, 2)
@@ -223,3 +226,27 @@ def install() -> None:
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
     import torch_neuronx  # noqa: F401
+
+    point_torchtitan_at_neuron()
+
+
+def point_torchtitan_at_neuron() -> None:
+    """When torchtitan was imported before torch_neuronx, compute its device again and repoint its copies.
+
+    torchtitan.tools.utils computes ``device_type`` once, at its import, from torch's registered
+    backends (``torch._utils._get_available_device_type``), falling back to "cuda". ``torchrun -m
+    torchtitan.train --module recipes.native_qwen3`` imports torchtitan before this module's
+    ``install`` runs (from the config function), so with torch's device-backend autoload off
+    (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) it had fixed "cuda"; after ``import torch_neuronx`` the
+    same function answers "neuron". Nothing imported yet: nothing to do.
+    """
+    import sys
+
+    from recipes.platform.device_copies import repoint_imported_device_copies
+
+    utils = sys.modules.get("torchtitan.tools.utils")
+    if utils is None or utils.device_type == NEURON_DEVICE_TYPE:
+        return
+    device_type, device_module = utils.get_device_info()
+    if device_type == NEURON_DEVICE_TYPE:
+        repoint_imported_device_copies(device_type, device_module)

@@ -37,6 +37,29 @@ def test_canary_torchtitan_still_defaults_to_cuda_without_an_accelerator():
 
 
 @pytest.mark.slow
+def test_neuron_install_repoints_a_torchtitan_imported_before_torch_neuronx():
+    """``torchrun -m torchtitan.train --module recipes.native_qwen3`` with TORCH_DEVICE_BACKEND_AUTOLOAD=0: torchtitan
+    fixed "cuda" before the config function's ``install``; once a "neuron" PrivateUse1 backend is registered (as
+    ``import torch_neuronx`` does; here torch's own registration calls, no Neuron package), every copy says "neuron"."""
+    out = run_python(
+        """
+        import importlib, types, torch
+        from recipes.platform.device_copies import DEVICE_COPIES
+        copies = [importlib.import_module(name) for name in DEVICE_COPIES]
+        print("before", sorted({getattr(m, "device_type", "-") for m in copies} - {"-"}))
+        torch.utils.rename_privateuse1_backend("neuron")
+        torch._register_device_module("neuron", types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1))
+        from recipes.platform.neuron import point_torchtitan_at_neuron
+        point_torchtitan_at_neuron()
+        print("after", sorted({getattr(m, "device_type", "-") for m in copies} - {"-"}),
+              sorted({type(m.device_module).__name__ for m in copies if hasattr(m, "device_module")}))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["before ['cuda']", "after ['neuron'] ['SimpleNamespace']"]
+
+
+@pytest.mark.slow
 def test_canary_gloo_still_rejects_premul_sum():
     """Upstream: FSDP2 reduce-scatters with PREMUL_SUM after divide factor 1.0; gloo lacks it."""
     out = run_python(
@@ -66,8 +89,8 @@ def test_shim_points_every_device_copy_at_cpu():
         from recipes.platform import install
         install("cpu")
         import importlib
-        from recipes.platform.cpu import _DEVICE_COPIES
-        for name in _DEVICE_COPIES:
+        from recipes.platform.device_copies import DEVICE_COPIES
+        for name in DEVICE_COPIES:
             m = importlib.import_module(name)
             print(name, getattr(m, "device_type", "cpu"), getattr(m, "device_module", None).__name__ if hasattr(m, "device_module") else "-")
         from torchtitan.tools.utils import get_local_device
