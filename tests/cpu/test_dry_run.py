@@ -196,8 +196,12 @@ def test_the_dry_run_prints_which_run_and_lane_judge_each_published_claim(all_re
     proc, _ = all_recipes
     assert "Published claims and the run that judges each (the as-published lane" in proc.stdout
     assert (
-        "| hf_backend.trn2.step1_loss_hf | 6.54 | config1-as_published (hf_backend/as_published, init hf, 20 step(s), "
-        "export) | tests/neuron/test_hf_backend_neuron.py::test_published_step1_loss_from_pretrained_weights |"
+        "| hf_backend.trn2.step1_loss_hf | 6.54 | config1-as_published (hf_backend/as_published, init hf, 1 step(s)) "
+        "| tests/neuron/test_hf_backend_neuron.py::test_published_step1_loss_from_pretrained_weights |"
+    ) in proc.stdout
+    assert (  # the one claim judged off the as-published lane says which lane and why, in the same row
+        "| hf_backend.trn2.export_missing_keys | ['lm_head.weight'] | config1-inv_freq_fixed (hf_backend/inv_freq_fixed, "
+        "init hf, 1 step(s), export); not as published: config 1 as published stops at a non-finite loss"
     ) in proc.stdout
     assert "| native_qwen3.trn2.step1_loss_random | 12.43 | config2-as_published-random" in proc.stdout
     assert "no launch judges it" not in proc.stdout

@@ -38,16 +38,19 @@ def test_published_step1_loss_from_random_init(shared_dir, golden):
     golden("hf_backend", "trn2", "step1_loss_random", run.step1(), inputs=run.inputs)
 
 
-@pytest.mark.launch("config1-as_published")
+@pytest.mark.launch("config1-inv_freq_fixed")
 def test_export_round_trip(shared_dir, golden, record_property):
-    """The as-published run's export loads into transformers with only the tied head missing, under the source's config."""
+    """Config 1's export loads into transformers with only the tied head missing, under the source's config.
+
+    Judged on the inv_freq_fixed lane: the as-published run stops at a non-finite loss before its export
+    (harness.nightly.CLAIM_JUDGES says why; inv_freq is a non-persistent buffer, in no checkpoint)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from harness.export import EXPORT_DIR_NAME
 
-    run = lane_run("config1-as_published", shared_dir)
+    run = lane_run("config1-inv_freq_fixed", shared_dir)
     run.finished("the export round trip")
     export = run.run_dir / EXPORT_DIR_NAME
     source = json.loads((MODEL_DIR / "config.json").read_text())
