@@ -227,8 +227,8 @@ def run_titan_train(module: str, config: str, nproc: int, work_dir: Path, *overr
 TORCHRUN_CLOSE_S = 60
 
 
-def run_bound(cmd: list[str], timeout_s: float) -> tuple[int, str]:
-    """``cmd`` (a torchrun) from the repository root in a session of its own, bound to this process:
+def run_bound(cmd: list[str], timeout_s: float, cwd: Path = REPO_ROOT) -> tuple[int, str]:
+    """``cmd`` (a torchrun) from ``cwd`` (the repository root) in a session of its own, bound to this process:
     the kernel SIGTERMs it when this process dies (harness.launch.child.die_with_parent), and a timeout
     SIGTERMs it too, so torchrun closes its ranks; none outlives the caller holding NeuronCores.
     ``(returncode, stderr)``; a timeout raises subprocess.TimeoutExpired after the ranks are closed."""
@@ -236,7 +236,7 @@ def run_bound(cmd: list[str], timeout_s: float) -> tuple[int, str]:
 
     parent = os.getpid()
     _prctl()  # load libc here, not between fork and exec
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent=parent))
     try:
         _, stderr = proc.communicate(timeout=timeout_s)

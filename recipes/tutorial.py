@@ -149,13 +149,22 @@ def tier_config(recipe: str, tier: str, init: str = "hf"):
     ``install`` also repoints imported modules. The harness's refusals (weights vs
     model, tokenizer, dataset lines) are not run on this path: ``python -m harness
     run`` adds them.
+
+    Each launch dumps into ``outputs/<recipe>_<tier>_<init>/run-N``
+    (``recipes.entry_folder``), not torchtitan's shared ``./outputs``: there a second
+    recipe, or the same command again, resumed from the tutorial's HF-format last save
+    and died. Only this path: ``python -m harness run`` sets its own run directory. An
+    explicit ``--dump_folder`` is applied after this and used as given.
     """
     from recipes import platform
+    from recipes.entry_folder import entry_dump_folder
     from recipes.registry import get_recipe
 
     inputs = RecipeInputs.for_tier(tier, init)
     platform.install(tier)
-    return get_recipe(recipe).config_fn()(inputs)
+    config = get_recipe(recipe).config_fn()(inputs)
+    config.dump_folder = str(entry_dump_folder(f"{recipe}_{tier}_{init}", config.checkpoint.folder))
+    return config
 
 
 def set_rope_theta(config, theta: float) -> None:

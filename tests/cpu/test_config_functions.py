@@ -49,15 +49,21 @@ def _described(config) -> str:
 
 
 @pytest.mark.parametrize("module, function, recipe, tier, init", CPU_FUNCTIONS)
-def test_torchtitans_config_manager_builds_what_the_harness_builds(module, function, recipe, tier, init):
+def test_torchtitans_config_manager_builds_what_the_harness_builds(module, function, recipe, tier, init, tmp_path,
+                                                                   monkeypatch):
+    """The same config but the dump folder: the entry's own per config and run, the harness's its run dir."""
     from harness.options import RunOptions
     from harness.checks import preflight
     from recipes.titan import ConfigManager
     from harness.config import build_config
 
+    monkeypatch.chdir(tmp_path)  # no earlier run in ./outputs
     cli = ["--training.steps", "3"]
     loaded = ConfigManager().parse_args(["--module", module, "--config", function, *cli])
     harness = build_config(preflight(RunOptions(recipe=recipe, tier=tier, init=init)), cli)
+    assert Path(loaded.dump_folder) == Path("outputs", f"{recipe}_{tier}_{init}", "run-1")
+    assert harness.dump_folder == "./outputs"  # torchtitan's default: a harness run sets its run dir on top
+    harness.dump_folder = loaded.dump_folder
     # repr without addresses: init functions are partials and closures, equal only by identity
     assert _described(loaded) == _described(harness)
     assert loaded.training.steps == 3
@@ -88,6 +94,46 @@ def test_torchtitan_train_runs_config_2_to_the_golden_step1_loss(tmp_path, recor
     record_property("torchtitan_train_step1_loss", steps[0].loss)
     # torchtitan prints 5 decimals: equal to the golden at the precision it prints.
     assert abs(steps[0].loss - golden) <= 0.5e-5, (steps[0].loss, golden)
+
+
+#: The README's command in one working directory: one recipe twice, then another; golden key of each step-1 loss.
+RELAUNCHES = [
+    ("recipes.native_qwen3", "native_qwen3_cpu", "native_qwen3", "step1_loss_hf"),
+    ("recipes.native_qwen3", "native_qwen3_cpu", "native_qwen3", "step1_loss_hf"),
+    ("recipes.nki_moe", "nki_moe_cpu", "nki_moe", "step1_loss_random"),
+]
+
+
+@pytest.mark.slow
+def test_the_readme_command_trains_again_and_after_another_recipe(tmp_path, monkeypatch, record_property):
+    """Each launch of torchtitan's entry trains from its recipe's own start (its step-1 golden) and keeps its export.
+
+    Seen failing before ``recipes.entry_folder``: the second launch took the first's HF-format last save in
+    ``./outputs/checkpoint/step-1`` for a DCP checkpoint and died (``metadata is None``).
+    """
+    from benchmarks.common import parse_titan_steps, run_bound, titan_train_command
+    from harness import goldens
+    from recipes.entry_folder import HF_INDEX
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    for n, (module, function, recipe, key) in enumerate(RELAUNCHES, 1):
+        log_dir = tmp_path / f"logs-{n}"
+        cmd = titan_train_command(module, function, 2, log_dir, "--training.steps", "1")
+        returncode, stderr = run_bound(cmd, timeout_s=600, cwd=work)
+        rank0 = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log")))
+        assert returncode == 0, (
+            f"launch {n} ({function}) exited {returncode}:\n{stderr[-2000:]}\nrank 0:\n{rank0[-3000:]}"
+        )
+        steps = parse_titan_steps(rank0)
+        assert [s.step for s in steps] == [1], (n, function, steps)
+        golden = goldens.load(recipe, "cpu")[1][key].value
+        record_property(f"readme_launch_{n}_{function}_step1_loss", steps[0].loss)
+        # torchtitan prints 5 decimals: equal to the golden at the precision it prints.
+        assert abs(steps[0].loss - golden) <= 0.5e-5, (n, function, steps[0].loss, golden)
+    exports = sorted(p.parent.relative_to(work) for p in work.rglob(HF_INDEX))
+    assert len(exports) == len(RELAUNCHES), f"each launch's last save kept, none overwritten: {exports}"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
