@@ -188,14 +188,23 @@ GRACE_S = 10
 POLL_S = 0.5
 
 
-def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
-    """'loss became non-finite at step N (last good loss L at step N-1)', if that is what ended the run."""
+def non_finite_stop(run_dir: Path) -> tuple[str, int] | None:
+    """``(value, step)`` when torchtitan stopped the run at a non-finite loss (its trainer raises before logging
+    the step, so the rank's stderr is the only record), else None."""
     for log in sorted((run_dir / LOGS_DIR).glob("*/attempt_*/*/stderr.log")):
         match = NON_FINITE.search(log.read_text(errors="replace"))
         if match:
-            good = f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}" if steps else "no good step"
-            return f"loss became non-finite ({match.group(1)}) at step {match.group(2)}; {good}"
+            return match.group(1), int(match.group(2))
     return None
+
+
+def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
+    """'loss became non-finite at step N (last good loss L at step N-1)', if that is what ended the run."""
+    stop = non_finite_stop(run_dir)
+    if stop is None:
+        return None
+    good = f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}" if steps else "no good step"
+    return f"loss became non-finite ({stop[0]}) at step {stop[1]}; {good}"
 
 
 def first_failure(run_dir: Path) -> str | None:

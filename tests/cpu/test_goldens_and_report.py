@@ -260,7 +260,9 @@ def test_workflows_parse_and_call_the_readme_commands():
     nightly_steps = " ".join(step.get("run", "") for step in job["steps"])
     for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.ci require-ran", "harness.ci trend"):
         assert needed in nightly_steps, needed
-    assert "make test" in (REPO_ROOT / ".ci/run").read_text()
+    ci_run = (REPO_ROOT / ".ci/run").read_text()
+    assert "make rehearse-trn2" in ci_run and ci_run.rstrip().endswith("make test")  # pytest's summary closes CI
+    assert "make rehearse-trn2" in " ".join(step.get("run", "") for step in cpu["jobs"]["rehearse-trn2"]["steps"])
 
 
 def test_the_golden_fixture_refuses_a_tier_other_than_the_one_under_test(golden):

@@ -48,11 +48,14 @@ class LaneRun:
         return Path(self.result["run_dir"])
 
     def step1(self) -> float:
-        """Step 1's loss; NaN when the run stopped inside step 1 (torchtitan raises on a non-finite loss
-        before logging it), which is a measurement too."""
+        """Step 1's loss; NaN when torchtitan stopped the run at a non-finite loss in step 1 (it raises before
+        logging it; random init as published meets it too: inv_freq is uninitialised), a measurement too."""
+        from harness.launch import non_finite_stop
+
         if self.losses:
             return self.losses[0]
-        if self.stopped is not None and (self.run_dir / "first_batch").is_dir():
+        stop = non_finite_stop(self.run_dir) if self.stopped is not None else None
+        if stop is not None and stop[1] == 1:
             return math.nan
         pytest.fail(f"{self.launch.name} recorded no step: {self.stopped}", pytrace=False)
 
