@@ -63,6 +63,11 @@ def rerun_broken(python: Path, bump: Plan, tests: list[str], log=print) -> dict[
 
 
 def main(argv: list[str] | None = None, log=print) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--bisect" in argv:  # which package and release of a candidate set moves a check (harness/bump/bisect.py)
+        from harness.bump.bisect import main as bisect
+
+        return bisect([a for a in argv if a != "--bisect"], log)
     args = parse_args(argv)
     try:
         bump = plan(args.pins, reports=args.reports)

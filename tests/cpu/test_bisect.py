@@ -1,0 +1,104 @@
+"""harness/bump/bisect.py through real pip and real venvs, without the network.
+
+``qwen3probe`` 1.0–1.3 are built here as wheels (``pip wheel`` on a minimal pyproject) into a
+find-links dir; 1.2 changes the value ``tests/cpu/bisect_probe.py`` judges with the suite's
+``golden`` fixture and makes its other check flaky. The bisection installs each point over
+``.venv`` in a layered venv and runs those two checks twice per point.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.bump.__main__ import main
+from harness.bump.bisect import EXIT_NAMED, EXIT_NOT_NAMED, Point, between
+from harness.bump.layer import installed
+from harness.bump.plan import LOCK, BumpError
+from harness.goldens import environment_metadata
+
+VALUE_TEST = "tests/cpu/bisect_probe.py::test_probe_value"
+FLAKY_TEST = "tests/cpu/bisect_probe.py::test_probe_flaky"
+#: qwen3probe's value and flakiness per release: 1.2 is the one that moves both.
+RELEASES = {"1.0": (1.548012, False), "1.1": (1.548012, False), "1.2": (1.61, True), "1.3": (1.61, True)}
+
+
+def test_releases_between_the_pin_and_the_candidate():
+    releases = ["1.0", "1.1", "1.2", "1.10", "1.3"]
+    assert between(releases, "1.0", "1.3") == ["1.1", "1.2", "1.3"]
+    assert between(releases, "1.2", "1.10") == ["1.3", "1.10"]  # by version, not by string
+    with pytest.raises(BumpError, match="1.0 is not after the pinned 1.2"):
+        between(releases, "1.2", "1.0")
+    with pytest.raises(BumpError, match="1.4 is not among the index's releases"):
+        between(releases, "1.0", "1.4")
+
+
+def test_a_point_is_flaky_when_its_runs_differ():
+    point = Point("p", {}, {"a": ["passed", "passed"], "b": ["failed", "passed"]}, {}, 0.0)
+    assert point.verdict("a") == "passed" and point.verdict("b") == "flaky (passed 1 of 2)"
+    assert point.state == "flaky"
+    assert Point("p", {}, {"a": ["failed", "failed"], "b": ["failed", "passed"]}, {}, 0.0).state == "bad"
+    assert Point("p", {}, {"a": ["passed", "passed"]}, {}, 0.0).state == "good"
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    """A find-links dir of qwen3probe 1.0–1.3, a lock pinning 1.0, its golden, and a run counter."""
+    root = tmp_path_factory.mktemp("bisect")
+    wheels = root / "wheels"
+    for version, (value, flaky) in RELEASES.items():
+        src = root / "src" / version
+        (src / "qwen3probe").mkdir(parents=True)
+        (src / "pyproject.toml").write_text(
+            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "qwen3probe"\nversion = "{version}"\n'
+        )
+        (src / "qwen3probe" / "__init__.py").write_text(f"__version__ = {version!r}\nVALUE = {value!r}\nFLAKY = {flaky}\n")
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-index", "--no-build-isolation", "--no-deps",
+                        "--wheel-dir", str(wheels), str(src)], check=True)  # fmt: skip
+    lock = root / "requirements-lock.txt"
+    lock.write_text(LOCK.read_text() + "qwen3probe==1.0\n")
+    goldens = root / "goldens" / "qwen3probe"
+    goldens.mkdir(parents=True)
+    entry = {"value": RELEASES["1.0"][0], "tolerance": 0.0, "lane": "exact", "reason": "qwen3probe 1.0's VALUE"}
+    (goldens / "cpu.json").write_text(json.dumps({"metadata": environment_metadata(), "values": {"probe_value": entry}}))
+    return root
+
+
+def bisect(probe, monkeypatch, name, *tests):
+    monkeypatch.setenv("QWEN3_GOLDENS_DIR", str(probe / "goldens"))
+    monkeypatch.setenv("QWEN3PROBE_RUNS", str(probe / f"{name}-runs"))
+    reports = probe / name
+    lines = []
+    code = main(["--bisect", "qwen3probe==1.3", *(a for t in tests for a in ("--test", t)),
+                 "--lock", str(probe / "requirements-lock.txt"), "--find-links", str(probe / "wheels"),
+                 "--venv", str(probe / "layer"), "--reports", str(reports)], log=lines.append)  # fmt: skip
+    found = json.loads((reports / "qwen3probe-1.3.json").read_text())
+    return code, found, lines
+
+
+@pytest.mark.slow
+def test_bisection_names_the_release_that_moves_a_golden(probe, monkeypatch):
+    code, found, lines = bisect(probe, monkeypatch, "value", VALUE_TEST, FLAKY_TEST)
+    assert code == EXIT_NAMED, lines
+    assert found["headline"] == "qwen3probe 1.1 → 1.2 moves qwen3probe.cpu.probe_value: 1.548012 → 1.61", lines
+    assert (found["package"], found["old"], found["new"], found["broken"]) == ("qwen3probe", "1.1", "1.2", [VALUE_TEST])
+    assert [(p["label"], p["state"]) for p in found["points"]] == [
+        ("the lock", "good"), ("qwen3probe alone", "bad"), ("qwen3probe 1.1", "good"), ("qwen3probe 1.2", "bad"),
+    ]
+    # the flaky check is reported flaky at each point where it is, never counted as the break
+    assert found["flaky"] == [f"{FLAKY_TEST}: flaky (passed 1 of 2) at qwen3probe alone",
+                              f"{FLAKY_TEST}: flaky (passed 1 of 2) at qwen3probe 1.2"]  # fmt: skip
+    assert "qwen3probe" not in installed(Path(sys.executable))  # the layer's installs never reach .venv
+
+
+@pytest.mark.slow
+def test_a_flaky_break_stops_the_bisection(probe, monkeypatch):
+    code, found, lines = bisect(probe, monkeypatch, "flaky", FLAKY_TEST)
+    assert code == EXIT_NOT_NAMED, lines
+    assert found["package"] is None
+    assert found["headline"] == (f"no release named: flaky at qwen3probe alone ({FLAKY_TEST}: flaky (passed 1 of 2))"), lines
