@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None, log=print) -> int:
     log(f"bump report: {rel(bump.report_md)} ({', '.join(f'{k} {v}' for k, v in sorted(comparison.counts().items()))})")
     for b in comparison.published:
         log(f"  BROKEN published check: {b.recipe} {b.key}: {b.verdict}")
+    if comparison.broke():
+        log(f"  which package and release: make bisect BISECT_ARGS=\"--from-bump {rel(bump.report_json)}\"")
     return comparison.exit_code
 
 

@@ -120,6 +120,19 @@ def between(releases: list[str], old: str, new: str) -> list[str]:
     return sorted((r for r in releases if Version(old) < Version(r) <= Version(new)), key=Version)
 
 
+def from_bump(path: Path) -> tuple[dict[str, str], list[str]]:
+    """A ``make bump`` report's moved packages (asked first) and the tests that broke there (after its re-runs)."""
+    if not path.is_file():
+        raise BumpError(f"{rel(path)} does not exist: make bump PKGS=... writes report/bump/<name>.json")
+    data = json.loads(path.read_text())
+    if "moved" not in data:
+        raise BumpError(f"{rel(path)} is not a rehearsed bump's report (no 'moved'): {data.get('not_rehearsed', '?')}")
+    tests = [row["test"] for row in data["tests"] if row["change"] == "broke"]
+    if not tests:
+        raise BumpError(f"nothing broke in {rel(path)} (flaky and expected ones are not breaks): nothing to bisect")
+    return {m["name"]: m["new"] for m in data["moved"] if m["new"]}, tests
+
+
 class Runner:
     """Installs a point into the layer and runs the tests there :data:`RUNS` times; each point once."""
 
@@ -232,6 +245,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m harness.bump --bisect", description=__doc__.split("\n\n")[0])
     parser.add_argument("pins", nargs="*", help="the candidate set, name==version (make bump's PKGS)")
     parser.add_argument("--test", action="append", default=[], help="a test node id that breaks (repeatable)")
+    parser.add_argument("--from-bump", type=Path, help="a make bump report (.json): its moves and what broke")
     parser.add_argument("--candidate-lock", type=Path, help="also every package a bump's candidate lock moved")
     parser.add_argument("--lock", type=Path, default=LOCK)
     parser.add_argument("--find-links", help="a directory of wheels: the only index (pip --no-index --find-links)")
@@ -245,10 +259,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, log=print) -> int:
     args = parse_args(argv)
     try:
+        asked = {p.name: p.version for p in map(Pin.parse, args.pins)}
+        if args.from_bump:
+            moved, broke = from_bump(args.from_bump)
+            asked, args.test = asked or moved, args.test or broke
         if not args.test:
             raise BumpError('no test to bisect: make bisect PKGS="name==version ..." TEST="tests/cpu/test_x.py::test_y"')
         locked = pins(args.lock)
-        asked = {p.name: p.version for p in map(Pin.parse, args.pins)}
         if args.candidate_lock:
             asked |= {m.name: m.new for m in moves(locked, pins(args.candidate_lock)) if m.new and m.name not in asked}
         missing = [n for n in asked if n not in locked]

@@ -9,6 +9,7 @@ find-links dir; 1.2 changes the value ``tests/cpu/bisect_probe.py`` judges with 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.bump.__main__ import main
-from harness.bump.bisect import EXIT_NAMED, EXIT_NOT_NAMED, Point, between
+from harness.bump.bisect import EXIT_CANNOT, EXIT_NAMED, EXIT_NOT_NAMED, Point, between, from_bump
 from harness.bump.layer import installed
 from harness.bump.plan import LOCK, BumpError
 from harness.goldens import environment_metadata
@@ -43,6 +44,29 @@ def test_a_point_is_flaky_when_its_runs_differ():
     assert point.state == "flaky"
     assert Point("p", {}, {"a": ["failed", "failed"], "b": ["failed", "passed"]}, {}, 0.0).state == "bad"
     assert Point("p", {}, {"a": ["passed", "passed"]}, {}, 0.0).state == "good"
+
+
+def test_a_bump_report_gives_the_candidates_and_what_broke(tmp_path):
+    """make bump's report is the bisection's input: its moves (asked first) and its breaks, not its flaky ones."""
+    from harness.bump.candidate import Move
+    from harness.bump.comparison import Comparison, Row
+    from harness.bump.plan import plan
+    from harness.bump.report import write_report
+    from harness.bump.tier import TierRun
+
+    bump = plan(["transformers==5.23.0"], reports=tmp_path)
+    bump.work.mkdir(parents=True)
+    rows = [Row("t::broke", "passed", "failed", "broke"), Row("t::flaky", "passed", "failed", "flaky (passed 1 of 2 re-runs)"),
+            Row("t::same", "passed", "passed", "same")]  # fmt: skip
+    moved = [Move("transformers", "5.16.0", "5.23.0", True), Move("tokenizers", "0.22.1", "0.23.0", False)]
+    runs = {label: asdict(TierRun(python="?", report_dir=label)) for label in ("baseline", "candidate")}
+    write_report(bump, Comparison(rows, [], [], [], []), moved, {"date": "d", "lock_versions": "", "candidate_versions": "", **runs})
+    assert from_bump(bump.report_json) == ({"transformers": "5.23.0", "tokenizers": "0.23.0"}, ["t::broke"])
+    with pytest.raises(BumpError, match="nothing broke in .*: nothing to bisect"):
+        write_report(bump, Comparison(rows[1:], [], [], [], []), moved, {"date": "d", "lock_versions": "",
+                                                                          "candidate_versions": "", **runs})  # fmt: skip
+        from_bump(bump.report_json)
+    assert main(["--bisect", "--from-bump", str(tmp_path / "none.json")], log=print) == EXIT_CANNOT
 
 
 @pytest.fixture(scope="module")
