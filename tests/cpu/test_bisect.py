@@ -62,30 +62,45 @@ def test_a_bump_report_gives_the_candidates_and_what_broke(tmp_path):
     runs = {label: asdict(TierRun(python="?", report_dir=label)) for label in ("baseline", "candidate")}
     write_report(bump, Comparison(rows, [], [], [], []), moved, {"date": "d", "lock_versions": "", "candidate_versions": "", **runs})
     assert from_bump(bump.report_json) == ({"transformers": "5.23.0", "tokenizers": "0.23.0"}, ["t::broke"])
+    write_report(bump, Comparison(rows[1:], [], [], [], []), moved, {"date": "d", "lock_versions": "",
+                                                                      "candidate_versions": "", **runs})  # fmt: skip
     with pytest.raises(BumpError, match="nothing broke in .*: nothing to bisect"):
-        write_report(bump, Comparison(rows[1:], [], [], [], []), moved, {"date": "d", "lock_versions": "",
-                                                                          "candidate_versions": "", **runs})  # fmt: skip
         from_bump(bump.report_json)
-    assert main(["--bisect", "--from-bump", str(tmp_path / "none.json")], log=print) == EXIT_CANNOT
+    assert main(["--bisect", "--from-bump", str(tmp_path / "none.json")], log=lambda line: None) == EXIT_CANNOT
+
+
+def build_wheel(root, wheels, name: str, version: str, code: str) -> None:
+    """``name`` ``version`` as a wheel in ``wheels``, built by real pip from a minimal pyproject."""
+    src = root / "src" / f"{name}-{version}"
+    (src / name.replace("-", "_")).mkdir(parents=True)
+    (src / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+                                        f'[project]\nname = "{name}"\nversion = "{version}"\n')  # fmt: skip
+    (src / name.replace("-", "_") / "__init__.py").write_text(code)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-index", "--no-build-isolation", "--no-deps",
+                    "--wheel-dir", str(wheels), str(src)], check=True)  # fmt: skip
+
+
+def probe_code(version: str, value: float, flaky: bool) -> str:
+    """qwen3probe's module: from 1.2 on, its new VALUE only where qwen3probe-ctx is absent or at 2.0 (NEW)."""
+    code = f"__version__ = {version!r}\nFLAKY = {flaky}\n"
+    if value == RELEASES["1.0"][0]:
+        return code + f"VALUE = {value!r}\n"
+    return code + ("try:\n    from qwen3probe_ctx import NEW\nexcept ImportError:\n    NEW = True\n"
+                   f"VALUE = {value!r} if NEW else {RELEASES['1.0'][0]!r}\n")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    """A find-links dir of qwen3probe 1.0–1.3, a lock pinning 1.0, its golden, and a run counter."""
+    """A find-links dir of qwen3probe 1.0–1.3 and qwen3probe-ctx 1.0, 2.0; locks pinning the first of
+    each; the golden (1.0's value)."""
     root = tmp_path_factory.mktemp("bisect")
     wheels = root / "wheels"
     for version, (value, flaky) in RELEASES.items():
-        src = root / "src" / version
-        (src / "qwen3probe").mkdir(parents=True)
-        (src / "pyproject.toml").write_text(
-            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-            f'[project]\nname = "qwen3probe"\nversion = "{version}"\n'
-        )
-        (src / "qwen3probe" / "__init__.py").write_text(f"__version__ = {version!r}\nVALUE = {value!r}\nFLAKY = {flaky}\n")
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-index", "--no-build-isolation", "--no-deps",
-                        "--wheel-dir", str(wheels), str(src)], check=True)  # fmt: skip
-    lock = root / "requirements-lock.txt"
-    lock.write_text(LOCK.read_text() + "qwen3probe==1.0\n")
+        build_wheel(root, wheels, "qwen3probe", version, probe_code(version, value, flaky))
+    for version, new in (("1.0", False), ("2.0", True)):
+        build_wheel(root, wheels, "qwen3probe-ctx", version, f"NEW = {new}\n")
+    (root / "requirements-lock.txt").write_text(LOCK.read_text() + "qwen3probe==1.0\n")
+    (root / "requirements-lock-ctx.txt").write_text(LOCK.read_text() + "qwen3probe==1.0\nqwen3probe-ctx==1.0\n")
     goldens = root / "goldens" / "qwen3probe"
     goldens.mkdir(parents=True)
     entry = {"value": RELEASES["1.0"][0], "tolerance": 0.0, "lane": "exact", "reason": "qwen3probe 1.0's VALUE"}
@@ -93,21 +108,21 @@ def probe(tmp_path_factory):
     return root
 
 
-def bisect(probe, monkeypatch, name, *tests):
+def bisect(probe, monkeypatch, name, tests, pins=("qwen3probe==1.3",), lock="requirements-lock.txt"):
     monkeypatch.setenv("QWEN3_GOLDENS_DIR", str(probe / "goldens"))
     monkeypatch.setenv("QWEN3PROBE_RUNS", str(probe / f"{name}-runs"))
     reports = probe / name
     lines = []
-    code = main(["--bisect", "qwen3probe==1.3", *(a for t in tests for a in ("--test", t)),
-                 "--lock", str(probe / "requirements-lock.txt"), "--find-links", str(probe / "wheels"),
-                 "--venv", str(probe / "layer"), "--reports", str(reports)], log=lines.append)  # fmt: skip
-    found = json.loads((reports / "qwen3probe-1.3.json").read_text())
+    code = main(["--bisect", *pins, *(a for t in tests for a in ("--test", t)), "--lock", str(probe / lock),
+                 "--find-links", str(probe / "wheels"), "--venv", str(probe / "layer"), "--reports", str(reports)],
+                log=lines.append)  # fmt: skip
+    (found,) = [json.loads(p.read_text()) for p in reports.glob("*.json")]
     return code, found, lines
 
 
 @pytest.mark.slow
 def test_bisection_names_the_release_that_moves_a_golden(probe, monkeypatch):
-    code, found, lines = bisect(probe, monkeypatch, "value", VALUE_TEST, FLAKY_TEST)
+    code, found, lines = bisect(probe, monkeypatch, "value", [VALUE_TEST, FLAKY_TEST])
     assert code == EXIT_NAMED, lines
     assert found["headline"] == "qwen3probe 1.1 → 1.2 moves qwen3probe.cpu.probe_value: 1.548012 → 1.61", lines
     assert (found["package"], found["old"], found["new"], found["broken"]) == ("qwen3probe", "1.1", "1.2", [VALUE_TEST])
@@ -122,7 +137,21 @@ def test_bisection_names_the_release_that_moves_a_golden(probe, monkeypatch):
 
 @pytest.mark.slow
 def test_a_flaky_break_stops_the_bisection(probe, monkeypatch):
-    code, found, lines = bisect(probe, monkeypatch, "flaky", FLAKY_TEST)
+    code, found, lines = bisect(probe, monkeypatch, "flaky", [FLAKY_TEST])
     assert code == EXIT_NOT_NAMED, lines
     assert found["package"] is None
     assert found["headline"] == (f"no release named: flaky at qwen3probe alone ({FLAKY_TEST}: flaky (passed 1 of 2))"), lines
+
+
+@pytest.mark.slow
+def test_a_break_that_needs_two_packages_names_the_second_with_the_first_as_context(probe, monkeypatch):
+    """Neither alone breaks it: added in the order given, qwen3probe-ctx 2.0 completes the break."""
+    code, found, lines = bisect(probe, monkeypatch, "context", [VALUE_TEST], ("qwen3probe==1.3", "qwen3probe-ctx==2.0"),
+                                "requirements-lock-ctx.txt")  # fmt: skip
+    assert code == EXIT_NAMED, lines
+    assert found["headline"] == ("qwen3probe-ctx 1.0 → 2.0 (with qwen3probe==1.3) moves qwen3probe.cpu.probe_value: "
+                                 "1.548012 → 1.61"), lines  # fmt: skip
+    assert [(p["label"], p["state"]) for p in found["points"]] == [
+        ("the lock", "good"), ("qwen3probe alone", "good"), ("qwen3probe-ctx alone", "good"),
+        ("qwen3probe+qwen3probe-ctx", "bad"),
+    ]
