@@ -82,6 +82,7 @@ class Finding:
     moved: list[tuple[str, object, object]] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
     flaky: list[str] = field(default_factory=list)
+    unmet: list[str] = field(default_factory=list)  # pip check at the named release: what --no-deps left unmet
     stopped: str = ""
     points: list[dict] = field(default_factory=list)
 
@@ -141,13 +142,17 @@ class Runner:
         self.base = installed(layer.base)
         self.points: dict[tuple, Point] = {}
 
+    def layered(self, versions: dict[str, str]) -> dict[str, str]:
+        """What the layer installs for a point: its versions that ``.venv`` does not already have."""
+        return {n: v for n, v in versions.items() if self.base.get(n) != v}
+
     def run(self, label: str, versions: dict[str, str]) -> Point:
         key = tuple(sorted(versions.items()))
         if key in self.points:
             return self.points[key]
         self.log(f"point {label}: {' '.join(f'{n}=={v}' for n, v in versions.items())}")
         start = time.monotonic()
-        self.layer.apply({n: v for n, v in versions.items() if self.base.get(n) != v})
+        self.layer.apply(self.layered(versions))
         outcomes: dict[str, list[str]] = {t: [] for t in self.tests}
         values: dict[str, object] = {}
         slug = "-".join(f"{n}-{v}" for n, v in key)
@@ -216,6 +221,8 @@ def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], i
     finding.old = releases[lo] if lo >= 0 else locked[culprit]
     finding.broken = [t for t in runner.tests if bad.verdict(t) == "failed"]
     finding.moved = [(k, good.values.get(k), v) for k, v in sorted(bad.values.items()) if good.values.get(k) != v]
+    runner.layer.apply(runner.layered(bad.versions))
+    finding.unmet = runner.layer.unmet()
     return finding
 
 
@@ -232,6 +239,8 @@ def conclude(finding: Finding, runner: Runner) -> Finding:
 def markdown(finding: Finding) -> str:
     lines = [f"# Bisection: {finding.headline()}", "", f"Tests: {', '.join(f'`{t}`' for t in finding.tests)}", ""]
     lines += [f"- flaky: `{f}`" for f in finding.flaky] + ([""] if finding.flaky else [])
+    lines += [f"- unmet at {finding.package} {finding.new} (installed --no-deps over the lock): {u}" for u in finding.unmet]
+    lines += [""] if finding.unmet else []
     lines += [f"Each point run {RUNS} times in one layered venv.", "", "| point | versions | state | verdicts | s |",
               "|---|---|---|---|---|"]  # fmt: skip
     for p in finding.points:
@@ -294,5 +303,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
     log(finding.headline())
     for line in finding.flaky:
         log(f"  flaky: {line}")
+    for line in finding.unmet:
+        log(f"  unmet there (installed --no-deps over the lock): {line}")
     log(f"bisect report: {rel(args.reports / name)}.md, .json")
     return EXIT_NAMED if finding.package else EXIT_NOT_NAMED

@@ -63,6 +63,13 @@ class Layer:
             tail = " | ".join(out.stderr.strip().splitlines()[-2:])
             raise BumpError(f"`pip {' '.join(args)}` into {rel(self.venv)} failed: {tail}")
 
+    def unmet(self) -> list[str]:
+        """``pip check``'s lines about the layer's own packages: a requirement ``--no-deps`` left unmet."""
+        out = subprocess.run([str(self.base), "-m", "pip", "--python", str(self.python), "check", "--disable-pip-version-check"],
+                             capture_output=True, text=True)  # fmt: skip
+        mine = set(self.state())
+        return [line for line in out.stdout.splitlines() if normalize(line.split(" ", 1)[0]) in mine]
+
     def apply(self, wanted: dict[str, str]) -> None:
         """The layer holds exactly ``wanted`` (name → version): others removed, the base's copy shows through."""
         self.create()

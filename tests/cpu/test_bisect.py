@@ -56,25 +56,26 @@ def test_a_bump_report_gives_the_candidates_and_what_broke(tmp_path):
 
     bump = plan(["transformers==5.23.0"], reports=tmp_path)
     bump.work.mkdir(parents=True)
-    rows = [Row("t::broke", "passed", "failed", "broke"), Row("t::flaky", "passed", "failed", "flaky (passed 1 of 2 re-runs)"),
-            Row("t::same", "passed", "passed", "same")]  # fmt: skip
+    rows = [Row("t::broke", "passed", "failed", "broke"),
+            Row("t::flaky", "passed", "failed", "flaky (passed 1 of 2 re-runs)"), Row("t::same", "passed", "passed", "same")]
     moved = [Move("transformers", "5.16.0", "5.23.0", True), Move("tokenizers", "0.22.1", "0.23.0", False)]
-    runs = {label: asdict(TierRun(python="?", report_dir=label)) for label in ("baseline", "candidate")}
-    write_report(bump, Comparison(rows, [], [], [], []), moved, {"date": "d", "lock_versions": "", "candidate_versions": "", **runs})
+    meta = {"date": "d", "lock_versions": "", "candidate_versions": "",
+            **{label: asdict(TierRun(python="?", report_dir=label)) for label in ("baseline", "candidate")}}
+    write_report(bump, Comparison(rows, [], [], [], []), moved, meta)
     assert from_bump(bump.report_json) == ({"transformers": "5.23.0", "tokenizers": "0.23.0"}, ["t::broke"])
-    write_report(bump, Comparison(rows[1:], [], [], [], []), moved, {"date": "d", "lock_versions": "",
-                                                                      "candidate_versions": "", **runs})  # fmt: skip
+    write_report(bump, Comparison(rows[1:], [], [], [], []), moved, meta)
     with pytest.raises(BumpError, match="nothing broke in .*: nothing to bisect"):
         from_bump(bump.report_json)
     assert main(["--bisect", "--from-bump", str(tmp_path / "none.json")], log=lambda line: None) == EXIT_CANNOT
 
 
-def build_wheel(root, wheels, name: str, version: str, code: str) -> None:
+def build_wheel(root, wheels, name: str, version: str, code: str, requires: tuple[str, ...] = ()) -> None:
     """``name`` ``version`` as a wheel in ``wheels``, built by real pip from a minimal pyproject."""
     src = root / "src" / f"{name}-{version}"
     (src / name.replace("-", "_")).mkdir(parents=True)
     (src / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-                                        f'[project]\nname = "{name}"\nversion = "{version}"\n')  # fmt: skip
+                                        f'[project]\nname = "{name}"\nversion = "{version}"\n'
+                                        f'dependencies = {json.dumps(list(requires))}\n')  # fmt: skip
     (src / name.replace("-", "_") / "__init__.py").write_text(code)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-index", "--no-build-isolation", "--no-deps",
                     "--wheel-dir", str(wheels), str(src)], check=True)  # fmt: skip
@@ -91,12 +92,13 @@ def probe_code(version: str, value: float, flaky: bool) -> str:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    """A find-links dir of qwen3probe 1.0–1.3 and qwen3probe-ctx 1.0, 2.0; locks pinning the first of
-    each; the golden (1.0's value)."""
+    """A find-links dir of qwen3probe 1.0–1.3 (from 1.2 on requiring qwen3probe-ctx>=2.0) and
+    qwen3probe-ctx 1.0, 2.0; locks pinning the first of each; the golden (1.0's value)."""
     root = tmp_path_factory.mktemp("bisect")
     wheels = root / "wheels"
     for version, (value, flaky) in RELEASES.items():
-        build_wheel(root, wheels, "qwen3probe", version, probe_code(version, value, flaky))
+        requires = ("qwen3probe-ctx>=2.0",) if value != RELEASES["1.0"][0] else ()
+        build_wheel(root, wheels, "qwen3probe", version, probe_code(version, value, flaky), requires)
     for version, new in (("1.0", False), ("2.0", True)):
         build_wheel(root, wheels, "qwen3probe-ctx", version, f"NEW = {new}\n")
     (root / "requirements-lock.txt").write_text(LOCK.read_text() + "qwen3probe==1.0\n")
@@ -126,6 +128,8 @@ def test_bisection_names_the_release_that_moves_a_golden(probe, monkeypatch):
     assert code == EXIT_NAMED, lines
     assert found["headline"] == "qwen3probe 1.1 → 1.2 moves qwen3probe.cpu.probe_value: 1.548012 → 1.61", lines
     assert (found["package"], found["old"], found["new"], found["broken"]) == ("qwen3probe", "1.1", "1.2", [VALUE_TEST])
+    # 1.2 declares qwen3probe-ctx>=2.0, which this lock lacks: installed --no-deps, that is said, not hidden
+    assert found["unmet"] == ["qwen3probe 1.2 requires qwen3probe-ctx, which is not installed."]
     assert [(p["label"], p["state"]) for p in found["points"]] == [
         ("the lock", "good"), ("qwen3probe alone", "bad"), ("qwen3probe 1.1", "good"), ("qwen3probe 1.2", "bad"),
     ]
@@ -155,3 +159,4 @@ def test_a_break_that_needs_two_packages_names_the_second_with_the_first_as_cont
         ("the lock", "good"), ("qwen3probe alone", "good"), ("qwen3probe-ctx alone", "good"),
         ("qwen3probe+qwen3probe-ctx", "bad"),
     ]
+    assert found["unmet"] == []  # qwen3probe 1.3's qwen3probe-ctx>=2.0 is met at the named point
