@@ -108,7 +108,8 @@ def release_list(name: str, base: Path, index_args: tuple[str, ...], pre: bool =
     command = [str(base), "-m", "pip", "index", "versions", name, "--json", "--disable-pip-version-check", *index_args]
     out = subprocess.run(command + (["--pre"] if pre else []), capture_output=True, text=True)
     if out.returncode != 0:
-        raise BumpError(f"`pip index versions {name}` found no releases: {out.stderr.strip().splitlines()[-1:]}")
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        raise BumpError(f"`pip index versions {' '.join([name, *index_args])}` found no releases: {last}")
     return sorted(json.loads(out.stdout)["versions"], key=Version)
 
 
@@ -117,7 +118,8 @@ def between(releases: list[str], old: str, new: str) -> list[str]:
     if Version(new) <= Version(old):
         raise BumpError(f"{new} is not after the pinned {old}: the bisection goes from the lock's release to a later one")
     if new not in releases:
-        raise BumpError(f"{new} is not among the index's releases ({', '.join(releases)}): check --find-links/--index-url")
+        latest = ", ".join(sorted(releases, key=Version)[-5:])
+        raise BumpError(f"{new} is not among the index's releases (latest: {latest}): check the pin, --find-links or --index-url")
     return sorted((r for r in releases if Version(old) < Version(r) <= Version(new)), key=Version)
 
 
@@ -171,7 +173,18 @@ class Runner:
         return point
 
 
-def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], index_args: tuple[str, ...]) -> Finding:
+def releases_to_bisect(locked: dict[str, str], candidates: dict[str, str], base: Path,
+                       index_args: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each candidate's releases after its pin up to the candidate, checked before any point runs."""
+    for name, new in candidates.items():
+        if Version(new) <= Version(locked[name]):
+            raise BumpError(f"{name} {new} is not after the pinned {locked[name]}: the bisection goes from the lock's "
+                            f"release to a later one")  # fmt: skip
+    return {name: between(release_list(name, base, index_args, Version(new).is_prerelease), locked[name], new)
+            for name, new in candidates.items()}  # fmt: skip
+
+
+def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], releases_of: dict[str, list[str]]) -> Finding:
     """Step 1 (package) then step 2 (release); stops, saying why, at a flaky or unclear point."""
     finding = Finding(tests=list(runner.tests))
 
@@ -205,8 +218,7 @@ def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], i
     if culprit is None:
         return stop(runner.points[tuple(sorted({**locked, **candidates}.items()))], "the candidate set does not break them")
     base = {**locked, **finding.context}
-    releases = between(release_list(culprit, runner.layer.base, index_args, Version(candidates[culprit]).is_prerelease),
-                       locked[culprit], candidates[culprit])  # fmt: skip
+    releases = releases_of[culprit]
     lo, hi = -1, len(releases) - 1  # releases[hi] is bad; releases[lo] (the pinned one at -1) good
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -278,9 +290,10 @@ def main(argv: list[str] | None = None, log=print) -> int:
         if args.candidate_lock:
             asked |= {m.name: m.new for m in moves(locked, pins(args.candidate_lock)) if m.new and m.name not in asked}
         missing = [n for n in asked if n not in locked]
-        if not asked or missing:
-            raise BumpError(f"{', '.join(missing) or 'nothing'} to bisect from {rel(args.lock)}: give name==version "
-                            f"pins of packages the lock has")  # fmt: skip
+        if not asked:
+            raise BumpError('nothing to bisect: make bisect PKGS="name==version ..." or BISECT_ARGS="--from-bump <report>"')
+        if missing:
+            raise BumpError(f"{', '.join(missing)} not in {rel(args.lock)}: a bisection starts from the lock's pin")
         for version in asked.values():
             Version(version)
     except (BumpError, InvalidVersion) as e:
@@ -291,9 +304,10 @@ def main(argv: list[str] | None = None, log=print) -> int:
     name = "+".join(f"{n}-{v}" for n, v in sorted(asked.items()))
     digest = hashlib.sha256(f"{sha256(args.lock)}\n{name}".encode()).hexdigest()[:12]
     layer = Layer(args.venv or REPO_ROOT / f".venv-bisect-{digest}", args.base_python, index_args)
-    runner = Runner(layer, args.test, args.reports / name, args.lock, log)
     try:
-        finding = conclude(bisect(runner, {n: locked[n] for n in asked}, asked, index_args), runner)
+        releases_of = releases_to_bisect({n: locked[n] for n in asked}, asked, args.base_python, index_args)
+        runner = Runner(layer, args.test, args.reports / name, args.lock, log)
+        finding = conclude(bisect(runner, {n: locked[n] for n in asked}, asked, releases_of), runner)
     except BumpError as e:
         log(f"bisect: {e}")
         return EXIT_CANNOT

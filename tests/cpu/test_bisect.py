@@ -122,6 +122,27 @@ def bisect(probe, monkeypatch, name, tests, pins=("qwen3probe==1.3",), lock="req
     return code, found, lines
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["qwen3probe==1.3"], "no test to bisect: make bisect PKGS="),
+        (["--test", VALUE_TEST], 'nothing to bisect: make bisect PKGS="name==version ..."'),
+        (["nosuch==1.0", "--test", VALUE_TEST], "requirements-lock.txt: a bisection starts from the lock's pin"),
+        (["qwen3probe==0.9", "--test", VALUE_TEST], "qwen3probe 0.9 is not after the pinned 1.0"),
+        (["qwen3probe==1.3", "--test", VALUE_TEST], "`pip index versions qwen3probe --no-index --find-links "),
+    ],
+)
+def test_bad_input_is_refused_in_one_line_before_any_point_runs(tmp_path, args, message):
+    lock = tmp_path / "requirements-lock.txt"
+    lock.write_text("qwen3probe==1.0\n")
+    (tmp_path / "empty").mkdir()  # an index with no qwen3probe
+    lines = []
+    argv = ["--bisect", *args, "--lock", str(lock), "--find-links", str(tmp_path / "empty"), "--venv", str(tmp_path / "v")]
+    assert main(argv, log=lines.append) == EXIT_CANNOT
+    assert len(lines) == 1 and lines[0].startswith("bisect: ") and message in lines[0], lines
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.slow
 def test_bisection_names_the_release_that_moves_a_golden(probe, monkeypatch):
     code, found, lines = bisect(probe, monkeypatch, "value", [VALUE_TEST, FLAKY_TEST])
