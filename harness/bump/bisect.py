@@ -216,7 +216,9 @@ def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], r
                 finding.context = {n: v for n, v in applied.items() if n != name}
                 break
     if culprit is None:
-        return stop(runner.points[tuple(sorted({**locked, **candidates}.items()))], "the candidate set does not break them")
+        finding.stopped = ("the candidate set does not break them here (with every package the bump's resolver moved? "
+                           "--from-bump or --candidate-lock adds them)")  # fmt: skip
+        return finding
     base = {**locked, **finding.context}
     releases = releases_of[culprit]
     lo, hi = -1, len(releases) - 1  # releases[hi] is bad; releases[lo] (the pinned one at -1) good
