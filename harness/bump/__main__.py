@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rerun-baseline", action="store_true", help="run the baseline even if a current one exists")
     parser.add_argument("--baseline-max-age-h", type=float, default=BASELINE_MAX_AGE_H)
     parser.add_argument("--reports", type=Path, default=BUMP_REPORTS, help="where bump reports go (report/bump)")
+    parser.add_argument("--bisect", action="store_true", help="which package and release move a check "
+                        "(harness/bump/bisect.py; `--bisect --help` for its options)")  # fmt: skip
     return parser.parse_args(argv)
 
 
