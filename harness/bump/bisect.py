@@ -10,6 +10,8 @@ bisection stops there rather than guess a side.
 1. **package**: the lock, then each candidate alone; if none breaks the check alone, the
    candidates added one by one in the order given: the first that breaks it names the package,
    with the ones before it as the context it needs.
+   With several tests, a point is bad where any of them fails every run: the release named is
+   the first that breaks one of them (bisect a test alone for a later break of another).
 2. **release**: that package's releases from the index (``pip index versions --json``: PyPI, or
    ``--index-url``, or ``--find-links DIR`` with ``--no-index`` offline), those after the pinned one
    up to the candidate, bisected.
