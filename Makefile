@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test test-fast neuron-venv test-neuron rehearse-trn2 bench lock fixtures goldens bump clean
+.PHONY: venv repro test test-fast neuron-venv test-neuron rehearse-trn2 bench lock fixtures goldens bump bisect clean
 
 venv: $(STAMP)
 
@@ -75,6 +75,12 @@ goldens: venv
 # BUMP_ARGS="--dry-run" prints the plan only (harness/bump/).
 bump: venv
 	$(PY) -m harness.bump $(PKGS) $(BUMP_ARGS)
+
+# Which package of PKGS="name==version ..." (make bump's candidate set), and which release of it, moves
+# TEST="tests/cpu/test_x.py::test_y ..." (each point installed over .venv in .venv-bisect-<hash>, its tests run
+# twice: differing outcomes are reported flaky); report/bisect/<name>.md + .json. BISECT_ARGS="--find-links DIR" offline.
+bisect: venv
+	$(PY) -m harness.bump --bisect $(PKGS) $(foreach t,$(TEST),--test $(t)) $(BISECT_ARGS)
 
 # Rebuild the tiny tokenizer, corpus and checkpoints in fixtures/ (deterministic).
 fixtures: venv

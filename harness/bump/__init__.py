@@ -21,6 +21,8 @@ Exit status: 0; 1 when the candidate breaks a published-number check (a ``publis
 
 The package is one module a step, each importing only modules listed before it: ``plan`` (the
 pins, every path, the exit codes), ``candidate`` (steps 1 and 2), ``tier`` and ``results``
-(step 3: a run, and reading it back), ``comparison`` and ``report`` (step 4), and ``__main__``
-(the command that takes them in order).
+(step 3: a run, and reading it back), ``comparison`` and ``report`` (step 4), ``layer`` and
+``bisect`` (``python -m harness.bump --bisect``, ``make bisect``: when a bump breaks a check,
+the package and the release that move it, each point installed over ``.venv`` in a layered
+venv), and ``__main__`` (the command that takes them in order).
 """

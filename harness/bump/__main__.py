@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rerun-baseline", action="store_true", help="run the baseline even if a current one exists")
     parser.add_argument("--baseline-max-age-h", type=float, default=BASELINE_MAX_AGE_H)
     parser.add_argument("--reports", type=Path, default=BUMP_REPORTS, help="where bump reports go (report/bump)")
+    parser.add_argument("--bisect", action="store_true", help="which package and release move a check "
+                        "(harness/bump/bisect.py; `--bisect --help` for its options)")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -63,6 +65,11 @@ def rerun_broken(python: Path, bump: Plan, tests: list[str], log=print) -> dict[
 
 
 def main(argv: list[str] | None = None, log=print) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--bisect" in argv:  # which package and release of a candidate set moves a check (harness/bump/bisect.py)
+        from harness.bump.bisect import main as bisect
+
+        return bisect([a for a in argv if a != "--bisect"], log)
     args = parse_args(argv)
     try:
         bump = plan(args.pins, reports=args.reports)
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None, log=print) -> int:
     log(f"bump report: {rel(bump.report_md)} ({', '.join(f'{k} {v}' for k, v in sorted(comparison.counts().items()))})")
     for b in comparison.published:
         log(f"  BROKEN published check: {b.recipe} {b.key}: {b.verdict}")
+    if comparison.broke():
+        log(f"  which package and release: make bisect BISECT_ARGS=\"--from-bump {rel(bump.report_json)}\"")
     return comparison.exit_code
 
 

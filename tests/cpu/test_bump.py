@@ -252,7 +252,9 @@ def test_the_report_starts_with_the_table(tmp_path, recorded_runs, capsys):
     data = json.loads(rehearsal.report_json.read_text())
     assert data["exit_code"] == 1 and data["candidate_versions"] == "torch 2.14.0, transformers 5.23.0, torchtitan 0.3.0"
     assert [w["tests"] for w in data["workarounds_broke"]] == [[HF_TEST]]
-    assert "BROKEN published check: native_qwen3 step1_loss_random: regression" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "BROKEN published check: native_qwen3 step1_loss_random: regression" in out
+    assert f'make bisect BISECT_ARGS="--from-bump {rehearsal.report_json}"' in out  # what broke, to harness/bump/bisect.py
 
 
 def test_junit_names_map_to_test_ids():
