@@ -126,3 +126,19 @@ def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
     assert "layer by layer: no module differs" in summary(disagreeing)
     asked = check(_run(reference), record, model=hf, localize=True)
     assert asked.localization["compared"] and math.isfinite(asked.cost["localize_s"])
+
+
+def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
+    """results.md gets a "First divergence, by layer" section; upstream/<claim>.md fills its section from it."""
+    from harness import report, upstream
+
+    loc = localize(titan_model(options(rope_theta=5e6), hf), hf, ids).to_dict()
+    run = {"recipe": "native_qwen3", "tier": "cpu", "reference": {"verdict": "measured is 0.01 above", "localization": loc}}
+    section = "\n".join(report.first_divergence_section([run, {"recipe": "hf_backend", "tier": "cpu", "reference": {}}]))
+    assert section.startswith("## First divergence, by layer")
+    assert "- native_qwen3 (cpu): first divergence: layer 0 RoPE'd q (torchtitan layers.0.attention.rope[0]" in section
+    assert "hf_backend" not in section
+    assert report.first_divergence_section([{"recipe": "x", "tier": "cpu", "reference": {"verdict": "agrees"}}]) == []
+    named = upstream.first_diverging({"native_qwen3.cpu.reference": run["reference"]})
+    assert named == [f"- `native_qwen3.cpu.reference`: {loc['summary']}"]
+    assert upstream.first_diverging({"x.reference": {"verdict": "agrees"}})[0].startswith("not run for this claim")
