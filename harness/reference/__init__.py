@@ -33,7 +33,7 @@ check names the first module whose output differs (:mod:`harness.reference.local
 ``python -m harness.reference RUN_DIR`` prints the check of one run;
 ``python -m harness.reference cost`` measures what the reference costs per
 token and layer at the real 4B width on this CPU and extrapolates to a trn2
-global batch.
+global batch (``cost --localize``: what the layer-by-layer localizer costs there).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolera
 from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
 from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
 from harness.reference.suspects import RunInfo, diagnose
-from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost  # noqa: F401 -- python -m harness.reference cost
+from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost, measure_localize_cost  # noqa: F401 -- python -m harness.reference cost
 
 def check(
     run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False,
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "cost":
         from recipes.specs import QWEN3_4B_INSTRUCT_2507
 
-        print(json.dumps(measure_cost(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
+        measure = measure_localize_cost if args.localize else measure_cost
+        print(json.dumps(measure(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
         return 0
     result = check_run_dir(Path(args.what), always_diagnose=args.diagnose, localize=args.localize)
     if result is None:
