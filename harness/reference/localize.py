@@ -21,6 +21,11 @@ sin); a block's output as the next block's (or the final norm's) input; the MoE
 block's output as that minus its residual (the MLP norm's input). torchtitan has no
 such recorder, so its side is forward hooks on the mapped modules.
 
+What it can name: a difference between the run's model as its config builds it (theta, tying,
+norms, scales, the recipe's code and overrides, on the host with the kernels' torch twins) and
+transformers' model of the same weights. It does not replay the device: a defect only the chip
+computes (an NKI kernel, bf16 rounding on trn2) shows in the reference check, not here.
+
 Memory: at Qwen3-4B one module's output for a 64-rank batch is ~1 GB; only a subset
 is compared (``rows`` sequences of rank 0's first batch, their first ``tokens``
 positions: with causal attention a prefix's outputs do not depend on what follows).
