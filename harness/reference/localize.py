@@ -6,7 +6,7 @@ same recorded tokens go through the run's own torchtitan model (its config from
 the spec's own ``state_dict_adapter``) and through transformers' model of the weights,
 and every mapped module's output is compared in forward order: the embedding; per
 block the attention norm, q/k/v projections, q/k norms, RoPE'd q and k, the attention
-output, the MLP norm, the MLP (or the experts) and the block; the final norm and the
+output, the MLP norm, gate, up and MLP output, and the block; the final norm and the
 head. The report names the first module beyond its tolerance and the next three.
 
 transformers' side is recorded by transformers itself:
@@ -17,8 +17,8 @@ only the first and last). Read in transformers 5.16's source: it records the out
 of leaf modules only (a module with children gets ``outputs=None``), so the values it
 does not hold are derived from ones it does: RoPE'd q/k with transformers' own
 ``apply_rotary_pos_emb`` from the q/k norms' outputs and the rotary module's (cos,
-sin); a block's output as the next block's (or the final norm's) input; the MoE
-block's output as that minus its residual (the MLP norm's input). torchtitan has no
+sin); a block's output as the next block's (or the final norm's) input. Dense Qwen3
+only (MoE blocks are refused by name). torchtitan has no
 such recorder, so its side is forward hooks on the mapped modules.
 
 What it can name: a difference between the run's model as its config builds it (theta, tying,
@@ -112,14 +112,14 @@ def module_pairs(titan, hf) -> list[tuple[str, int | None, object, object]]:
     """(name, layer, torchtitan output, transformers key) in forward order, for ``titan``'s modules.
 
     A torchtitan output is a module path or (path, tuple index); a transformers key is the
-    debugger's file stem under the model's class name, or ("rope", i, 0|1) / ("block", i) /
-    ("experts", i) for the derived values.
+    debugger's file stem under the model's class name, or ("rope", i, 0|1) / ("block", i) for
+    the derived values.
     """
     n = len(hf.model.layers)
     pairs = [("embedding", None, "tok_embeddings", "model.embed_tokens_outputs")]
     for i in range(n):
         t, h = f"layers.{i}", f"model.layers.{i}"
-        block = titan.layers[str(i)]
+        block = titan.layers[str(i)] if str(i) in titan.layers else None
         pairs += [
             ("attention norm", i, f"{t}.attention_norm", f"{h}.input_layernorm_outputs"),
             ("q_proj", i, (f"{t}.attention.qkv_linear", 0), f"{h}.self_attn.q_proj_outputs"),
@@ -133,14 +133,13 @@ def module_pairs(titan, hf) -> list[tuple[str, int | None, object, object]]:
             ("mlp norm", i, f"{t}.ffn_norm", f"{h}.post_attention_layernorm_outputs"),
         ]  # fmt: skip
         if getattr(block, "moe_enabled", False):
-            pairs.append(("experts", i, f"{t}.moe", ("experts", i)))
-        else:
-            pairs += [
-                ("mlp gate", i, f"{t}.feed_forward.w1", f"{h}.mlp.gate_proj_outputs"),
-                ("mlp up", i, f"{t}.feed_forward.w3", f"{h}.mlp.up_proj_outputs"),
-                ("mlp", i, f"{t}.feed_forward", f"{h}.mlp.down_proj_outputs"),
-            ]
-        pairs.append(("block", i, t, ("block", i)))
+            raise LocalizeError(f"torchtitan's {t} is a MoE block: the localizer maps dense Qwen3 only")
+        pairs += [
+            ("mlp gate", i, f"{t}.feed_forward.w1", f"{h}.mlp.gate_proj_outputs"),
+            ("mlp up", i, f"{t}.feed_forward.w3", f"{h}.mlp.up_proj_outputs"),
+            ("mlp", i, f"{t}.feed_forward", f"{h}.mlp.down_proj_outputs"),
+            ("block", i, t, ("block", i)),
+        ]
     return pairs + [("final norm", None, "norm", "model.norm_outputs"), ("head", None, "lm_head", "lm_head_outputs")]
 
 
@@ -196,10 +195,7 @@ def _hf_outputs(hf, ids, positions, directory: Path):
             cos, sin = read("model.rotary_emb_outputs_0"), read("model.rotary_emb_outputs_1")
             q, k = read(f"model.layers.{i}.self_attn.q_norm_outputs"), read(f"model.layers.{i}.self_attn.k_norm_outputs")
             return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)[key[2]]  # [B, L, heads, D] like torchtitan's
-        after = read(f"model.layers.{i + 1}_inputs_args_0") if i + 1 < n else read("model.norm_inputs_args_0")
-        if kind == "block":
-            return after
-        return after - read(f"model.layers.{i}.post_attention_layernorm_inputs_args_0")  # experts: block − residual
+        return read(f"model.layers.{i + 1}_inputs_args_0") if i + 1 < n else read("model.norm_inputs_args_0")
 
     return value
 
@@ -235,8 +231,7 @@ def localize(titan, hf, ids, positions=None) -> Localization:
             a = got[path] if isinstance(path, str) else got[path[0]][path[1]]
             label = path if isinstance(path, str) else f"{path[0]}[{path[1]}]"
             hf_label = key if isinstance(key, str) else {"rope": f"apply_rotary_pos_emb(q_norm, k_norm)[{key[-1]}]",
-                                                         "block": "the next module's input",
-                                                         "experts": "block output − residual"}[key[0]]  # fmt: skip
+                                                         "block": "the next module's input"}[key[0]]  # fmt: skip
             compared.append(compare(name, layer, label, hf_label, a, reference(key)))
         written = sum(p.stat().st_size for p in Path(directory).iterdir())
     cost = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
@@ -244,9 +239,15 @@ def localize(titan, hf, ids, positions=None) -> Localization:
     return Localization(compared, rows=int(ids.shape[0]), tokens=int(ids.shape[1]), cost=cost)
 
 
-def titan_model(opts, hf):
-    """The run's torchtitan model on the host, fp32, holding ``hf``'s weights through the spec's own adapter."""
+def titan_model(opts, state: dict | None = None):
+    """The run's torchtitan model on the host, fp32, loaded as torchtitan loads an HF checkpoint.
+
+    ``state``: HF-named tensors; default the safetensors files of ``opts.model_dir`` (the
+    checkpoint's own layout: transformers' in-memory MoE experts are fused, the files are not),
+    through the spec's own ``state_dict_adapter.from_hf``.
+    """
     import torch
+    from safetensors.torch import load_file
 
     from harness.config import build_config
     from recipes.titan import set_default_dtype
@@ -255,7 +256,11 @@ def titan_model(opts, hf):
     with torch.device("cpu"), set_default_dtype(torch.float32):
         model = spec.model.build()
     adapter = spec.state_dict_adapter(spec.model, str(opts.model_dir))
-    state = adapter.from_hf(dict(hf.state_dict()))  # load_state_dict copies: transformers' tensors stay its own
+    if state is None:
+        state = {}
+        for path in sorted(Path(opts.model_dir).glob("*.safetensors")):
+            state.update(load_file(path))
+    state = adapter.from_hf(dict(state))  # load_state_dict copies: the caller's tensors stay its own
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if "inv_freq" not in k and "cache" not in k]:
         raise LocalizeError(f"{opts.model_dir}: torchtitan's model does not take these weights "
@@ -281,4 +286,4 @@ def localize_run(run, record, hf, rows: int = ROWS, tokens: int = TOKENS) -> Loc
         raise LocalizeError(f"attention {record.attention!r}: the host model compares causal windows only")
     opts = run.options.resolved() if run.options.model_dir is None else run.options
     ids, positions = first_rows(record, rows, tokens)
-    return localize(titan_model(opts, hf), hf, ids, positions)
+    return localize(titan_model(opts), hf, ids, positions)

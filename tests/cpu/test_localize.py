@@ -40,7 +40,7 @@ def options(**changes) -> RunOptions:
 
 @pytest.fixture
 def titan(hf):
-    return titan_model(options(), hf)
+    return titan_model(options())
 
 
 def where(loc) -> tuple[str, int | None] | None:
@@ -59,7 +59,7 @@ def test_a_clean_pair_names_nothing(titan, hf, ids, record_property):
 
 def test_a_wrong_rope_theta_is_the_first_rope(hf, ids):
     """``--rope-theta 5e6`` against config.json's 1e6: the run's model through build_config."""
-    loc = localize(titan_model(options(rope_theta=5e6), hf), hf, ids)
+    loc = localize(titan_model(options(rope_theta=5e6)), hf, ids)
     assert where(loc) == ("RoPE'd q", 0), loc.summary()
     assert [(d.name, d.layer) for d in loc.diverging[1:4]] == [("RoPE'd k", 0), ("attention", 0), ("mlp norm", 0)]
     assert "layer 0 RoPE'd q" in loc.summary() and "next: layer 0 RoPE'd k" in loc.summary()
@@ -132,7 +132,7 @@ def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
     """results.md gets a "First divergence, by layer" section; upstream/<claim>.md fills its section from it."""
     from harness import report, upstream
 
-    loc = localize(titan_model(options(rope_theta=5e6), hf), hf, ids).to_dict()
+    loc = localize(titan_model(options(rope_theta=5e6)), hf, ids).to_dict()
     run = {"recipe": "native_qwen3", "tier": "cpu", "reference": {"verdict": "measured is 0.01 above", "localization": loc}}
     section = "\n".join(report.first_divergence_section([run, {"recipe": "hf_backend", "tier": "cpu", "reference": {}}]))
     assert section.startswith("## First divergence, by layer")

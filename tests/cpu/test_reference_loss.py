@@ -246,6 +246,14 @@ def test_tokenizer_fault_is_named(tmp_path, reference_model, healthy, record_pro
     assert "tokenizer" in result.diagnosis() and "EXPLAINS" in result.diagnosis()
 
 
+def test_a_healthy_run_localized_on_request_names_no_module(healthy, reference_model):
+    """The control of the localizer on the loader's real batch (per-document positions, both sides)."""
+    run, record, _ = healthy
+    result = reference.check(run, record, model=reference_model, localize=True)
+    assert result.agrees and result.localization["first"] is None, result.localization["summary"]
+    assert len(result.localization["compared"]) == 31
+
+
 def test_rope_theta_fault_is_named(reference_model, record_property):
     """The recipe's RoPE theta 5× below config.json's: measured off the reference, the run's theta accounts for it.
 
