@@ -107,7 +107,7 @@ def measure_localize_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), to
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
         opts = options(n)
         started, cpu = time.perf_counter(), time.process_time()
-        titan = titan_model(opts, hf.state_dict())
+        titan, _ = titan_model(opts, hf.state_dict())
         built_cpu = time.process_time() - cpu
         loc = localize(titan, hf, torch.randint(0, config.vocab_size, (1, tokens)))
         measured[n] = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,

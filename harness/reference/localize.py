@@ -81,6 +81,8 @@ class Localization:
     rows: int
     tokens: int
     cost: dict = field(default_factory=dict)
+    #: torchtitan parameters the checkpoint did not fill (left at torchtitan's init).
+    not_loaded: list[str] = field(default_factory=list)
 
     @property
     def diverging(self) -> list[ModuleDiff]:
@@ -92,6 +94,8 @@ class Localization:
 
     def summary(self) -> str:
         scope = f"{len(self.compared)} modules over {self.rows} sequence(s) × {self.tokens} tokens"
+        if self.not_loaded:
+            scope += f"; not in the checkpoint, left at torchtitan's init: {', '.join(self.not_loaded)}"
         if self.first is None:
             return f"no module differs beyond its tolerance ({scope})"
         after = "; ".join(d.line() for d in self.diverging[1 : 1 + NEXT]) or "none"
@@ -216,8 +220,11 @@ def compare(name: str, layer, titan_path: str, hf_name: str, a, b) -> ModuleDiff
     return ModuleDiff(name, layer, titan_path, hf_name, str(coarser).removeprefix("torch."), max_abs, rel, tolerance)
 
 
-def localize(titan, hf, ids, positions=None) -> Localization:
-    """Both models on ``ids`` ([rows, tokens]); every mapped module compared in forward order."""
+def localize(titan, hf, ids, positions=None, not_loaded: list[str] | None = None) -> Localization:
+    """Both models on ``ids`` ([rows, tokens]); every mapped module compared in forward order.
+
+    ``not_loaded``: torchtitan's parameters the checkpoint did not fill (``titan_model``), reported.
+    """
     started, cpu = time.perf_counter(), time.process_time()
     titan.eval(), hf.eval()
     pairs = module_pairs(titan, hf)
@@ -236,11 +243,13 @@ def localize(titan, hf, ids, positions=None) -> Localization:
         written = sum(p.stat().st_size for p in Path(directory).iterdir())
     cost = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
             "torchtitan_forward_s": forwards - started, "debugger_bytes": written}  # fmt: skip
-    return Localization(compared, rows=int(ids.shape[0]), tokens=int(ids.shape[1]), cost=cost)
+    return Localization(compared, rows=int(ids.shape[0]), tokens=int(ids.shape[1]), cost=cost,
+                        not_loaded=list(not_loaded or []))  # fmt: skip
 
 
 def titan_model(opts, state: dict | None = None):
-    """The run's torchtitan model on the host, fp32, loaded as torchtitan loads an HF checkpoint.
+    """(the run's torchtitan model on the host in fp32, loaded as torchtitan loads an HF checkpoint,
+    the parameters the checkpoint did not fill: left at torchtitan's init, e.g. an untied head).
 
     ``state``: HF-named tensors; default the safetensors files of ``opts.model_dir`` (the
     checkpoint's own layout: transformers' in-memory MoE experts are fused, the files are not),
@@ -262,10 +271,11 @@ def titan_model(opts, state: dict | None = None):
             state.update(load_file(path))
     state = adapter.from_hf(dict(state))  # load_state_dict copies: the caller's tensors stay its own
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if "inv_freq" not in k and "cache" not in k]:
-        raise LocalizeError(f"{opts.model_dir}: torchtitan's model does not take these weights "
-                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")  # fmt: skip
-    return model.eval()
+    if unexpected:
+        raise LocalizeError(f"{opts.model_dir}: torchtitan's model has no parameter {unexpected[0]!r} "
+                            f"({len(unexpected)} such): the weights are not this recipe's model")  # fmt: skip
+    parameters = dict(model.named_parameters())
+    return model.eval(), [k for k in missing if k in parameters]
 
 
 def first_rows(record, rows: int = ROWS, tokens: int = TOKENS):
@@ -286,4 +296,5 @@ def localize_run(run, record, hf, rows: int = ROWS, tokens: int = TOKENS) -> Loc
         raise LocalizeError(f"attention {record.attention!r}: the host model compares causal windows only")
     opts = run.options.resolved() if run.options.model_dir is None else run.options
     ids, positions = first_rows(record, rows, tokens)
-    return localize(titan_model(opts), hf, ids, positions)
+    model, not_loaded = titan_model(opts)
+    return localize(model, hf, ids, positions, not_loaded)

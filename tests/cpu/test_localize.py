@@ -40,7 +40,7 @@ def options(**changes) -> RunOptions:
 
 @pytest.fixture
 def titan(hf):
-    return titan_model(options())
+    return titan_model(options())[0]
 
 
 def where(loc) -> tuple[str, int | None] | None:
@@ -59,7 +59,7 @@ def test_a_clean_pair_names_nothing(titan, hf, ids, record_property):
 
 def test_a_wrong_rope_theta_is_the_first_rope(hf, ids):
     """``--rope-theta 5e6`` against config.json's 1e6: the run's model through build_config."""
-    loc = localize(titan_model(options(rope_theta=5e6)), hf, ids)
+    loc = localize(titan_model(options(rope_theta=5e6))[0], hf, ids)
     assert where(loc) == ("RoPE'd q", 0), loc.summary()
     assert [(d.name, d.layer) for d in loc.diverging[1:4]] == [("RoPE'd k", 0), ("attention", 0), ("mlp norm", 0)]
     assert "layer 0 RoPE'd q" in loc.summary() and "next: layer 0 RoPE'd k" in loc.summary()
@@ -71,6 +71,19 @@ def test_an_untied_head_is_the_head(titan, hf, ids):
     loc = localize(titan, hf, ids)
     assert where(loc) == ("head", None), loc.summary()
     assert len(loc.diverging) == 1
+
+
+def test_a_weight_the_checkpoint_lacks_is_named_and_localized(hf, ids):
+    """The checkpoint without layer 1's MLP norm: torchtitan keeps its init (ones) there, and says so."""
+    from safetensors.torch import load_file
+
+    state = load_file(MODEL_DIR / "model.safetensors")
+    del state["model.layers.1.post_attention_layernorm.weight"]
+    model, not_loaded = titan_model(options(), state)
+    assert not_loaded == ["layers.1.ffn_norm.weight"]
+    loc = localize(model, hf, ids, not_loaded=not_loaded)
+    assert where(loc) == ("mlp norm", 1), loc.summary()
+    assert "left at torchtitan's init: layers.1.ffn_norm.weight" in loc.summary()
 
 
 def test_a_perturbed_norm_weight_at_layer_1_is_that_norm(titan, hf, ids):
@@ -132,7 +145,7 @@ def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
     """results.md gets a "First divergence, by layer" section; upstream/<claim>.md fills its section from it."""
     from harness import report, upstream
 
-    loc = localize(titan_model(options(rope_theta=5e6)), hf, ids).to_dict()
+    loc = localize(titan_model(options(rope_theta=5e6))[0], hf, ids).to_dict()
     run = {"recipe": "native_qwen3", "tier": "cpu", "reference": {"verdict": "measured is 0.01 above", "localization": loc}}
     section = "\n".join(report.first_divergence_section([run, {"recipe": "hf_backend", "tier": "cpu", "reference": {}}]))
     assert section.startswith("## First divergence, by layer")
