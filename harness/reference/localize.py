@@ -30,9 +30,10 @@ Memory: at Qwen3-4B one module's output for a 64-rank batch is ~1 GB; only a sub
 is compared (``rows`` sequences of rank 0's first batch, their first ``tokens``
 positions: with causal attention a prefix's outputs do not depend on what follows).
 Measured (``python -m harness.reference cost --localize``, one thread, random weights at the
-real 4B width, 1 and 2 layers, 256 tokens): 5.8 CPU-s fixed + 1.5 CPU-s per layer (building
-torchtitan's model dominates), so ~60 CPU-s for Qwen3-4B's 36 layers; the debugger writes
-325 MB + 108 MB per layer (~4.2 GB); the host holds both fp32 models (~2 × 16 GB at 4B).
+real 4B width, 1 and 2 layers, 256 tokens; two runs on a shared 2-core machine): 5.8-6.7 CPU-s
+fixed + 0.9-1.5 CPU-s per layer (building torchtitan's model dominates), so ~40-60 CPU-s for
+Qwen3-4B's 36 layers, plus reading the checkpoint (not measured); the debugger writes 325 MB +
+108 MB per layer (~4.2 GB); the host holds both fp32 models (~2 × 16 GB at 4B).
 """
 
 from __future__ import annotations
