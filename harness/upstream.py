@@ -2,8 +2,8 @@
 
 Written so that pasting it into the upstream tracker is the whole job: what moved (expected, measured,
 tolerance, lane), the exact versions and the lock, the inputs the run used, the one command that
-reproduces it, what the host reference said, where the two models first part ways (harness.reference.localize) and which release
-moved it when those ran, and the first night it moved (from the runs log). Each section says plainly
+reproduces it, what the host reference said, where the two models first part ways (harness.reference.localize)
+and which release moved it when those ran, and the first night it moved (from the runs log). Each section says plainly
 when it has nothing (never an empty heading).
 """
 

@@ -61,7 +61,11 @@ from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolera
 from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
 from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
 from harness.reference.suspects import RunInfo, diagnose
-from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost, measure_localize_cost  # noqa: F401 -- python -m harness.reference cost
+from harness.reference.cost import (  # noqa: F401 -- python -m harness.reference cost [--localize]
+    TRN2_GLOBAL_ROWS,
+    measure_cost,
+    measure_localize_cost,
+)
 
 def check(
     run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False,
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.reference", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", help="a run directory, or 'cost'")
     parser.add_argument("--diagnose", action="store_true", help="measure every suspect even when the verdict passes")
-    parser.add_argument("--localize", action="store_true", help="compare torchtitan's and transformers' modules even when it passes")
+    parser.add_argument("--localize", action="store_true",
+                        help="compare torchtitan's and transformers' modules even when it passes; cost: the localizer's")
     parser.add_argument("--config-dir", type=Path, help="cost: config.json to size the model from")
     parser.add_argument("--threads", type=int)
     args = parser.parse_args(argv)

@@ -71,7 +71,9 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
     }
 
 
-def measure_localize_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), tokens: int = 256, threads: int | None = None) -> dict:
+def measure_localize_cost(
+    config_dir: Path, layers: tuple[int, ...] = (1, 2), tokens: int = 256, threads: int | None = None
+) -> dict:
     """The localizer (harness.reference.localize) at the real width: random weights at two depths, extrapolated.
 
     CPU seconds of building the run's torchtitan model and comparing one row of ``tokens``

@@ -67,7 +67,8 @@ def test_a_wrong_rope_theta_is_the_first_rope(hf, ids):
 
 def test_an_untied_head_is_the_head(titan, hf, ids):
     """A head that is not the embedding (untied and left at its init): only the head differs."""
-    titan.lm_head.weight = torch.nn.Parameter(torch.randn(titan.lm_head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.02)
+    init = torch.randn(titan.lm_head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.02
+    titan.lm_head.weight = torch.nn.Parameter(init)
     loc = localize(titan, hf, ids)
     assert where(loc) == ("head", None), loc.summary()
     assert len(loc.diverging) == 1
@@ -120,8 +121,8 @@ def test_a_defect_on_transformers_side_is_found_too(titan, hf, ids):
 def _run(measured: float) -> RunInfo:
     return RunInfo(
         recipe="native_qwen3", tier="cpu", model_dir=str(MODEL_DIR), measured=measured, options=options(),
-        tokenizer={"path": str(MODEL_DIR), "sha256": sha256_of([MODEL_DIR / "tokenizer.json", MODEL_DIR / "tokenizer_config.json"]),
-                   "vocab_size": 1024},
+        tokenizer={"path": str(MODEL_DIR), "vocab_size": 1024,
+                   "sha256": sha256_of([MODEL_DIR / "tokenizer.json", MODEL_DIR / "tokenizer_config.json"])},
         model={"rope_theta": 1e6},
     )  # fmt: skip
 
