@@ -83,6 +83,9 @@ class RunOptions:
     overwrite: bool = False
     #: Save the final HF export (``last_save_in_hf``); measurement-only runs skip the write.
     export: bool = True
+    #: Compare torchtitan's and transformers' modules on step 1's batch even when the host reference
+    #: agrees (it runs by itself when they disagree): the report's "first divergence" section.
+    localize: bool = False
     #: Score step 1 forward-only (``harness.step1_forward``) instead of training: a step-1 loss is a
     #: forward pass before any update. The main job's full-width random-init runs; one step, no export.
     forward_only: tyro.conf.Suppress[bool] = False

@@ -238,6 +238,25 @@ def reference_section(runs: list[dict]) -> list[str]:
     return lines
 
 
+def first_divergence_section(runs: list[dict]) -> list[str]:
+    """Each localized run: the first module where torchtitan's model and transformers' part, and the next three."""
+    localized = [r for r in runs if (r.get("reference") or {}).get("localization")]
+    if not localized:
+        return []
+    lines = [
+        "## First divergence, by layer",
+        "",
+        "The run's first batch (rank 0, a prefix) through its torchtitan model and transformers' model on the host, "
+        "fp32, module by module in forward order (harness.reference.localize: runs when step 1 disagrees with the "
+        "reference, or with `--localize`).",
+        "",
+    ]
+    for r in localized:
+        loc = r["reference"]["localization"]
+        lines.append(f"- {r['recipe']} ({r['tier']}): {loc['summary']}")
+    return lines + [""]
+
+
 # --- per config: published, as published, corrected, reference (the trn2 lanes) ------------------------
 
 
@@ -368,6 +387,7 @@ def markdown(report: dict) -> str:
         reasons = [(c["key"], c["reason"]) for c in report["checks"] if c.get("reason")]
         lines += [f"- `{key}`: {reason}" for key, reason in reasons] + ([""] if reasons else [])
     lines += reference_section(report.get("runs", []))
+    lines += first_divergence_section(report.get("runs", []))
     if report.get("runs"):
         rows = []
         for r in report["runs"]:

@@ -2,8 +2,8 @@
 
 Written so that pasting it into the upstream tracker is the whole job: what moved (expected, measured,
 tolerance, lane), the exact versions and the lock, the inputs the run used, the one command that
-reproduces it, what the host reference said, where the two models first part ways and which release
-moved it when those ran, and the first night it moved (from the runs log). Each section says plainly
+reproduces it, what the host reference said, where the two models first part ways (harness.reference.localize)
+and which release moved it when those ran, and the first night it moved (from the runs log). Each section says plainly
 when it has nothing (never an empty heading).
 """
 
@@ -59,6 +59,24 @@ def first_night_moved(row: dict, log: Path | None) -> str:
             f"versions {json.dumps(first.get('versions', {}), sort_keys=True)}")  # fmt: skip
 
 
+def _without_localization(value):
+    return {k: v for k, v in value.items() if k != "localization"} if isinstance(value, dict) else value
+
+
+def first_diverging(references: dict) -> list[str]:
+    """Where torchtitan's model and transformers' first part ways, from each host reference's localization."""
+    lines = []
+    for key, value in sorted(references.items()):
+        loc = value.get("localization") if isinstance(value, dict) else None
+        if loc:
+            lines.append(f"- `{key}`: {loc['summary']}")
+    return lines or [
+        "not run for this claim: no host reference here recorded a localization (harness.reference.localize runs "
+        "when step 1 disagrees with the reference, or with `--localize`; by hand: "
+        "`python -m harness.reference RUN_DIR --localize`)"
+    ]
+
+
 def markdown(row: dict, record: dict, versions: dict, log: Path | None) -> str:
     claim, props = _claim(row), record.get("properties", {})
     expected = row.get("published") if row.get("published") is not None else row.get("golden")
@@ -88,12 +106,13 @@ def markdown(row: dict, record: dict, versions: dict, log: Path | None) -> str:
         "",
         "## Host reference",
         "",
-        *([f"- `{k}`: {json.dumps(v, sort_keys=True, default=str)[:2000]}" for k, v in sorted(references.items())]
+        *([f"- `{k}`: {json.dumps(_without_localization(v), sort_keys=True, default=str)[:2000]}"
+           for k, v in sorted(references.items())]
           or ["not run by this test (the reference check of a run: `python -m harness.reference RUN_DIR`)"]),
         "",
         "## First diverging layer",
         "",
-        "not run: the layer-by-layer localizer (issue 38 point 1) is not built yet",
+        *first_diverging(references),
         "",
         "## Release that moved it",
         "",

@@ -26,10 +26,14 @@ effect on the reference (:func:`diagnose`):
   its own theta gives (torchtitan issue 4783: the Transformers backend leaves
   ``inv_freq`` as ``to_empty()`` memory); the batch is scored with the held ones.
 
+When step 1 disagrees with the reference (or the run asked with ``--localize``), the same
+first rows go through the run's torchtitan model and transformers' model side by side and the
+check names the first module whose output differs (:mod:`harness.reference.localize`).
+
 ``python -m harness.reference RUN_DIR`` prints the check of one run;
 ``python -m harness.reference cost`` measures what the reference costs per
 token and layer at the real 4B width on this CPU and extrapolates to a trn2
-global batch.
+global batch (``cost --localize``: what the layer-by-layer localizer costs there).
 """
 
 from __future__ import annotations
@@ -57,10 +61,22 @@ from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolera
 from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
 from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
 from harness.reference.suspects import RunInfo, diagnose
-from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost  # noqa: F401 -- python -m harness.reference cost
+from harness.reference.cost import (  # noqa: F401 -- python -m harness.reference cost [--localize]
+    TRN2_GLOBAL_ROWS,
+    measure_cost,
+    measure_localize_cost,
+)
 
-def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False) -> ReferenceCheck:
-    """Reference loss of ``record`` from ``run``'s weights, the verdict, and the diagnosis when needed."""
+def check(
+    run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False,
+    localize: bool = False,
+) -> ReferenceCheck:
+    """Reference loss of ``record`` from ``run``'s weights, the verdict, and the diagnosis when needed.
+
+    The layer-by-layer localization costs two more forwards and a torchtitan model on the host:
+    it runs only when the measured loss disagrees, or on request (``localize``, or the run's
+    ``--localize``).
+    """
     started, cpu_started = time.perf_counter(), time.process_time()
     model = model if model is not None else load_reference_model(Path(run.model_dir))
     loaded = time.perf_counter()
@@ -74,9 +90,13 @@ def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None 
     )  # fmt: skip
     if result.needs_diagnosis or always_diagnose:
         result.suspects = diagnose(result, run, record, model)
+    scored_suspects = time.perf_counter()
+    if not result.agrees or localize or getattr(run.options, "localize", False):
+        result.localization = _localization(run, record, model)
     result.cost = {
         "load_s": loaded - started,
         "score_s": scored - loaded,
+        "localize_s": time.perf_counter() - scored_suspects if result.localization else 0.0,
         "total_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu_started,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -84,9 +104,19 @@ def check(run: RunInfo, record: Record, model=None, tolerance: Tolerance | None 
     return result
 
 
+def _localization(run: RunInfo, record: Record, model) -> dict:
+    """The first divergence, or why there is none to report (never lost: the check stands either way)."""
+    from harness.reference.localize import localize_run
+
+    try:
+        return localize_run(run, record, model).to_dict()
+    except Exception as e:  # noqa: BLE001 -- reported in the check, which stands without it
+        return {"error": f"{type(e).__name__}: {e}", "summary": f"not localized: {type(e).__name__}: {e}"}
+
+
 def check_run_dir(
     run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False,
-    model=None,
+    model=None, localize: bool = False,
 ) -> ReferenceCheck | None:
     """The reference check of one run directory, or None when the run recorded no batch.
 
@@ -96,7 +126,7 @@ def check_run_dir(
     if record is None:
         return None
     run = RunInfo.from_run_dir(run_dir, allow_no_step=allow_no_step)
-    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose)
+    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose, localize=localize)
 
 
 def summary(result: ReferenceCheck) -> str:
@@ -106,7 +136,8 @@ def summary(result: ReferenceCheck) -> str:
         f"{result.verdict}"
     )
     diagnosis = result.diagnosis()
-    return text + (f"\n  diagnosis: {diagnosis}" if diagnosis else "")
+    text += f"\n  diagnosis: {diagnosis}" if diagnosis else ""
+    return text + (f"\n  layer by layer: {result.localization['summary']}" if result.localization else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,15 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.reference", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", help="a run directory, or 'cost'")
     parser.add_argument("--diagnose", action="store_true", help="measure every suspect even when the verdict passes")
+    parser.add_argument("--localize", action="store_true",
+                        help="compare torchtitan's and transformers' modules even when it passes; cost: the localizer's")
     parser.add_argument("--config-dir", type=Path, help="cost: config.json to size the model from")
     parser.add_argument("--threads", type=int)
     args = parser.parse_args(argv)
     if args.what == "cost":
         from recipes.specs import QWEN3_4B_INSTRUCT_2507
 
-        print(json.dumps(measure_cost(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
+        measure = measure_localize_cost if args.localize else measure_cost
+        print(json.dumps(measure(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
         return 0
-    result = check_run_dir(Path(args.what), always_diagnose=args.diagnose)
+    result = check_run_dir(Path(args.what), always_diagnose=args.diagnose, localize=args.localize)
     if result is None:
         print(f"{args.what} recorded no first batch (random init, or TP/CP/PP > 1)", file=sys.stderr)
         return 2

@@ -69,3 +69,60 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
         "full_model_fp32_gib": full_params * 4 / 2**30,
         "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
+
+
+def measure_localize_cost(
+    config_dir: Path, layers: tuple[int, ...] = (1, 2), tokens: int = 256, threads: int | None = None
+) -> dict:
+    """The localizer (harness.reference.localize) at the real width: random weights at two depths, extrapolated.
+
+    CPU seconds of building the run's torchtitan model and comparing one row of ``tokens``
+    positions (both forwards, transformers' debugger files, the comparisons), and the bytes
+    the debugger wrote; per layer from the two depths, then ``fixed + n_layers × per_layer``.
+    transformers' model itself is not counted: the reference check has loaded it already.
+    """
+    import gc
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from harness.config import build_config
+    from harness.options import RunOptions
+    from harness.reference.localize import localize, titan_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    full = AutoConfig.from_pretrained(config_dir)
+    theta = (getattr(full, "rope_parameters", None) or {}).get("rope_theta")
+    def options(n: int) -> RunOptions:
+        return RunOptions(recipe="native_qwen3", tier="cpu", init="hf", layers=n, model_dir=Path(config_dir),
+                          rope_theta=theta).resolved()  # fmt: skip
+
+    build_config(options(layers[0]))  # warm-up: the first build imports torchtitan and the recipes
+    measured = {}
+    for n in layers:
+        config = AutoConfig.from_pretrained(config_dir)
+        config.num_hidden_layers = n
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:n]
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+        opts = options(n)
+        started, cpu = time.perf_counter(), time.process_time()
+        titan, _ = titan_model(opts, hf.state_dict())
+        built_cpu = time.process_time() - cpu
+        loc = localize(titan, hf, torch.randint(0, config.vocab_size, (1, tokens)))
+        measured[n] = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
+                       "build_cpu_s": built_cpu, "debugger_bytes": loc.cost["debugger_bytes"],
+                       "first_divergence": loc.summary()[:200]}  # fmt: skip
+        del hf, titan, loc
+        gc.collect()
+    a, b = layers[0], layers[-1]
+    extrapolated = {}
+    for key in ("cpu_s", "debugger_bytes"):
+        per_layer = (measured[b][key] - measured[a][key]) / (b - a)
+        extrapolated[key] = {"fixed": measured[a][key] - a * per_layer, "per_layer": per_layer,
+                             "full_model": measured[a][key] + (full.num_hidden_layers - a) * per_layer}  # fmt: skip
+    return {"config": str(config_dir), "tokens": tokens, "threads": torch.get_num_threads(), "by_layers": measured,
+            "full_layers": full.num_hidden_layers, "extrapolated": extrapolated,
+            "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # fmt: skip

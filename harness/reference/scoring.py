@@ -180,6 +180,9 @@ class ReferenceCheck:
     cost: dict = field(default_factory=dict)
     #: False when the tolerance is an unmeasured allowance: the verdict is "unmeasured".
     judged: bool = True
+    #: Where torchtitan's model and transformers' first part ways (``harness.reference.localize``):
+    #: its ``to_dict()``, or {"error": ...}; None when not run (the reference agreed, no --localize).
+    localization: dict | None = None
 
     @property
     def difference(self) -> float:

@@ -24,6 +24,7 @@ NON_DEFAULT = dict(
     seq_len=512, local_batch_size=4, layers=2, init="random", model_dir=Path("/m"), dataset_dir=Path("/d"),
     tokenizer_dir=Path("/t"), rope_theta=5e6, allow_mismatch=["rope_theta", "vocab"], export_dir=Path("/e"),
     seed=3, overrides=["rope_hf", "rope_hf=layers.1[0-9].attention.rope"], overwrite=True, export=False,
+    localize=True,
 )  # fmt: skip
 
 
@@ -59,7 +60,7 @@ def test_the_cli_has_one_flag_per_field_and_nothing_else():
     shown = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out.stdout)) - {"--help"}
     command_only = {"--report-dir", "--dry-run", "--no-dry-run"}
     expected = {flag(f.name) for f in fields(RunOptions) if f.name not in ("recipe", "run_dir", *HARNESS_SET)}
-    expected |= {"--no-" + flag(name)[2:] for name in ("overwrite", "export")}
+    expected |= {"--no-" + flag(name)[2:] for name in ("overwrite", "export", "localize")}
     # --model-dir etc. also appear inside help sentences; every shown flag must be a real one
     assert shown - command_only <= expected
     assert expected <= shown

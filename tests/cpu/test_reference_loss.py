@@ -246,6 +246,14 @@ def test_tokenizer_fault_is_named(tmp_path, reference_model, healthy, record_pro
     assert "tokenizer" in result.diagnosis() and "EXPLAINS" in result.diagnosis()
 
 
+def test_a_healthy_run_localized_on_request_names_no_module(healthy, reference_model):
+    """The control of the localizer on the loader's real batch (per-document positions, both sides)."""
+    run, record, _ = healthy
+    result = reference.check(run, record, model=reference_model, localize=True)
+    assert result.agrees and result.localization["first"] is None, result.localization["summary"]
+    assert len(result.localization["compared"]) == 31
+
+
 def test_rope_theta_fault_is_named(reference_model, record_property):
     """The recipe's RoPE theta 5× below config.json's: measured off the reference, the run's theta accounts for it.
 
@@ -262,6 +270,9 @@ def test_rope_theta_fault_is_named(reference_model, record_property):
     assert theta.reference_with_fault == pytest.approx(result.measured, abs=CPU_TOL)
     # The held inv_freq is what the run's theta gives: not a second, separate suspect.
     assert [s.applies for s in result.suspects if s.name == "inv_freq"] == [False]
+    # The disagreement is localized on the recorded batch (its per-document positions on both sides).
+    first = result.localization["first"]
+    assert (first["name"], first["layer"]) == ("RoPE'd q", 0), result.localization["summary"]
 
 
 @pytest.mark.parametrize("left_as", [0.0, float("nan")], ids=["zeros", "nan"])
@@ -363,6 +374,8 @@ def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     markdown = (report_dir / "results.md").read_text()
     assert "Step-1 loss vs an independent reference" in markdown
     assert "diagnosis of native_qwen3" in markdown and "rope_theta" in markdown and "EXPLAINS" in markdown
+    assert ref["localization"]["first"]["name"] == "RoPE'd q" and ref["localization"]["first"]["layer"] == 0
+    assert "## First divergence, by layer" in markdown and "first divergence: layer 0 RoPE'd q" in markdown
 
 
 def test_cost_estimate_extrapolates_from_two_depths():

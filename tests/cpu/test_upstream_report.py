@@ -44,6 +44,7 @@ def test_a_failing_claim_gets_a_report_with_every_field_and_a_passing_one_none(t
     assert json.dumps(inputs, indent=1, sort_keys=True) in text
     assert f"python -m pytest '{neuron_test}' -m neuron -p no:xdist" in text
     assert '"verdict": "agrees"' in text
+    assert "## First diverging layer\n\nnot run for this claim: no host reference here recorded a localization" in text
     assert "night n2 " in text and "step 1 7.2" in text  # n1 was within 0.02 of 6.54
     cpu = (tmp_path / "report/upstream/native_qwen3.cpu.loss_curve_100.md").read_text()
     assert "not in the runs log" in cpu and "-m cpu -p no:xdist" in cpu and "the cpu tier's fixtures" in cpu
