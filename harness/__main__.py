@@ -325,17 +325,46 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_run(args, cli_overrides)
 
 
-def main_for_a_pipe() -> int:
-    """``main()``, quiet when stdout's reader leaves early (``python -m harness list | head``).
+class StdoutUntilClosed:
+    """``sys.stdout`` that outlives its reader: once a write finds the pipe closed (``| head``), fd 1 points
+    at /dev/null and the rest of the output is dropped; the run goes on, keeps its report and exits with its code.
 
-    Python's advice for SIGPIPE: point stdout at /dev/null so the interpreter's last
-    flush cannot fail again, and exit 1.
+    Python's advice for SIGPIPE (the signal module's docs, "Note on SIGPIPE"): point stdout at
+    /dev/null so that no later write, nor the interpreter's last flush, fails again.
     """
-    try:
-        return main()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        #: True once the reader had gone.
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        if not self.reader_gone:
+            self.reader_gone = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def main_for_a_pipe() -> int:
+    """``main()`` with a stdout whose reader may leave early (``python -m harness run ... | head -2``)."""
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up live in a pipe too (``| tee``, ``| head``)
+    sys.stdout = StdoutUntilClosed(sys.stdout)
+    return main()
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ ROWS = [
     Row("SIGINT twice", "training", 128 + signal.SIGINT, "steps so far"),
     Row("SIGTERM", "reference", 128 + signal.SIGTERM, "every step"),
     Row("SIGINT", "report", 128 + signal.SIGINT, "every step", in_process=True),
+    Row("pipe", "training", 0, "every step"),  # last: the good run after every interrupted one
 ]
 
 
