@@ -325,11 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_run(args, cli_overrides)
 
 
-class StdoutUntilClosed:
-    """``sys.stdout`` that outlives its reader: once a write finds the pipe closed (``| head``), fd 1 points
-    at /dev/null and the rest of the output is dropped; the run goes on, keeps its report and exits with its code.
+class UntilReaderLeaves:
+    """``sys.stdout`` or ``sys.stderr`` that outlives its reader: once a write finds the pipe closed (``| head``,
+    or a ``2>&1 | tee`` that a Ctrl-C ended with the launcher), its fd points at /dev/null and the rest of the
+    output is dropped; the run goes on, keeps its report and exits with its own code (or 128 + the signal's).
 
-    Python's advice for SIGPIPE (the signal module's docs, "Note on SIGPIPE"): point stdout at
+    Python's advice for SIGPIPE (the signal module's docs, "Note on SIGPIPE"): point the stream at
     /dev/null so that no later write, nor the interpreter's last flush, fails again.
     """
 
@@ -361,9 +362,9 @@ class StdoutUntilClosed:
 
 
 def main_for_a_pipe() -> int:
-    """``main()`` with a stdout whose reader may leave early (``python -m harness run ... | head -2``)."""
+    """``main()`` with a stdout and stderr whose reader may leave early (``python -m harness run ... | head -2``)."""
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up live in a pipe too (``| tee``, ``| head``)
-    sys.stdout = StdoutUntilClosed(sys.stdout)
+    sys.stdout, sys.stderr = UntilReaderLeaves(sys.stdout), UntilReaderLeaves(sys.stderr)
     return main()
 
 

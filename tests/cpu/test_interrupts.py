@@ -9,6 +9,8 @@ left (``run_watch.RunWatch``). All rows write into one report directory, in orde
 from the report the one before it left, and the last row (the closed pipe: a complete run) is the
 good run afterwards: it must succeed and keep every run the interrupted commands reported.
 
+A Ctrl-C to a pipeline (``python -m harness run ... 2>&1 | tee log``) ends the reader too: the
+launcher's own "INTERRUPTED" line then meets a closed pipe, and must not change its exit code.
 The stages are found the way a user would see them: the run directory claimed but no run.json
 (the checks), run.json but no step (rank start), steps.jsonl growing (training), the "reference
 loss" line (the host reference). The report takes a fraction of a second, so its row is in process:
@@ -46,7 +48,8 @@ NO_ORPHANS_WITHIN_S = GRACE_S + 20
 
 @dataclass(frozen=True)
 class Row:
-    #: "SIGINT", "SIGTERM", "SIGINT twice" or "pipe" (stdout's reader leaves after two lines).
+    #: "SIGINT", "SIGTERM", "SIGINT twice", "SIGINT to a pipeline" (``2>&1 | tee``: Ctrl-C ends the
+    #: reader too) or "pipe" (stdout's reader leaves after two lines).
     stop: str
     stage: str
     code: int
@@ -57,6 +60,10 @@ class Row:
     in_process: bool = False
 
     @property
+    def signal_name(self) -> str:
+        return self.stop.split()[0]
+
+    @property
     def id(self) -> str:
         return f"{self.stop}-{self.stage}".replace(" ", "_")
 
@@ -64,6 +71,7 @@ class Row:
 ROWS = [
     Row("SIGINT", "checks", 128 + signal.SIGINT, "nothing"),
     Row("SIGINT", "rank start", 128 + signal.SIGINT, "the run"),
+    Row("SIGINT to a pipeline", "rank start", 128 + signal.SIGINT, "the run"),
     Row("SIGINT twice", "training", 128 + signal.SIGINT, "steps so far"),
     Row("SIGTERM", "reference", 128 + signal.SIGTERM, "every step"),
     Row("SIGINT", "report", 128 + signal.SIGINT, "every step", in_process=True),
@@ -98,7 +106,7 @@ class Outcome:
 class Launcher:
     """A real ``python -m harness run`` in a process group of its own (a terminal's foreground job)."""
 
-    def __init__(self, report_dir: Path, runs_before: set[Path], pipe: bool) -> None:
+    def __init__(self, report_dir: Path, runs_before: set[Path], pipe: bool, merged: bool = False) -> None:
         env = dict(os.environ)
         if pipe:
             env.pop("PYTHONUNBUFFERED", None)  # as a user's shell runs it: the harness itself must show progress
@@ -107,11 +115,13 @@ class Launcher:
         self.report_dir, self.runs_before = report_dir, runs_before
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness", *command(report_dir)], cwd=REPO_ROOT, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
+            start_new_session=True,
         )  # fmt: skip
         self.lines: list[str] = []
-        self.stderr: list[str] = []
-        threading.Thread(target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True).start()
+        self.stderr: list[str] = [] if not merged else ["(2>&1 into a reader that left)"]
+        if not merged:
+            threading.Thread(target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True).start()
 
     def read_lines(self) -> None:
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
@@ -140,7 +150,8 @@ class Launcher:
 
 def run_in_a_process(row: Row, report_dir: Path) -> Outcome:
     runs_before = set(report_dir.glob("runs/*"))
-    launcher = Launcher(report_dir, runs_before, pipe=row.stop == "pipe")
+    pipeline = row.stop == "SIGINT to a pipeline"
+    launcher = Launcher(report_dir, runs_before, pipe=row.stop == "pipe", merged=pipeline)
     try:
         if row.stop == "pipe":
             first = [launcher.proc.stdout.readline() for _ in range(2)]
@@ -148,7 +159,8 @@ def run_in_a_process(row: Row, report_dir: Path) -> Outcome:
             at_close = steps_on_disk(launcher.run_dir())
             launcher.proc.stdout.close()  # head -2 has its lines and leaves
             return Outcome(*launcher.end(), launcher.run_dir(), at_close)
-        launcher.read_lines()
+        if not pipeline:  # the pipeline's reader is this test's own end of the pipe, closed at the signal
+            launcher.read_lines()
         if row.stage == "checks":
             launcher.wait_until("a claimed run directory", lambda: launcher.run_dir() is not None)
             time.sleep(1.0)  # well inside the checks (~8 s here); run.json says if they had already passed
@@ -164,6 +176,8 @@ def run_in_a_process(row: Row, report_dir: Path) -> Outcome:
         sig = signal.SIGTERM if row.stop == "SIGTERM" else signal.SIGINT
         at_stop = steps_on_disk(launcher.run_dir())
         launcher.signal(sig)
+        if pipeline:
+            launcher.proc.stdout.close()  # the terminal's Ctrl-C ended tee as well
         if row.stop == "SIGINT twice":
             time.sleep(0.3)  # the launcher is ending torchrun and its ranks (GRACE_S at most)
             assert launcher.proc.poll() is None, "the first Ctrl-C was handled before the second came"
@@ -232,8 +246,8 @@ def test_an_interrupt_keeps_what_was_measured(row, report_dir, monkeypatch, reco
         assert outcome.steps_at_stop < STEPS, "the reader had its two lines while the run trained (progress is live)"
     else:
         assert results["interrupted"]["stage"] == row.stage, results["interrupted"]
-        assert results["interrupted"]["signal"] == row.stop.split()[0]
-        assert f"**INTERRUPTED** by {row.stop.split()[0]} during the {row.stage}" in markdown
+        assert results["interrupted"]["signal"] == row.signal_name
+        assert f"**INTERRUPTED** by {row.signal_name} during the {row.stage}" in markdown
 
 
 def assert_run_kept(row: Row, outcome: Outcome, run: dict, results: dict, markdown: str) -> None:
@@ -244,8 +258,8 @@ def assert_run_kept(row: Row, outcome: Outcome, run: dict, results: dict, markdo
     if row.kept == "every step":
         assert len(run["steps"]) == (1 if row.in_process else STEPS)
     if row.stage in ("rank start", "training", "reference") and row.stop != "pipe":
-        assert (run["interrupted"], run["interrupted_stage"]) == (row.stop.split()[0], row.stage)
-        assert f"INTERRUPTED ({row.stop.split()[0]}) during the {row.stage}" in markdown
+        assert (run["interrupted"], run["interrupted_stage"]) == (row.signal_name, row.stage)
+        assert f"INTERRUPTED ({row.signal_name}) during the {row.stage}" in markdown
     if row.stage == "reference":
         assert run["reference"]["summary"] == "not computed: interrupted by SIGTERM"
         assert [c["key"] for c in results["checks"]][-1] == "native_qwen3.cpu.step1_loss_hf", "step 1 is judged"
