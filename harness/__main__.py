@@ -189,7 +189,9 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
     if run is not None:
         run["interrupted_stage"] = progress.stage
         progress.finished.append(run)
-    marker = {"signal": name, "stage": progress.stage, "not_started": progress.planned[progress.launched:]}
+    # A launch stopped before it had started torchrun returns no result: its run never started either.
+    started = progress.launched - (run is None and progress.stage == "rank start")
+    marker = {"signal": name, "stage": progress.stage, "not_started": progress.planned[started:]}
     timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
     report_mod.update(report_dir, runs=[run] if run else [], checks=progress.checks, timing=timing, interrupted=marker)
     steps = len(run["steps"]) if run else 0
@@ -245,7 +247,8 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
                     report_mod.update(args.report_dir, runs=[failed_run])
                     progress.finished.append(failed_run)
             continue
-        progress.stage, progress.unreported = "reference", result.to_dict()
+        progress.unreported = result.to_dict()  # first: from here on an interrupt reports it
+        progress.stage = "reference"
         verdict = judge(opts, result)
         if verdict is not None:
             progress.checks.append((f"{opts.recipe}.{opts.tier}.{golden_key(opts)}", verdict))

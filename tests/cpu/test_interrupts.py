@@ -39,7 +39,7 @@ from harness.run_dir import RUN_FILE, STEPS_FILE
 from recipes.tiers import REPO_ROOT
 from run_watch import RunWatch, describe
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("interrupts")]
+pytestmark = pytest.mark.xdist_group("interrupts")
 
 STEPS = 30
 #: Seconds from the stop to the last process of the run gone (the launcher's own bound, plus a margin).
@@ -216,6 +216,7 @@ def run_in_process(row: Row, report_dir: Path, monkeypatch) -> Outcome:
     return Outcome(code, stderr.getvalue(), new[0] if new else None, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
 def test_an_interrupt_keeps_what_was_measured(row, report_dir, monkeypatch, record_property):
     before = json.loads((report_dir / report.RESULTS_JSON).read_text())["runs"] if report_dir.exists() else []
@@ -266,3 +267,47 @@ def assert_run_kept(row: Row, outcome: Outcome, run: dict, results: dict, markdo
     if row.stage == "report" or row.stop == "pipe":
         assert run["reference"]["passed"] is True, run["reference"]
         assert run.get("interrupted") is None
+
+
+def _let_the_handler_run() -> None:
+    """Python runs a signal's handler between bytecodes of the main thread, soon after the signal."""
+    for _ in range(100):
+        time.sleep(0.001)
+
+
+def test_the_first_stop_signal_waits_out_a_deferred_block_and_the_next_are_ignored():
+    """harness.launch.stop alone, with real signals to this process: what every row above relies on.
+
+    Seen failing with the second-signal guard removed (the second SIGTERM raised during the handling).
+    """
+    from harness.launch.stop import Interrupted, deferred, stop_signals_raise
+
+    before = signal.getsignal(signal.SIGINT)
+    written = []
+    with stop_signals_raise() as stops:
+        with pytest.raises(Interrupted) as first:
+            with deferred():  # a report being written
+                os.kill(os.getpid(), signal.SIGINT)
+                _let_the_handler_run()
+                written.append("report")
+        assert written == ["report"] and first.value.exit_code == 128 + signal.SIGINT
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal while the first is handled
+        _let_the_handler_run()
+        written.append("the rest")
+    assert written == ["report", "the rest"]
+    assert stops.received == [signal.SIGINT, signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) is before, "the previous handlers are back"
+
+
+def test_an_interrupt_before_torchrun_started_names_that_run_not_started(tmp_path):
+    """A launch stopped before it started torchrun has no result: its run is listed as never started."""
+    from harness.__main__ import Progress, report_interrupt
+    from harness.launch import Interrupted
+
+    planned = ["native_qwen3/cpu/init=hf", "hf_backend/cpu/init=hf"]
+    progress = Progress(stage="rank start", planned=planned, launched=1)
+    assert report_interrupt(tmp_path, progress, Interrupted(signal.SIGTERM)) == 128 + signal.SIGTERM
+    results = json.loads((tmp_path / report.RESULTS_JSON).read_text())
+    assert results["interrupted"] == {"signal": "SIGTERM", "stage": "rank start", "not_started": planned}
+    assert results["runs"] == []
+    assert "**INTERRUPTED** by SIGTERM during the rank start" in (tmp_path / report.RESULTS_MD).read_text()
