@@ -6,6 +6,7 @@ and writes the report (results.json + results.md) to ``--report-dir``.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -331,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 class UntilReaderLeaves:
     """``sys.stdout`` or ``sys.stderr`` that outlives its reader: once a write finds the pipe closed (``| head``,
     or a ``2>&1 | tee`` that a Ctrl-C ended with the launcher), its fd points at /dev/null and the rest of the
-    output is dropped; the run goes on, keeps its report and exits with its own code (or 128 + the signal's).
+    output is dropped (a closed terminal's EIO alike); the run goes on, keeps its report and exits with its
+    own code (or 128 + the signal's).
 
     Python's advice for SIGPIPE (the signal module's docs, "Note on SIGPIPE"): point the stream at
     /dev/null so that no later write, nor the interpreter's last flush, fails again.
@@ -345,17 +347,20 @@ class UntilReaderLeaves:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._gone()
+        except OSError as e:
+            self._gone(e)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._gone()
+        except OSError as e:
+            self._gone(e)
 
-    def _gone(self) -> None:
+    def _gone(self, error: OSError) -> None:
+        """EPIPE: a pipe's reader left; EIO: the terminal was closed (SIGHUP's case). Anything else is raised."""
+        if error.errno not in (errno.EPIPE, errno.EIO):
+            raise error
         if not self.reader_gone:
             self.reader_gone = True
             os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())

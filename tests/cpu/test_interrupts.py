@@ -311,3 +311,28 @@ def test_an_interrupt_before_torchrun_started_names_that_run_not_started(tmp_pat
     assert results["interrupted"] == {"signal": "SIGTERM", "stage": "rank start", "not_started": planned}
     assert results["runs"] == []
     assert "**INTERRUPTED** by SIGTERM during the rank start" in (tmp_path / report.RESULTS_MD).read_text()
+
+
+@pytest.mark.parametrize("reader", ["pipe", "terminal"])
+def test_output_whose_reader_left_is_dropped_not_raised(reader):
+    """A pipe whose reader left (EPIPE) or a closed terminal (EIO, with SIGHUP): the write is dropped, the fd
+    then points at /dev/null, and writing goes on. Seen failing with only BrokenPipeError caught: the terminal's EIO."""
+    from harness.__main__ import UntilReaderLeaves
+
+    if reader == "pipe":
+        read_end, fd = os.pipe()
+    else:
+        read_end, fd = os.openpty()
+    stream = UntilReaderLeaves(open(fd, "w", buffering=1))
+    try:
+        stream.write("seen\n")
+        assert os.read(read_end, 100).rstrip() == b"seen"  # a terminal ends it with \r\n
+        os.close(read_end)
+        stream.write("dropped\n")
+        stream.flush()
+        assert stream.reader_gone
+        stream.write("dropped too\n")
+        stream.flush()
+        assert os.path.realpath(f"/proc/self/fd/{fd}") == os.devnull
+    finally:
+        stream.close()
