@@ -6,12 +6,14 @@ and writes the report (results.json + results.md) to ``--report-dir``.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import run_dir as run_dir_mod
@@ -138,10 +140,73 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
             run_dir_mod.release(opts.run_dir)  # an empty directory only: a refused or never-started run's
 
 
+@dataclass
+class Progress:
+    """Where the command is, for the report an interrupt leaves: the stage, and what is measured but not yet reported."""
+
+    #: checks, rank start, training, reference or report.
+    stage: str = "checks"
+    #: The planned runs' names ("native_qwen3/cpu/init=hf"), and how many were launched.
+    planned: list[str] = field(default_factory=list)
+    launched: int = 0
+    #: A run whose launch ended but which is not in the report yet (judged; its reference under way).
+    unreported: dict | None = None
+    checks: list = field(default_factory=list)
+    finished: list[dict] = field(default_factory=list)
+
+
+def _name(opts: RunOptions) -> str:
+    return f"{opts.recipe}/{opts.tier}/init={opts.init}"
+
+
 def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
+    """The command under ``stop_signals_raise``: whatever stage a stop signal finds, what was measured is reported."""
+    from harness.launch import Interrupted, stop_signals_raise
+
+    progress = Progress()
+    with stop_signals_raise():
+        try:
+            return _run_plan(args, cli_overrides, plan, progress)
+        except (Interrupted, KeyboardInterrupt) as stop:  # KeyboardInterrupt: a Ctrl-C before the handler was set
+            stop = stop if isinstance(stop, Interrupted) else Interrupted(signal.SIGINT)
+            return report_interrupt(args.report_dir, progress, stop)
+
+
+def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
+    """Write what was measured, the run and the report marked interrupted (every later signal is ignored
+    by then: ``harness.launch.stop``); 128 + the signal's number."""
+    from harness import report as report_mod
+
+    name = signal.Signals(stop.signum).name
+    run = None
+    if stop.result is not None:  # the launch already ended torchrun and every rank
+        run = stop.result.to_dict()
+        progress.stage = "training" if run["steps"] else "rank start"
+    elif progress.unreported is not None:
+        run = {**progress.unreported, "interrupted": name}
+        if progress.stage == "reference":
+            why = f"not computed: interrupted by {name}"
+            run["reference"] = {"passed": None, "error": why, "summary": why}
+    if run is not None:
+        run["interrupted_stage"] = progress.stage
+        progress.finished.append(run)
+    # A launch stopped before it had started torchrun returns no result: its run never started either.
+    started = progress.launched - (run is None and progress.stage == "rank start")
+    marker = {"signal": name, "stage": progress.stage, "not_started": progress.planned[started:]}
+    timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
+    report_mod.update(report_dir, runs=[run] if run else [], checks=progress.checks, timing=timing, interrupted=marker)
+    steps = len(run["steps"]) if run else 0
+    print(f"INTERRUPTED by {name} during the {progress.stage}"
+          + (f" after {steps} step(s) of {run['recipe']}" if run else "")
+          + f"; what was measured is in {report_dir / report_mod.RESULTS_JSON} and {report_mod.RESULTS_MD}",
+          file=sys.stderr)  # fmt: skip
+    return stop.exit_code
+
+
+def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: Progress) -> int:
     from harness import report as report_mod
     from recipes.errors import RecipeError
-    from harness.launch import Interrupted, LaunchError, launch, prestart, stop_signals_raise
+    from harness.launch import LaunchError, deferred, launch, prestart
 
     names = _recipe_names(args.recipe)
     plan += [opts for name in names for opts in _runs_for(args, name, claim=True)]
@@ -154,6 +219,7 @@ def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
         plan += [_full_width_random_init(args, name, claim=True) for name in names if name in FULL_WIDTH_RECIPES]
+    progress.planned = [_name(opts) for opts in plan]
     resolved = []
     try:
         for opts in plan:
@@ -167,51 +233,47 @@ def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
             prestarted.cancel()  # refused or interrupted: no rank was started, nothing was written
 
     failed = False
-    finished_runs = []
     import_for_the_report(resolved)
-    with stop_signals_raise():
-        for opts in resolved:
-            try:
-                result = launch(opts, cli_overrides, prestarted=prestarted if opts is resolved[0] else None)
-            except Interrupted as e:
-                # The launch already ended torchrun and every rank; keep what they measured.
-                if e.result is not None:
-                    report_mod.update(args.report_dir, runs=[e.result.to_dict()])
-                steps = len(e.result.steps) if e.result is not None else 0
-                print(f"INTERRUPTED by {signal.Signals(e.signum).name} after {steps} step(s) of "
-                      f"{opts.recipe}; what ran is in {args.report_dir / report_mod.RESULTS_JSON}", file=sys.stderr)
-                return e.exit_code
-            except KeyboardInterrupt:
-                print(f"INTERRUPTED (Ctrl-C) during {opts.recipe}", file=sys.stderr)
-                return 128 + signal.SIGINT
-            except LaunchError as e:
-                print(f"FAILED: {e}", file=sys.stderr)
-                failed = True
-                if e.result is not None:
-                    failed_run = {**e.result.to_dict(), "error": e.summary}
+    for opts in resolved:
+        progress.stage, progress.checks = "rank start", []
+        progress.launched += 1
+        try:
+            result = launch(opts, cli_overrides, prestarted=prestarted if opts is resolved[0] else None)
+        except LaunchError as e:
+            print(f"FAILED: {e}", file=sys.stderr)
+            failed = True
+            if e.result is not None:
+                failed_run = {**e.result.to_dict(), "error": e.summary}
+                with deferred():
                     report_mod.update(args.report_dir, runs=[failed_run])
-                    finished_runs.append(failed_run)
-                continue
-            checks = []
-            verdict = judge(opts, result)
-            if verdict is not None:
-                checks.append((f"{opts.recipe}.{opts.tier}.{golden_key(opts)}", verdict))
-                if verdict.passed is False:
-                    print(f"FAILED check: {verdict.message()}", file=sys.stderr)
-                    failed = True
-                elif verdict.passed is None:  # unmeasured / inputs differ: said, not failed
-                    print(f"not judged: {verdict.message()}", file=sys.stderr)
-            run = result.to_dict()
-            reference = reference_of(opts, result)
-            if reference is not None:
-                run["reference"] = reference
-                if reference["passed"] is False:
-                    print(f"FAILED check: reference: {reference['summary']}", file=sys.stderr)
-                    failed = True
-            report_mod.update(args.report_dir, runs=[run], checks=checks)
-            finished_runs.append(run)
-    timing = report_mod.run_timing(time.perf_counter() - STARTED, finished_runs)
-    report_mod.update(args.report_dir, timing=timing)
+                    progress.finished.append(failed_run)
+            continue
+        progress.unreported = result.to_dict()  # first: from here on an interrupt reports it
+        progress.stage = "reference"
+        verdict = judge(opts, result)
+        if verdict is not None:
+            progress.checks.append((f"{opts.recipe}.{opts.tier}.{golden_key(opts)}", verdict))
+            if verdict.passed is False:
+                print(f"FAILED check: {verdict.message()}", file=sys.stderr)
+                failed = True
+            elif verdict.passed is None:  # unmeasured / inputs differ: said, not failed
+                print(f"not judged: {verdict.message()}", file=sys.stderr)
+        run = progress.unreported
+        reference = reference_of(opts, result)
+        if reference is not None:
+            run["reference"] = reference
+            if reference["passed"] is False:
+                print(f"FAILED check: reference: {reference['summary']}", file=sys.stderr)
+                failed = True
+        progress.stage = "report"
+        with deferred():  # a report is never half written: a stop signal now is raised once it is
+            report_mod.update(args.report_dir, runs=[run], checks=progress.checks)
+            progress.finished.append(run)
+            progress.unreported, progress.checks = None, []
+    progress.stage = "report"
+    timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
+    with deferred():
+        report_mod.update(args.report_dir, timing=timing, interrupted=None)  # this command ran to its end
     print()
     print((args.report_dir / report_mod.RESULTS_MD).read_text())
     print(f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}")
@@ -257,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as e:
         print(f"python -m harness run: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before cmd_run's handler: no run was planned, nothing to report
+        print("INTERRUPTED by SIGINT while reading the options; nothing ran", file=sys.stderr)
+        return 128 + signal.SIGINT
     args.report_dir = args.report_dir.resolve()
     cli_overrides = absolute_titan_paths(cli_overrides)  # the user's relative paths are from here, not the ranks' cwd
     if args.dry_run:
@@ -264,17 +329,51 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_run(args, cli_overrides)
 
 
-def main_for_a_pipe() -> int:
-    """``main()``, quiet when stdout's reader leaves early (``python -m harness list | head``).
+class UntilReaderLeaves:
+    """``sys.stdout`` or ``sys.stderr`` that outlives its reader: once a write finds the pipe closed (``| head``,
+    or a ``2>&1 | tee`` that a Ctrl-C ended with the launcher), its fd points at /dev/null and the rest of the
+    output is dropped (a closed terminal's EIO alike); the run goes on, keeps its report and exits with its
+    own code (or 128 + the signal's).
 
-    Python's advice for SIGPIPE: point stdout at /dev/null so the interpreter's last
-    flush cannot fail again, and exit 1.
+    Python's advice for SIGPIPE (the signal module's docs, "Note on SIGPIPE"): point the stream at
+    /dev/null so that no later write, nor the interpreter's last flush, fails again.
     """
-    try:
-        return main()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        #: True once the reader had gone.
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self._gone(e)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._gone(e)
+
+    def _gone(self, error: OSError) -> None:
+        """EPIPE: a pipe's reader left; EIO: the terminal was closed (SIGHUP's case). Anything else is raised."""
+        if error.errno not in (errno.EPIPE, errno.EIO):
+            raise error
+        if not self.reader_gone:
+            self.reader_gone = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def main_for_a_pipe() -> int:
+    """``main()`` with a stdout and stderr whose reader may leave early (``python -m harness run ... | head -2``)."""
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up live in a pipe too (``| tee``, ``| head``)
+    sys.stdout, sys.stderr = UntilReaderLeaves(sys.stdout), UntilReaderLeaves(sys.stderr)
+    return main()
 
 
 if __name__ == "__main__":

@@ -106,10 +106,18 @@ def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
 LOCK_FILE = ".results.lock"
 
 
+#: ``update``'s default for ``interrupted``: the report's mark stays as it is.
+KEEP = object()
+
+
 def update(
-    report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = (), timing: dict | None = None
+    report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = (), timing: dict | None = None,
+    interrupted: dict | None | object = KEEP,
 ) -> dict:
     """Add ``runs`` and ``checks`` (key, ``goldens.Verdict``) to the report in ``report_dir``; return it.
+
+    ``interrupted``: how the last command was stopped (signal, stage, the runs it never started), or
+    None once a command ran to its end; ``timing`` is that command's too.
 
     Read, extend and rewrite happen under one file lock (filelock), so several
     ``python -m harness run`` into one report directory keep every run: each adds
@@ -126,6 +134,10 @@ def update(
             add_check(report, key, verdict)
         if timing is not None:
             report["timing"] = timing
+        if interrupted is None:
+            report.pop("interrupted", None)
+        elif interrupted is not KEEP:
+            report["interrupted"] = interrupted
         save(report_dir, report, replot=bool(runs))
     return report
 
@@ -159,6 +171,15 @@ def add_check(report: dict, key: str, verdict) -> None:
     )
 
 
+def interrupted_lines(mark: dict | None) -> list[str]:
+    """The last command's interruption, first thing in results.md: what stopped it, where, what never started."""
+    if not mark:
+        return []
+    never = ", ".join(mark.get("not_started") or []) or "none"
+    return [f"**INTERRUPTED** by {mark['signal']} during the {mark['stage']}: what was measured before it is "
+            f"below; runs never started: {never}.", ""]  # fmt: skip
+
+
 def _fmt(value) -> str:
     if value is None:
         return "–"
@@ -178,7 +199,8 @@ def _status(run: dict) -> str:
     state = provenance_state(run.get("provenance"))
     known = f"; {state}" if state else ""
     if run.get("interrupted"):
-        return f"INTERRUPTED ({run['interrupted']}) after {len(run.get('steps') or [])} step(s){known}"
+        during = f" during the {run['interrupted_stage']}" if run.get("interrupted_stage") else ""
+        return f"INTERRUPTED ({run['interrupted']}){during} after {len(run.get('steps') or [])} step(s){known}"
     return f"FAILED: {run['error']}{known}" if run.get("error") else "ok"
 
 
@@ -363,6 +385,7 @@ def md_table(header: list[str], rows: list[list]) -> list[str]:
 
 def markdown(report: dict) -> str:
     lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
+    lines += interrupted_lines(report.get("interrupted"))
     if report.get("checks"):
         lines += [
             "## Checks",

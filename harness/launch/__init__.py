@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -20,6 +19,7 @@ from harness.launch import processes
 from harness.launch.processes import RUN_DIR_ENV
 from harness.launch.rendezvous import RendezvousWait
 from harness.launch.speed import record_run
+from harness.launch.stop import STOP_SIGNALS, Interrupted, deferred, stop_signals_raise  # noqa: F401 -- the launch's names
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
 from harness.launch.child import _prctl, die_with_parent
@@ -30,47 +30,6 @@ LOG_TAIL_LINES = 40
 #: into SignalException and closes its ranks (SIGTERM, then SIGKILL after 30 s):
 #: torch/distributed/elastic/multiprocessing/api.py _terminate_process_handler, _close.
 TORCHRUN_DEATH_SIGNAL = signal.SIGTERM
-#: Signals a CI cancel, ``timeout`` or a closed terminal send; raised as ``Interrupted``.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Interrupted(BaseException):
-    """The launcher was told to stop (a signal or Ctrl-C); ``result`` keeps the steps run so far.
-
-    A BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it.
-    """
-
-    def __init__(self, signum: int, result: "RunResult | None" = None) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
-        self.result = result
-
-    @property
-    def exit_code(self) -> int:
-        """The shell convention for death by a signal: 128 + its number."""
-        return 128 + self.signum
-
-
-@contextmanager
-def stop_signals_raise():
-    """Within the block, SIGTERM/SIGHUP raise ``Interrupted`` once (so ``finally`` runs).
-
-    Python's default for SIGTERM ends the process without running any ``finally``:
-    torchrun and its ranks would train on. A second signal during cleanup is ignored.
-    """
-    seen = []
-
-    def handler(signum, frame):
-        if not seen:
-            seen.append(signum)
-            raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 class LaunchError(RuntimeError):
@@ -411,11 +370,13 @@ def launch(
         prestarted = prestart(opts)
     waiting = RendezvousWait(opts, echo, started)
     with (run_dir / CONSOLE_FILE).open("ab") as console:
-        if prestarted is None:
-            proc = _start(argv, env, console)
-        else:
-            proc = _go(prestarted, argv[TORCHRUN_PREFIX:], env, console)
+        proc = None
         try:
+            with deferred():  # started and watched as one: a stop signal now is raised in here, never before it
+                if prestarted is None:
+                    proc = _start(argv, env, console)
+                else:
+                    proc = _go(prestarted, argv[TORCHRUN_PREFIX:], env, console)
             while proc.poll() is None:
                 try:
                     proc.wait(timeout=POLL_S)  # returns as soon as torchrun exits
@@ -436,7 +397,8 @@ def launch(
         except (Interrupted, KeyboardInterrupt) as stop:
             stopped = stop
         finally:
-            end_run(proc, run_dir)
+            if proc is not None:
+                end_run(proc, run_dir)
             if prestarted is not None:
                 _copy_output(prestarted, console)
                 prestarted.output.close()
