@@ -165,10 +165,24 @@ def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
     return checked
 
 
+def check_compile(config, tier: str) -> None:
+    """Refuse ``compile.enable`` with a ``compile.backend`` other than the tier's (``neuron`` on trn2).
+
+    Run after torchtitan's CLI overrides, which may enable compile or change the backend.
+    """
+    from recipes.tiers import TIERS
+
+    preset = TIERS[tier]
+    if config.compile.enable and config.compile.backend != preset.compile_backend:
+        raise PreflightError(
+            f"compile.enable with compile.backend={config.compile.backend!r} cannot compile for --tier {tier}: "
+            f"use --compile.backend {preset.compile_backend} (TorchNeuron's torch.compile backend on trn2), "
+            "or drop --compile.enable"
+        )
+
+
 def check_built(opts: RunOptions, config) -> list[str]:
     """The checks of the config as built, whatever it loads: compile backend on the tier, kernel shapes."""
-    from recipes.tutorial import check_compile
-
     check_compile(config, opts.tier)
     return [f"compile: {'off' if not config.compile.enable else config.compile.backend}"] + check_kernel_constraints(
         config, opts.tier
