@@ -109,7 +109,7 @@ LOCK_FILE = ".results.lock"
 def update(
     report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = (), timing: dict | None = None
 ) -> dict:
-    """Add ``runs`` and ``checks`` (key, ``goldens.Verdict``) to the report in ``report_dir``; return it.
+    """Add ``runs`` and ``checks`` (key, ``verdicts.Verdict``) to the report in ``report_dir``; return it.
 
     Read, extend and rewrite happen under one file lock (filelock), so several
     ``python -m harness run`` into one report directory keep every run: each adds
@@ -135,7 +135,7 @@ def add_run(report: dict, run: dict) -> None:
 
 
 def add_check(report: dict, key: str, verdict) -> None:
-    """One measured number against its golden (a ``goldens.Verdict``), in its lane.
+    """One measured number against its golden (a ``verdicts.Verdict``), in its lane.
 
     The ``published`` field only ever holds a tutorial number (lanes published and
     proxy); an exact-lane golden is this lock's own value and goes in ``golden``.
