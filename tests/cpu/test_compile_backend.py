@@ -58,7 +58,7 @@ def test_inductor_on_trn2_is_refused_before_launch_naming_the_backend(tmp_path):
 )  # fmt: skip
 def test_check_compile(tier, enable, backend, refused):
     from recipes.titan import CompileConfig
-    from harness.checks.config import check_compile
+    from harness.checks.built_config import check_compile
 
     class Config:
         compile = CompileConfig(enable=enable, backend=backend)
