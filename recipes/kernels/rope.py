@@ -19,7 +19,7 @@ the transposed rotation, which is what ``rope_hf(..., backward=True)`` computes.
 
 nkilib asserts ``S % (128 * LNC) == 0`` inside the kernel, at compile time;
 :func:`assert_seq_len` makes the same assertion before the op, on every tier (the
-harness refuses such a run before launch, with the fix: ``harness/checks/kernels.py``).
+harness refuses such a run before launch, naming the fix).
 """
 
 from __future__ import annotations
