@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.checks import inputs as input_checks
 from harness.checks.weights import check_config_matches_weights
 from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
-from harness.checks.targets import check_dump_folder_target, check_export_target, check_run_target
+from harness.checks.targets import check_dump_folder_target, check_export_target, check_output_dir, check_run_target
 from harness.options import INITS, RunOptions
 from recipes.tiers import TIERS
 
@@ -265,7 +265,7 @@ def check_export_dir(opts: RunOptions) -> None:
                 "the source weights are never written to: choose another directory"
             )
     check_export_target(opts)  # before "pass --overwrite": never advise replacing an input
-    input_checks.check_output_dir(
+    check_output_dir(
         export_dir, "pass an --export-dir that is a writable directory, or a new path in one"
     )
     if export_dir.is_dir() and any(export_dir.iterdir()) and not opts.overwrite:
@@ -279,7 +279,7 @@ def check_run_dir(opts: RunOptions) -> None:
     """The run's directory (``REPORT_DIR/runs/NAME``: run.json, logs, checkpoints) can be made and written."""
     if opts.run_dir is None:
         return
-    input_checks.check_output_dir(
+    check_output_dir(
         opts.run_dir, "pass a --report-dir that is a writable directory, or a new path in one"
     )
     check_run_target(opts)
@@ -365,5 +365,5 @@ def check_config_paths(opts: RunOptions, config) -> None:
         input_checks.check_dataset_dir(dataset_dir)
     run_dir = where(config.dump_folder)
     if run_dir is not None and run_dir != opts.run_dir:
-        input_checks.check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
+        check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
         check_dump_folder_target(opts, run_dir)
