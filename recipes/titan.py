@@ -4,9 +4,9 @@ Two torchtitans run the suite: upstream 0.3.0 (PyPI) on cpu, and on trn2 torchti
 release-2.33, a fork installed with ``pip install -e .`` as the distribution ``torchtitan``
 0.2.2+neuron.1 (Neuron docs: training/torchtitan/get-started/setup-torchtitan-neuron). Each
 name is declared once in :data:`NAMES` with its module, why the suite needs it and who uses
-it, so a torchtitan that lacks one is refused in one line (:class:`TitanNameError`) before
-any rank starts: ``require`` before every launch, ``python -m harness.titan_check`` as the
-nightly's first step and in the dry run (every name, each missing one with its files).
+it, so a torchtitan that lacks one is refused in one line before any rank starts: the
+harness's checks refuse a run whose names are :func:`missing`, ``python -m harness.titan_check``
+lists them as the nightly's first step and in the dry run (every name, each missing one with its files).
 
 Hooks too: attributes the harness replaces on a built trainer (``batch_generator``,
 ``train_step``, ``metrics_processor.logger``). A renamed hook fails no import, the
@@ -448,14 +448,6 @@ def optional(name: str):
         return resolve(BY_NAME[name]), ""
     except TitanNameError as e:
         return None, str(e)
-
-
-def require(used_by: Iterable[str]) -> None:
-    """Refuse, in one line, when a name ``used_by`` needs is missing (the first; others counted)."""
-    errors = missing(used_by)
-    if errors:
-        more = f" ({len(errors) - 1} more torchtitan name(s) missing)" if len(errors) > 1 else ""
-        raise TitanNameError(f"{errors[0]}{more}")
 
 
 def run_tags(recipe: str, overrides: Iterable[str] = (), tier: str = "") -> set[str]:

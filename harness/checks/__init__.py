@@ -1,7 +1,8 @@
 """Refuse a bad run before any rank starts: one message that names the value and the fix.
 
-The options are checked here; the files they name (config.json, weights, tokenizer, data) and the
-directories a run writes are checked by ``harness.checks.inputs``, whose ``PreflightError`` this re-exports.
+The options are checked here; the files they name (config.json, weights, tokenizer, data) are checked
+by ``harness.checks.inputs``, whose ``PreflightError`` this re-exports, and the directories a run writes
+by ``harness.checks.targets``. Each refusal's home: docs/ARCHITECTURE.md, "Every refusal → file".
 """
 
 from __future__ import annotations
@@ -318,10 +319,14 @@ def check_hf_model(opts: RunOptions) -> None:
 
 
 def check_torchtitan_names(opts: RunOptions) -> None:
-    """The installed torchtitan has every name this run uses (``recipes.titan``), else one line naming it."""
+    """The installed torchtitan has every name this run uses (``recipes.titan``), else one line naming the
+    first missing one (the others counted)."""
     from recipes import titan
 
-    titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
+    errors = titan.missing(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
+    if errors:
+        more = f" ({len(errors) - 1} more torchtitan name(s) missing)" if len(errors) > 1 else ""
+        raise PreflightError(f"{errors[0]}{more}")
 
 
 #: What can be checked from the options alone, on any machine (the dry run runs these too).
