@@ -241,7 +241,7 @@ def golden(request, record_property):
     another environment (measured, stated where the test calls this); the goldens file records
     it and must agree with the test.
     """
-    from harness import goldens
+    from harness import goldens, verdicts
 
     under_test = next(TIER_OF_MARKER[m] for m in TIER_MARKERS if request.node.get_closest_marker(m))
 
@@ -275,7 +275,7 @@ def golden(request, record_property):
                 f"{goldens.goldens_path(recipe, tier)}: {key!r} has portable_rtol {values[key].portable_rtol!r}, "
                 f"the test states {portable_rtol!r}; run `make goldens`", pytrace=False,
             )  # fmt: skip
-        verdict = goldens.compare(key, measured, values, metadata, inputs=inputs)
+        verdict = verdicts.compare(key, measured, values, metadata, inputs=inputs)
         record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
         # "unmeasured" / "inputs differ": neither pass nor fail here; harness.ci require-claims
         # fails the nightly for a published claim left so.

@@ -1,8 +1,8 @@
 """Per-recipe figures: step time, tokens/s, peak memory; on trn2 also MFU and compile time cold vs warm.
 
 Each recipe is launched the way ``python -m harness run`` launches it
-(``harness.launch.torchrun_command`` and ``child_env``), with the rank entry
-``benchmarks.rank_entry`` (``harness.train`` plus torchtitan's step log, which
+(``harness.launch.torchrun_command`` and ``child_env``), with the rank module
+``benchmarks.train_logged`` (``harness.train`` plus torchtitan's step log, which
 carries torchtitan's MFU). Step time and tokens/s come from the run's
 steps.jsonl (torchtitan's own metrics), step 1 excluded from the means.
 
@@ -36,7 +36,7 @@ from harness.launch import child_env, read_steps, torchrun_command, write_run_fi
 from harness.options import RunOptions
 from harness.checks import preflight
 
-RANK_ENTRY = "benchmarks.rank_entry"
+TRAIN_LOGGED = "benchmarks.train_logged"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 CPU_MFU_NOTE = "n/a on cpu: torchtitan's peak-FLOPS table has no CPU entry (it falls back to A100's)"
 
@@ -110,13 +110,13 @@ def recipe_options(name: str, args, run_dir: Path) -> RunOptions:
     )
 
 
-def rank_entry_command(opts: RunOptions) -> list[str]:
-    """``harness.launch``'s torchrun command with ``benchmarks.rank_entry`` as the rank module."""
+def train_logged_command(opts: RunOptions) -> list[str]:
+    """``harness.launch``'s torchrun command with ``benchmarks.train_logged`` as the rank module."""
     cmd = torchrun_command(opts)
     i = cmd.index("harness.train")
     if cmd[i - 1] != "-m":
         raise RuntimeError(f"unexpected torchrun command shape: {cmd}")
-    return cmd[:i] + [RANK_ENTRY] + cmd[i + 1 :]
+    return cmd[:i] + [TRAIN_LOGGED] + cmd[i + 1 :]
 
 
 def launch_once(opts: RunOptions, extra_env: dict[str, str] | None = None) -> LaunchFigures:
@@ -124,7 +124,7 @@ def launch_once(opts: RunOptions, extra_env: dict[str, str] | None = None) -> La
     write_run_file(opts)
     env = {**child_env(opts), **(extra_env or {})}
     proc = run_timed(
-        rank_entry_command(opts),
+        train_logged_command(opts),
         env=env,
         log_path=opts.run_dir / "console.log",
         timeout_s=LAUNCH_TIMEOUT_S[opts.tier],

@@ -42,7 +42,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from harness import goldens
+from harness import goldens, verdicts
 from harness.options import RunOptions
 
 BAND_STEPS = 20
@@ -87,7 +87,7 @@ def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed:
     )  # fmt: skip
 
 
-def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = None) -> goldens.Verdict:
+def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = None) -> verdicts.Verdict:
     """A curve against its recorded band; "unmeasured" (with the values) while none is recorded.
 
     A band nobody has recorded yet says nothing about the curve, so it never fails a night;
@@ -97,11 +97,11 @@ def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = 
     why = unrecorded(recipe, tier, len(losses))
     if why is None:
         _, values = goldens.load(recipe, tier_name)
-        return goldens.compare(key, losses, values, {}, env)
+        return verdicts.compare(key, losses, values, {}, env)
     path = goldens.goldens_path(recipe, tier_name)
     missing = goldens.Golden(key=key, value=[], tolerance=0.0, lane="band", reason=f"no band recorded in {path}",
                              unmeasured=why)  # fmt: skip
-    return goldens.Verdict(key=key, measured=losses, golden=missing, passed=None, kind=goldens.NOT_JUDGED)
+    return verdicts.Verdict(key=key, measured=losses, golden=missing, passed=None, kind=goldens.NOT_JUDGED)
 
 
 def unrecorded(recipe: str, tier: str, steps: int) -> str | None:

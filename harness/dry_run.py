@@ -170,7 +170,7 @@ def check_sizes(opts: RunOptions, config) -> list[str]:
 
 def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str]]:
     """The config the launcher would hand every rank, and what was checked on the way."""
-    from harness.checks.config import check_built, check_inputs
+    from harness.checks.built_config import check_built, check_inputs
     from harness.config import build_config as build
 
     opts = plan.build

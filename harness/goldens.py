@@ -60,7 +60,7 @@ LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
 LANES = ("exact", "proxy", "published", "band")
 CLAIM_LANES = ("proxy", "published")
 ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band", "inputs", "unmeasured"}
-#: Verdicts that neither pass nor fail (``Verdict.passed`` is None): the value is recorded with why it cannot be judged yet.
+#: Verdicts that neither pass nor fail (``harness.verdicts.Verdict.passed`` is None): the value is recorded with why it cannot be judged yet.
 NOT_JUDGED = "unmeasured"
 INPUTS_DIFFER = "inputs differ from the recorded run"
 UNJUDGED_KINDS = (NOT_JUDGED, INPUTS_DIFFER)
@@ -109,39 +109,6 @@ def why_not_judged(golden: "Golden") -> str:
             "`python -m harness.ci record-inputs` records them, and later nights are judged on them")
 
 
-@dataclass(frozen=True)
-class Verdict:
-    key: str
-    measured: object
-    golden: Golden
-    #: None: unmeasured (NOT_JUDGED, INPUTS_DIFFER).
-    passed: bool | None
-    kind: str  # "pass", "pass, other environment", "regression", "stale golden", or one of UNJUDGED_KINDS
-    #: Environment fields that differ from the ones the golden was recorded in.
-    differs: tuple[str, ...] = ()
-    #: The relative tolerance the measurement was last held to (the portable one in another environment).
-    rtol: float = 0.0
-
-    def message(self) -> str:
-        g = self.golden
-        if self.kind == INPUTS_DIFFER:
-            return (f"{self.kind} ({', '.join(self.differs)}): {self.key} measured {_short(self.measured)}, not "
-                    f"judged against {_short(g.value)}; re-record with `python -m harness.ci record-inputs --replace` "
-                    "only if the new inputs are meant")  # fmt: skip
-        if self.kind == NOT_JUDGED:
-            return f"{self.kind}: {self.key} measured {_short(self.measured)} ({g.lane} {_short(g.value)}): {why_not_judged(g)}"
-        if _is_curve(g.value):
-            text = f"{self.kind}: {self.key} {_curve_misses(self.measured, g, self.rtol)} ({g.lane}: {g.reason})"
-        else:
-            text = (
-                f"{self.kind}: {self.key} measured {self.measured!r}, golden {g.value!r} "
-                f"± {g.tolerance} ({g.lane}: {g.reason})"
-            )
-        if self.kind == "stale golden":
-            text += f". Recorded in another environment (differs in {', '.join(self.differs)}); {REGENERATE}"
-        return text
-
-
 def lock_sha256(path: Path = LOCK_FILE) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
@@ -183,17 +150,17 @@ def _finite(value) -> bool:
     return True
 
 
-def _number(x) -> bool:
+def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _is_curve(value) -> bool:
+def is_curve(value) -> bool:
     """A list of numbers (a loss curve), judged element by element."""
-    return isinstance(value, list) and bool(value) and all(_number(v) for v in value)
+    return isinstance(value, list) and bool(value) and all(is_number(v) for v in value)
 
 
 def _tolerance_ok(t) -> bool:
-    return _number(t) and math.isfinite(t) and t >= 0
+    return is_number(t) and math.isfinite(t) and t >= 0
 
 
 def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
@@ -260,7 +227,7 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
 
 def _parse_band(path: Path, key: str, entry: dict, value, tolerance) -> dict:
     """A band entry: per-step means, per-step half-widths of the same length, and how they were made."""
-    if not _is_curve(value):
+    if not is_curve(value):
         raise GoldenError(f"{path}: {key!r} is a band: 'value' must be the per-step means (a list of numbers)")
     if not (isinstance(tolerance, list) and len(tolerance) == len(value) and all(_tolerance_ok(t) for t in tolerance)):
         raise GoldenError(
@@ -287,90 +254,6 @@ def load(recipe: str, tier: str, path: Path | None = None) -> tuple[dict, dict[s
         raise GoldenError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
     values = {k: _parse_entry(path, k, v) for k, v in data.get("values", {}).items()}
     return data.get("metadata", {}), values
-
-
-def _element_allowed(golden: Golden, i: int, rtol: float) -> float:
-    tolerance = golden.tolerance[i] if isinstance(golden.tolerance, list) else golden.tolerance
-    return max(tolerance, rtol * abs(golden.value[i]))
-
-
-def _within(measured, golden: Golden, rtol: float = 0.0) -> bool:
-    if _number(golden.value) and _number(measured):
-        allowed = max(golden.tolerance, rtol * abs(golden.value))
-        return math.isfinite(measured) and abs(measured - golden.value) <= allowed
-    if _is_curve(golden.value):
-        # A curve: every step within its own tolerance (and the relative one), same length.
-        if not (isinstance(measured, list) and len(measured) == len(golden.value) and all(map(_number, measured))):
-            return False
-        return all(
-            math.isfinite(m) and abs(m - g) <= _element_allowed(golden, i, rtol)
-            for i, (m, g) in enumerate(zip(measured, golden.value))
-        )
-    return measured == golden.value
-
-
-def _curve_misses(measured, golden: Golden, rtol: float) -> str:
-    """Where a measured curve leaves its golden: steps outside, the first one, the largest |Δ|."""
-    values = golden.value
-    if not (isinstance(measured, list) and len(measured) == len(values)):
-        got = len(measured) if isinstance(measured, list) else type(measured).__name__
-        return f"measured {got} steps, golden {len(values)} steps"
-    deltas = [abs(m - g) if math.isfinite(m) else math.inf for m, g in zip(measured, values)]
-    outside = [i for i, d in enumerate(deltas) if d > _element_allowed(golden, i, rtol)]
-    worst = max(range(len(deltas)), key=deltas.__getitem__)
-    text = f"{len(outside)} of {len(values)} steps outside"
-    if outside:
-        i = outside[0]
-        text += (
-            f"; first at step {i + 1}: measured {measured[i]!r}, golden {values[i]!r}, "
-            f"allowed ±{_element_allowed(golden, i, rtol):.3g}"
-        )
-    return text + f"; max |Δ| {deltas[worst]:.3g} at step {worst + 1}"
-
-
-def portable_rtol(golden: Golden) -> float:
-    """The relative tolerance of an exact value measured in another environment."""
-    return PORTABLE_RTOL if golden.portable_rtol is None else golden.portable_rtol
-
-
-def input_differences(recorded: dict, here: dict | None) -> tuple[str, ...]:
-    """Dotted names of the inputs (files, allowed mismatches, kept defects) where a night differs from the record."""
-    return environment_differences(recorded, here or {})
-
-
-def compare(
-    key: str, measured, goldens: dict[str, Golden], metadata: dict, env: dict | None = None, inputs: dict | None = None
-) -> Verdict:
-    """Measured vs golden. An exact value from another environment is held to its portable rtol.
-
-    A band is judged against its half-widths only; a miss in another environment than the
-    one its runs were recorded in reads "stale golden" too. A golden keyed by inputs is
-    judged only on the recorded ``inputs`` (:data:`INPUTS_DIFFER` otherwise, :data:`NOT_JUDGED`
-    before any are recorded); one with an ``unmeasured`` tolerance is :data:`NOT_JUDGED`.
-    """
-    golden = goldens[key]
-    if golden.keyed_by_inputs and golden.inputs is not None:
-        differs = input_differences(golden.inputs, inputs)
-        if differs:
-            return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=INPUTS_DIFFER, differs=differs)
-    if golden.unmeasured or (golden.keyed_by_inputs and golden.inputs is None):
-        return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=NOT_JUDGED)
-    here = env or (environment_metadata() if golden.lane in ("exact", "band") else {})
-    if golden.lane == "exact":
-        differs = environment_differences(metadata, here)
-    elif golden.lane == "band":
-        differs = environment_differences(golden.band["environment"], here)
-    else:
-        differs = ()
-    rtol = 0.0
-    if _within(measured, golden):
-        kind, passed = "pass", True
-    elif golden.lane == "exact" and differs and _within(measured, golden, portable_rtol(golden)):
-        kind, passed, rtol = "pass, other environment", True, portable_rtol(golden)
-    else:
-        kind, passed = ("stale golden" if differs else "regression"), False
-        rtol = portable_rtol(golden) if golden.lane == "exact" and differs else 0.0
-    return Verdict(key=key, measured=measured, golden=golden, passed=passed, kind=kind, differs=differs, rtol=rtol)
 
 
 def check_finite(recipe: str, tier: str, measured: dict[str, object]) -> None:
@@ -424,9 +307,9 @@ def update_exact(
     return path
 
 
-def _short(value) -> str:
+def short_value(value) -> str:
     """A value for one line: a curve as its length and ends, anything else as repr."""
-    if _is_curve(value) and len(value) > 4:
+    if is_curve(value) and len(value) > 4:
         return f"[{len(value)} steps: {value[0]!r}, {value[1]!r}, …, {value[-1]!r}]"
     return repr(value)
 
@@ -449,19 +332,19 @@ class Change:
         if self.portable_rtol is not None and self.portable_rtol != self.old_portable_rtol:
             portable = f"  (portable_rtol {self.old_portable_rtol!r} → {self.portable_rtol!r})"
         if self.old is None:
-            return f"  new      {where} = {_short(self.new)}{portable}"
+            return f"  new      {where} = {short_value(self.new)}{portable}"
         if self.old == self.new:
             return f"  changed  {where}: value unchanged{portable}"
         diff = ""
-        if _number(self.old) and _number(self.new):
+        if is_number(self.old) and is_number(self.new):
             diff = f"  (Δ {self.new - self.old:+.3g})"
-        elif _is_curve(self.old) and _is_curve(self.new) and len(self.old) == len(self.new):
+        elif is_curve(self.old) and is_curve(self.new) and len(self.old) == len(self.new):
             steps = [i for i, (a, b) in enumerate(zip(self.old, self.new)) if a != b]
             worst = max(abs(b - a) for a, b in zip(self.old, self.new))
             diff = f"  ({len(steps)} of {len(self.new)} steps differ, from step {steps[0] + 1}; max |Δ| {worst:.3g})"
-        elif _is_curve(self.old) and _is_curve(self.new):
+        elif is_curve(self.old) and is_curve(self.new):
             diff = f"  ({len(self.old)} → {len(self.new)} steps)"
-        return f"  changed  {where}: {_short(self.old)} → {_short(self.new)}{diff}{portable}"
+        return f"  changed  {where}: {short_value(self.old)} → {short_value(self.new)}{diff}{portable}"
 
 
 def proposed_changes(proposals: list[dict]) -> list[Change]:

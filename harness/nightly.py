@@ -356,7 +356,7 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
     import json
 
     from harness import titan_check
-    from harness.config.tree import config3_comparison
+    from harness.config3_fork import config3_comparison
 
     rows = titan_check.check("trn2")
     echo(titan_check.summary(rows, "trn2"))

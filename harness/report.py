@@ -114,7 +114,7 @@ def update(
     report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = (), timing: dict | None = None,
     interrupted: dict | None | object = KEEP,
 ) -> dict:
-    """Add ``runs`` and ``checks`` (key, ``goldens.Verdict``) to the report in ``report_dir``; return it.
+    """Add ``runs`` and ``checks`` (key, ``verdicts.Verdict``) to the report in ``report_dir``; return it.
 
     ``interrupted``: how the last command was stopped (signal, stage, the runs it never started), or
     None once a command ran to its end; ``timing`` is that command's too.
@@ -147,7 +147,7 @@ def add_run(report: dict, run: dict) -> None:
 
 
 def add_check(report: dict, key: str, verdict) -> None:
-    """One measured number against its golden (a ``goldens.Verdict``), in its lane.
+    """One measured number against its golden (a ``verdicts.Verdict``), in its lane.
 
     The ``published`` field only ever holds a tutorial number (lanes published and
     proxy); an exact-lane golden is this lock's own value and goes in ``golden``.

@@ -29,6 +29,10 @@ RECORD_DIR = "first_batch"
 FINAL_STATE_FILE = "final_state.json"
 #: The completed HF export of the run (``harness.export``).
 EXPORT_DIR_NAME = "hf_export"
+#: A forward-only step 1's score (``harness.step1_forward``, rank 0) and, with ``--initial-state``, the
+#: per-tensor sha256 of the weights it started from.
+STEP1_FORWARD_FILE = "step1_forward.json"
+INITIAL_STATE_FILE = "initial_state.json"
 #: torchtitan's checkpoints, ``step-N`` each: the ``checkpoint.folder`` the recipes set (recipes/tutorial.py).
 CHECKPOINT_DIR = "checkpoint"
 #: The run's environment marker for the launcher's children (torchrun, the forkserver, the ranks).

@@ -49,9 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.options import RunOptions
-
-RESULT_FILE = "step1_forward.json"
-INITIAL_STATE_FILE = "initial_state.json"
+from harness.run_dir import INITIAL_STATE_FILE, STEP1_FORWARD_FILE
 
 
 @dataclass
@@ -235,7 +233,7 @@ def rank_main(argv: list[str]) -> int:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     if rank == 0:
-        (run_dir / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2) + "\n")
+        (run_dir / STEP1_FORWARD_FILE).write_text(json.dumps(asdict(result), indent=2) + "\n")
         print(f"step-1 loss (forward only) {result.loss!r} over {result.global_valid_tokens} tokens, {result.ranks} rank(s)")
     return 0
 
@@ -273,7 +271,7 @@ def run(opts: RunOptions, initial_state: bool = False, timeout_s: float | None =
     after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - started
     if out.returncode != 0:
         raise Step1ForwardError(f"{' '.join(command(opts, initial_state))} exited {out.returncode}:\n{out.stderr[-4000:]}")
-    result = json.loads((opts.run_dir / RESULT_FILE).read_text())
+    result = json.loads((opts.run_dir / STEP1_FORWARD_FILE).read_text())
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {**result, "wall_s": wall, "children_cpu_s": cpu}
 

@@ -53,9 +53,28 @@ class Row:
                 "required": self.entry.required, "detail": self.detail, "files": list(self.files)}  # fmt: skip
 
 
+#: Harness files relying on a name without importing it from recipes.titan or wrapping it with
+#: ``wrap_hook`` (both found below): the product names no harness file.
+RELIED_ON_BY = {
+    "Trainer": ("harness/train.py",),
+    "on_parse_error": ("harness/config/titan_cli.py",),
+    "Trainer attributes": ("harness/faults.py", "harness/first_batch.py", "harness/train.py"),
+}
+
+
+def _hook_wrapped(node: ast.AST) -> str | None:
+    """The hook name of a ``wrap_hook(owner, "Name", wrap)`` call, else None."""
+    if not isinstance(node, ast.Call) or len(node.args) < 2 or not isinstance(node.args[1], ast.Constant):
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return node.args[1].value if called == "wrap_hook" else None
+
+
 @functools.cache
 def _importers() -> dict[str, tuple[str, ...]]:
-    """Name -> suite files that import it from recipes.titan (``from recipes.titan import X`` or ``titan.X``)."""
+    """Name -> suite files that import it from recipes.titan (``from recipes.titan import X`` or ``titan.X``)
+    or wrap it (``titan.wrap_hook(owner, "X", ...)``)."""
     found: dict[str, set[str]] = {}
     for folder in SUITE_DIRS:
         for path in sorted((REPO_ROOT / folder).rglob("*.py")):
@@ -68,14 +87,17 @@ def _importers() -> dict[str, tuple[str, ...]]:
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "titan":
                     names = [node.attr]
+                elif _hook_wrapped(node):
+                    names = [_hook_wrapped(node)]
                 for name in names:
                     found.setdefault(name, set()).add(rel)
     return {name: tuple(sorted(files)) for name, files in found.items()}
 
 
 def users(entry: titan.TitanName) -> tuple[str, ...]:
-    """The suite files that need ``entry``: its importers and the files it declares (hooks)."""
-    return tuple(sorted({*_importers().get(entry.name, ()), *entry.files}))
+    """The suite files that need ``entry``: its importers and wrappers, the product files it declares and
+    the harness files of :data:`RELIED_ON_BY`."""
+    return tuple(sorted({*_importers().get(entry.name, ()), *entry.files, *RELIED_ON_BY.get(entry.name, ())}))
 
 
 def tier_tags(tier: str) -> set[str]:

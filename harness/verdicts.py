@@ -1,17 +1,153 @@
-"""Stage 6, judgement: a finished run's step-1 loss against its golden, and against the host reference.
+"""Stage 6, judgement: the verdict on a measured value against its golden, and on a finished run.
 
-The launcher's caller (``python -m harness run``) asks, for each run that ended, which
-golden its conditions make it comparable to (:func:`golden_key`), the verdict on it
-(:func:`judge`, from :mod:`harness.goldens`), and for a weights-loaded run the reference
-check (:func:`reference_of`, from :mod:`harness.reference`). Nothing here launches or writes.
+:func:`compare` gives the :class:`Verdict` on any measured value against a golden of
+:mod:`harness.goldens` (which reads and writes the golden files). For each run that ended,
+``python -m harness run`` asks which golden its conditions make it comparable to
+(:func:`golden_key`), the verdict on it (:func:`judge`), and for a weights-loaded run the
+reference check (:func:`reference_of`, from :mod:`harness.reference`). Nothing here launches or writes.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
+from harness.goldens import (
+    environment_differences,
+    environment_metadata,
+    Golden,
+    INPUTS_DIFFER,
+    is_curve,
+    is_number,
+    NOT_JUDGED,
+    PORTABLE_RTOL,
+    REGENERATE,
+    short_value,
+    why_not_judged,
+)
 from harness.options import RunOptions
 from recipes.tiers import TIERS
+
+
+@dataclass(frozen=True)
+class Verdict:
+    key: str
+    measured: object
+    golden: Golden
+    #: None: unmeasured (NOT_JUDGED, INPUTS_DIFFER).
+    passed: bool | None
+    kind: str  # "pass", "pass, other environment", "regression", "stale golden", or one of UNJUDGED_KINDS
+    #: Environment fields that differ from the ones the golden was recorded in.
+    differs: tuple[str, ...] = ()
+    #: The relative tolerance the measurement was last held to (the portable one in another environment).
+    rtol: float = 0.0
+
+    def message(self) -> str:
+        g = self.golden
+        if self.kind == INPUTS_DIFFER:
+            return (f"{self.kind} ({', '.join(self.differs)}): {self.key} measured {short_value(self.measured)}, not "
+                    f"judged against {short_value(g.value)}; re-record with `python -m harness.ci record-inputs --replace` "
+                    "only if the new inputs are meant")  # fmt: skip
+        if self.kind == NOT_JUDGED:
+            return f"{self.kind}: {self.key} measured {short_value(self.measured)} ({g.lane} {short_value(g.value)}): {why_not_judged(g)}"
+        if is_curve(g.value):
+            text = f"{self.kind}: {self.key} {_curve_misses(self.measured, g, self.rtol)} ({g.lane}: {g.reason})"
+        else:
+            text = (
+                f"{self.kind}: {self.key} measured {self.measured!r}, golden {g.value!r} "
+                f"± {g.tolerance} ({g.lane}: {g.reason})"
+            )
+        if self.kind == "stale golden":
+            text += f". Recorded in another environment (differs in {', '.join(self.differs)}); {REGENERATE}"
+        return text
+
+
+
+def _element_allowed(golden: Golden, i: int, rtol: float) -> float:
+    tolerance = golden.tolerance[i] if isinstance(golden.tolerance, list) else golden.tolerance
+    return max(tolerance, rtol * abs(golden.value[i]))
+
+
+def _within(measured, golden: Golden, rtol: float = 0.0) -> bool:
+    if is_number(golden.value) and is_number(measured):
+        allowed = max(golden.tolerance, rtol * abs(golden.value))
+        return math.isfinite(measured) and abs(measured - golden.value) <= allowed
+    if is_curve(golden.value):
+        # A curve: every step within its own tolerance (and the relative one), same length.
+        if not (isinstance(measured, list) and len(measured) == len(golden.value) and all(map(is_number, measured))):
+            return False
+        return all(
+            math.isfinite(m) and abs(m - g) <= _element_allowed(golden, i, rtol)
+            for i, (m, g) in enumerate(zip(measured, golden.value))
+        )
+    return measured == golden.value
+
+
+def _curve_misses(measured, golden: Golden, rtol: float) -> str:
+    """Where a measured curve leaves its golden: steps outside, the first one, the largest |Δ|."""
+    values = golden.value
+    if not (isinstance(measured, list) and len(measured) == len(values)):
+        got = len(measured) if isinstance(measured, list) else type(measured).__name__
+        return f"measured {got} steps, golden {len(values)} steps"
+    deltas = [abs(m - g) if math.isfinite(m) else math.inf for m, g in zip(measured, values)]
+    outside = [i for i, d in enumerate(deltas) if d > _element_allowed(golden, i, rtol)]
+    worst = max(range(len(deltas)), key=deltas.__getitem__)
+    text = f"{len(outside)} of {len(values)} steps outside"
+    if outside:
+        i = outside[0]
+        text += (
+            f"; first at step {i + 1}: measured {measured[i]!r}, golden {values[i]!r}, "
+            f"allowed ±{_element_allowed(golden, i, rtol):.3g}"
+        )
+    return text + f"; max |Δ| {deltas[worst]:.3g} at step {worst + 1}"
+
+
+def portable_rtol(golden: Golden) -> float:
+    """The relative tolerance of an exact value measured in another environment."""
+    return PORTABLE_RTOL if golden.portable_rtol is None else golden.portable_rtol
+
+
+def input_differences(recorded: dict, here: dict | None) -> tuple[str, ...]:
+    """Dotted names of the inputs (files, allowed mismatches, kept defects) where a night differs from the record."""
+    return environment_differences(recorded, here or {})
+
+
+def compare(
+    key: str, measured, goldens: dict[str, Golden], metadata: dict, env: dict | None = None, inputs: dict | None = None
+) -> Verdict:
+    """Measured vs golden. An exact value from another environment is held to its portable rtol.
+
+    A band is judged against its half-widths only; a miss in another environment than the
+    one its runs were recorded in reads "stale golden" too. A golden keyed by inputs is
+    judged only on the recorded ``inputs`` (:data:`INPUTS_DIFFER` otherwise, :data:`NOT_JUDGED`
+    before any are recorded); one with an ``unmeasured`` tolerance is :data:`NOT_JUDGED`.
+    """
+    golden = goldens[key]
+    if golden.keyed_by_inputs and golden.inputs is not None:
+        differs = input_differences(golden.inputs, inputs)
+        if differs:
+            return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=INPUTS_DIFFER, differs=differs)
+    if golden.unmeasured or (golden.keyed_by_inputs and golden.inputs is None):
+        return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=NOT_JUDGED)
+    here = env or (environment_metadata() if golden.lane in ("exact", "band") else {})
+    if golden.lane == "exact":
+        differs = environment_differences(metadata, here)
+    elif golden.lane == "band":
+        differs = environment_differences(golden.band["environment"], here)
+    else:
+        differs = ()
+    rtol = 0.0
+    if _within(measured, golden):
+        kind, passed = "pass", True
+    elif golden.lane == "exact" and differs and _within(measured, golden, portable_rtol(golden)):
+        kind, passed, rtol = "pass, other environment", True, portable_rtol(golden)
+    else:
+        kind, passed = ("stale golden" if differs else "regression"), False
+        rtol = portable_rtol(golden) if golden.lane == "exact" and differs else 0.0
+    return Verdict(key=key, measured=measured, golden=golden, passed=passed, kind=kind, differs=differs, rtol=rtol)
+
+
 
 #: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
 #: the cpu tier can reproduce: one layer, 2048 tokens, one step, one process, scored
@@ -65,7 +201,7 @@ def judge(opts: RunOptions, result):
     if key not in values:
         return None
     # A golden keyed by inputs is judged only on the recorded ones (a corrected run reads "inputs differ").
-    return goldens.compare(key, result.losses[0], values, metadata, inputs=result.provenance.get("inputs"))
+    return compare(key, result.losses[0], values, metadata, inputs=result.provenance.get("inputs"))
 
 
 def reference_of(opts: RunOptions, result) -> dict | None:

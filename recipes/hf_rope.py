@@ -2,7 +2,7 @@
 
 Two places recompute a rotary embedding's ``inv_freq`` from its config: the backend
 workaround (``recipes.hf_compat.init_rotary_embeddings``) and any scorer that loads
-transformers' own model (``harness/reference.py``). transformers changed the function's
+transformers' own model (the harness's host reference). transformers changed the function's
 signature between releases (5.16: ``compute_default_rope_parameters(config, device=None)``;
 5.23: ``(config, **kwargs)``), so passing ``device`` broke on 5.23 with ``TypeError: ...
 takes 1 positional argument but 2 were given``. Here it is called with the config alone,

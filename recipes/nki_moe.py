@@ -16,7 +16,7 @@ recipes, package ``torchtitan_neuron``; not public, so not read here). On the tr
 tier config 3 is built from that function with the tutorial's arguments whenever it
 is importable (:func:`fork_config`); :func:`qwen3_nki_moe_config` below is the suite's
 twin of it, rebuilt from upstream names, and the only config 3 of the cpu tier. Which
-one a run built is :func:`config_source`; ``harness.config.tree`` compares the two.
+one a run built is :func:`config_source`; the harness compares the two.
 """
 
 from __future__ import annotations

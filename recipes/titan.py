@@ -4,9 +4,9 @@ Two torchtitans run the suite: upstream 0.3.0 (PyPI) on cpu, and on trn2 torchti
 release-2.33, a fork installed with ``pip install -e .`` as the distribution ``torchtitan``
 0.2.2+neuron.1 (Neuron docs: training/torchtitan/get-started/setup-torchtitan-neuron). Each
 name is declared once in :data:`NAMES` with its module, why the suite needs it and who uses
-it, so a torchtitan that lacks one is refused in one line (:class:`TitanNameError`) before
-any rank starts: ``require`` before every launch, ``python -m harness.titan_check`` as the
-nightly's first step and in the dry run (every name, each missing one with its files).
+it, so a torchtitan that lacks one is refused in one line before any rank starts: the
+harness's checks refuse a run whose names are :func:`missing`, ``python -m harness.titan_check``
+lists them as the nightly's first step and in the dry run (every name, each missing one with its files).
 
 Hooks too: attributes the harness replaces on a built trainer (``batch_generator``,
 ``train_step``, ``metrics_processor.logger``). A renamed hook fails no import, the
@@ -74,7 +74,8 @@ class TitanName:
     required: bool = True
     """False: absent is a finding the report shows, not a refusal (the fork's own config 3)."""
     files: tuple[str, ...] = ()
-    """Suite files relying on it without importing it; importers are found by harness.titan_check."""
+    """Product files relying on it without importing it; importers, and the harness's own files, are found
+    by harness.titan_check."""
 
     @property
     def qualified(self) -> str:
@@ -98,13 +99,12 @@ NAMES: tuple[TitanName, ...] = (
         "torchtitan.trainer",
         "Trainer.Config is the config every recipe returns; .traverse finds RoPE and kernel nodes, "
         ".to_dict writes the resolved config of a dry run",
-        files=("harness/train.py",),
     ),
     TitanName("ConfigManager", "torchtitan.config.manager",
               "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config"),  # fmt: skip
     TitanName("on_parse_error", "tyro._errors", "turning a torchtitan option its parser (tyro, tyro >= 1.0.14) "
               "refuses into one line from tyro's structured event, not its printed box; absent, tyro's own message "
-              "stands above a generic refusal", required=False, files=("harness/config/titan_cli.py",)),  # fmt: skip
+              "stands above a generic refusal", required=False),  # fmt: skip
     TitanName("TORCH_DTYPE_MAP", "torchtitan.config",
               "the dtype the dry run builds the model in (training.dtype), as the trainer does"),  # fmt: skip
     TitanName("set_default_dtype", "torchtitan.tools.utils",
@@ -150,7 +150,7 @@ NAMES: tuple[TitanName, ...] = (
         keywords_of="Config",
     ),
     TitanName("LoggerContainer", "torchtitan.components.metrics",
-              "recording torchtitan's own step metrics beside its loggers (harness/train.py record_steps)"),  # fmt: skip
+              "recording torchtitan's own step metrics beside its loggers (the harness's record_steps)"),  # fmt: skip
     TitanName(
         "HuggingFaceTextDataLoader",
         "torchtitan.hf_datasets.text_datasets",
@@ -270,18 +270,15 @@ NAMES: tuple[TitanName, ...] = (
               "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it", used_by=_HF),  # fmt: skip
     # --- Trainer hooks the harness replaces on a built trainer ------------------------------------
     TitanName("Trainer.batch_generator", "torchtitan.trainer", "recording step 1's batches for the host reference "
-              "(Trainer.train must fetch batches through it)", attr="Trainer.batch_generator", read_by="Trainer.train",
-              files=("harness/reference.py",)),
+              "(Trainer.train must fetch batches through it)", attr="Trainer.batch_generator", read_by="Trainer.train"),
     TitanName("Trainer.train_step", "torchtitan.trainer", "injecting a fault at one rank and step (Trainer.train "
-              "must call it)", attr="Trainer.train_step", read_by="Trainer.train", files=("harness/faults.py",)),
+              "must call it)", attr="Trainer.train_step", read_by="Trainer.train"),
     TitanName("Trainer attributes", "torchtitan.trainer", "the trainer state the harness reads or wraps on every rank",
               attr="Trainer.__init__", sets=("metrics_processor", "step", "model_parts", "parallel_dims",
-              "gradient_accumulation_steps", "num_pipeline_parallel_microbatches"),
-              files=("harness/train.py", "harness/reference.py", "harness/faults.py")),
+              "gradient_accumulation_steps", "num_pipeline_parallel_microbatches")),
     TitanName("MetricsProcessor.logger", "torchtitan.components.metrics", "recording every step's loss to steps.jsonl "
               "(record_steps wraps metrics_processor.logger; MetricsProcessor.log must use it)",
-              attr="MetricsProcessor.__init__", sets=("logger",), read_by="MetricsProcessor.log",
-              files=("harness/train.py",)),
+              attr="MetricsProcessor.__init__", sets=("logger",), read_by="MetricsProcessor.log"),
     # --- the fork's own recipe (package torchtitan_neuron per the Neuron docs; not public) ---------
     TitanName("qwen3_nki_moe_config", "torchtitan_neuron.models.qwen3.config_registry", 'tutorial config 3 as the '
               'tutorial builds it, qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4); absent, '
@@ -300,7 +297,7 @@ NAMES: tuple[TitanName, ...] = (
     TitanName(
         "init_logger",
         "torchtitan.tools.logging",
-        "printing torchtitan's step lines in the benchmark rank entry, as torchtitan.train does",
+        "printing torchtitan's step lines in the per-recipe benchmark's ranks, as torchtitan.train does",
         used_by=("benchmarks",),
     ),
 )
@@ -397,12 +394,12 @@ def resolve(entry: TitanName):
     return obj
 
 
-def hook(owner, name: str):
+def hook(owner, name: str, wrapped_by: str = ""):
     """The declared hook ``name`` (``"Trainer.batch_generator"``) as the built ``owner`` holds it.
 
     Checked as the names check checks it (present, still called or assigned by torchtitan),
-    so a fork without it fails on the rank in one line naming the hook and the suite file
-    that wraps it, never an AttributeError or a wrapper never called (no step-1 record, so
+    so a fork without it fails on the rank in one line naming the hook and the module
+    that wraps it (``wrapped_by``), never an AttributeError or a wrapper never called (no step-1 record, so
     a reference loss silently absent).
     """
     entry = BY_NAME.get(name)
@@ -414,13 +411,16 @@ def hook(owner, name: str):
         if not hasattr(owner, attribute):
             raise _missing(entry, f"{attribute} on the built {type(owner).__qualname__}")
     except TitanNameError as e:
-        raise TitanNameError(f"{e}; the hook is wrapped by {', '.join(entry.files)}") from None
+        raise TitanNameError(f"{e}; the hook is wrapped by {wrapped_by}" if wrapped_by else str(e)) from None
     return getattr(owner, attribute)
 
 
 def wrap_hook(owner, name: str, wrap) -> None:
-    """Replace the declared hook ``name`` on ``owner`` by ``wrap(original)`` (checked by :func:`hook`)."""
-    setattr(owner, name.rsplit(".", 1)[-1], wrap(hook(owner, name)))
+    """Replace the declared hook ``name`` on ``owner`` by ``wrap(original)`` (checked by :func:`hook`).
+
+    A hook that is gone is refused naming ``wrap``'s module, the code that relies on it.
+    """
+    setattr(owner, name.rsplit(".", 1)[-1], wrap(hook(owner, name, getattr(wrap, "__module__", None) or "")))
 
 
 def entries(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanName]:
@@ -448,14 +448,6 @@ def optional(name: str):
         return resolve(BY_NAME[name]), ""
     except TitanNameError as e:
         return None, str(e)
-
-
-def require(used_by: Iterable[str]) -> None:
-    """Refuse, in one line, when a name ``used_by`` needs is missing (the first; others counted)."""
-    errors = missing(used_by)
-    if errors:
-        more = f" ({len(errors) - 1} more torchtitan name(s) missing)" if len(errors) > 1 else ""
-        raise TitanNameError(f"{errors[0]}{more}")
 
 
 def run_tags(recipe: str, overrides: Iterable[str] = (), tier: str = "") -> set[str]:

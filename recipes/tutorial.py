@@ -117,24 +117,6 @@ def tutorial_settings(config, inputs: RecipeInputs):
     return config
 
 
-class CompileBackendError(RecipeError):
-    """torch.compile is enabled with a backend that does not compile for the tier's device."""
-
-
-def check_compile(config, tier: str) -> None:
-    """Refuse ``compile.enable`` with a ``compile.backend`` other than the tier's (``neuron`` on trn2).
-
-    Run after torchtitan's CLI overrides, which may enable compile or change the backend.
-    """
-    preset = TIERS[tier]
-    if config.compile.enable and config.compile.backend != preset.compile_backend:
-        raise CompileBackendError(
-            f"compile.enable with compile.backend={config.compile.backend!r} cannot compile for --tier {tier}: "
-            f"use --compile.backend {preset.compile_backend} (TorchNeuron's torch.compile backend on trn2), "
-            "or drop --compile.enable"
-        )
-
-
 def tier_config(recipe: str, tier: str, init: str = "hf"):
     """The complete ``Trainer.Config`` of ``recipe`` on ``tier``: what the zero-argument config functions return.
 

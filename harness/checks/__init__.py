@@ -1,7 +1,8 @@
 """Refuse a bad run before any rank starts: one message that names the value and the fix.
 
-The options are checked here; the files they name (config.json, weights, tokenizer, data) and the
-directories a run writes are checked by ``harness.checks.inputs``, whose ``PreflightError`` this re-exports.
+The options are checked here; the files they name (config.json, weights, tokenizer, data) are checked
+by ``harness.checks.inputs``, whose ``PreflightError`` this re-exports, and the directories a run writes
+by ``harness.checks.targets``. Each refusal's home: docs/ARCHITECTURE.md, "Every refusal → file".
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from harness.checks import inputs as input_checks
 from harness.checks.weights import check_config_matches_weights
 from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
-from harness.checks.targets import check_dump_folder_target, check_export_target, check_run_target
+from harness.checks.targets import check_dump_folder_target, check_export_target, check_output_dir, check_run_target
 from harness.options import INITS, RunOptions
 from recipes.tiers import TIERS
 
@@ -265,7 +266,7 @@ def check_export_dir(opts: RunOptions) -> None:
                 "the source weights are never written to: choose another directory"
             )
     check_export_target(opts)  # before "pass --overwrite": never advise replacing an input
-    input_checks.check_output_dir(
+    check_output_dir(
         export_dir, "pass an --export-dir that is a writable directory, or a new path in one"
     )
     if export_dir.is_dir() and any(export_dir.iterdir()) and not opts.overwrite:
@@ -279,7 +280,7 @@ def check_run_dir(opts: RunOptions) -> None:
     """The run's directory (``REPORT_DIR/runs/NAME``: run.json, logs, checkpoints) can be made and written."""
     if opts.run_dir is None:
         return
-    input_checks.check_output_dir(
+    check_output_dir(
         opts.run_dir, "pass a --report-dir that is a writable directory, or a new path in one"
     )
     check_run_target(opts)
@@ -318,10 +319,14 @@ def check_hf_model(opts: RunOptions) -> None:
 
 
 def check_torchtitan_names(opts: RunOptions) -> None:
-    """The installed torchtitan has every name this run uses (``recipes.titan``), else one line naming it."""
+    """The installed torchtitan has every name this run uses (``recipes.titan``), else one line naming the
+    first missing one (the others counted)."""
     from recipes import titan
 
-    titan.require(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
+    errors = titan.missing(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
+    if errors:
+        more = f" ({len(errors) - 1} more torchtitan name(s) missing)" if len(errors) > 1 else ""
+        raise PreflightError(f"{errors[0]}{more}")
 
 
 #: What can be checked from the options alone, on any machine (the dry run runs these too).
@@ -365,5 +370,5 @@ def check_config_paths(opts: RunOptions, config) -> None:
         input_checks.check_dataset_dir(dataset_dir)
     run_dir = where(config.dump_folder)
     if run_dir is not None and run_dir != opts.run_dir:
-        input_checks.check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
+        check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
         check_dump_folder_target(opts, run_dir)

@@ -1,4 +1,4 @@
-"""Every file a run reads and every directory it writes, checked before launch.
+"""Every file a run reads, checked before launch (the directories it writes: ``targets.py``).
 
 Each refusal is one line naming the path, what is wrong with it and the fix. Each file
 is read with the library the run itself reads it with (``json``, ``safetensors``
@@ -10,7 +10,6 @@ to paths and calls these; nothing here imports the harness but its error type (`
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -421,23 +420,3 @@ def jsonl_problem(raw: bytes) -> str | None:
     if not isinstance(text, str) or not text.strip():
         return 'no non-empty "text" string' + ("" if "text" in record else f" (keys: {', '.join(sorted(record)) or 'none'})")
     return None
-
-
-# --- directories a run writes --------------------------------------------------------------
-
-
-def check_output_dir(path: Path, fix: str) -> None:
-    """``path`` is a directory, or can be made one, and can be written.
-
-    Nothing is created: the nearest existing ancestor must be a directory this process may
-    write (``os.access``, which also says no on a read-only file system, for root too).
-    """
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    made = "written" if existing == path else "created"
-    if not existing.is_dir():
-        where = f"{path} is" if existing == path else f"{path} cannot be created: {existing} is"
-        raise PreflightError(f"{where} a file, not a directory; {fix}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
-        why = "is on a read-only file system" if read_only else "is not writable"
-        raise PreflightError(f"{existing} {why}, so {path} cannot be {made}; {fix}")

@@ -1,4 +1,4 @@
-"""Nothing the user gave is ever deleted or overwritten: the directories a run writes or replaces, against its inputs.
+"""The directories a run writes or replaces: writable, and never an input (nothing the user gave is deleted or overwritten).
 
 A run replaces ``--export-dir`` (with ``--overwrite``), writes its checkpoints and records into its
 run directory (or torchtitan's ``--dump_folder``) and clears files there. Each such target is refused
@@ -105,3 +105,20 @@ def check_run_target(opts: RunOptions) -> None:
 def check_dump_folder_target(opts: RunOptions, dump_folder: Path) -> None:
     """torchtitan's ``--dump_folder``, where it moves the run's checkpoints and records."""
     check_target(dump_folder, "--dump_folder", opts, "drop --dump_folder, or pass one outside every input")
+
+
+def check_output_dir(path: Path, fix: str) -> None:
+    """``path`` is a directory, or can be made one, and can be written.
+
+    Nothing is created: the nearest existing ancestor must be a directory this process may
+    write (``os.access``, which also says no on a read-only file system, for root too).
+    """
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    made = "written" if existing == path else "created"
+    if not existing.is_dir():
+        where = f"{path} is" if existing == path else f"{path} cannot be created: {existing} is"
+        raise PreflightError(f"{where} a file, not a directory; {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        why = "is on a read-only file system" if read_only else "is not writable"
+        raise PreflightError(f"{existing} {why}, so {path} cannot be {made}; {fix}")

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 
 from harness.checks import check_config_paths, preflight
-from harness.checks.config import check_config
+from harness.checks.built_config import check_config
 from harness.options import RunOptions
 
 
@@ -47,7 +47,7 @@ def checked_config(opts: RunOptions, cli_overrides: list[str] = ()) -> tuple[Run
     """Every refusal before launch, in one order; the resolved options and the config the ranks will build.
 
     The options and the files they name (:func:`harness.checks.preflight`), then the
-    built config against its inputs and the tier (:func:`harness.checks.config.check_config`:
+    built config against its inputs and the tier (:func:`harness.checks.built_config.check_config`:
     weights, tokenizer and sizes, checkpoint tensors, compile backend, kernel shapes).
     Each refusal is one ``RecipeError`` line naming the value and the fix.
     """

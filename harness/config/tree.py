@@ -6,7 +6,7 @@ gather-free one or the experts NKI's. :func:`config_tree` keeps both: every conf
 node becomes ``{"_class": "<module>.<Class>.Config", <fields>...}``; functions and
 classes in the tree (a ``ModelSpec``'s ``parallelize_fn``, ``state_dict_adapter``) are
 named by their qualified name. :func:`differences` lists, field by field, where two
-such trees disagree (config 3 from the fork's function vs the suite's twin).
+such trees disagree (``harness.config3_fork``: config 3 from the fork's function vs the suite's twin).
 """
 
 from __future__ import annotations
@@ -94,31 +94,3 @@ def collapse_layers(diffs: list[dict]) -> list[dict]:
         if match:
             entry["layers"].append(int(match.group(1)))
     return [{k: v for k, v in d.items() if k != "layers" or v} for d in grouped.values()]
-
-
-def config3_comparison(inputs) -> dict:
-    """Tutorial config 3 from the fork's own function vs the suite's twin, both at ``inputs``' launch
-    and at the published sizes (a rehearsal shrinks the launches, not the fork's function).
-
-    ``{"fork": qualified name or "absent", "finding": why absent, "source": what a run builds,
-    "differences": [{"path", "fork", "twin"}...]}``; the differences repeat per layer only once
-    (``layers.*``, with the layers). The fork's function absent is a finding, not a skip.
-    """
-    from recipes import nki_moe
-    from recipes.titan import BY_NAME
-    from recipes.tutorial import tutorial_settings
-
-    source = nki_moe.config_source(inputs.tier)
-    fork, why = nki_moe.fork_config()
-    if fork is None:
-        return {"fork": "absent", "finding": why, "source": source, "differences": []}
-    twin = tutorial_settings(nki_moe.twin_config(inputs.tier, as_published=True), inputs)
-    fork = tutorial_settings(fork, inputs)
-    found = collapse_layers(differences(config_tree(fork), config_tree(twin)))
-    return {
-        "fork": BY_NAME["qwen3_nki_moe_config"].qualified,
-        "finding": f"{len(found)} difference(s) between the fork's config 3 and the suite's twin",
-        "source": source,
-        "differences": [{"path": d["path"], "fork": d["a"], "twin": d["b"],
-                         **({"layers": d["layers"]} if "layers" in d else {})} for d in found],  # fmt: skip
-    }

@@ -51,7 +51,7 @@ def start_forkserver(modules: list[str]) -> None:
         del os.environ[PARENT_ENV]
 
 
-def rank_entry(module: str, argv: list[str]) -> None:
+def run_forked_rank(module: str, argv: list[str]) -> None:
     """One rank: ``<module>.main(argv)`` (``harness.train``, named by torchrun's ``-m``), ending as a torchrun-started rank would.
 
     A function entrypoint's return value is not its exit code in torch elastic (it is
@@ -101,7 +101,7 @@ def run(argv: list[str]) -> None:
 
     args = launch_args(argv)
     config, _, _ = config_from_args(args)
-    elastic_launch(config=config, entrypoint=rank_entry)(args.training_script, list(args.training_script_args))
+    elastic_launch(config=config, entrypoint=run_forked_rank)(args.training_script, list(args.training_script_args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,7 +139,7 @@ def role(proc: Process, procs: dict[int, Process]) -> str:
         return "rank"  # an exec'd rank: torchrun starts ``python -u -m harness.train``
     if any(FORKSERVER in arg for arg in argv):
         if proc.name == RANK_NAME:
-            return "rank"  # a forked rank keeps its forkserver's command line; it names itself (rank_entry)
+            return "rank"  # a forked rank keeps its forkserver's command line; it names itself (run_forked_rank)
         parent = procs.get(proc.ppid)
         # Any other forkserver child is not a rank: e.g. an import's ``ldconfig -p`` between fork and exec.
         return "other" if parent is not None and any(FORKSERVER in arg for arg in parent.argv) else "forkserver"

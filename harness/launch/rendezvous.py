@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from harness.options import RunOptions
+from harness.run_dir import LOGS_DIR
 
 #: Seconds between two "waiting for the other nodes" lines.
 WAIT_NOTE_S = 15.0
@@ -18,7 +19,7 @@ WAIT_NOTE_S = 15.0
 
 def ranks_started(run_dir: Path) -> bool:
     """torchrun makes each local rank's log directory (``logs/<run id>/attempt_N/<rank>``) once the rendezvous completed."""
-    return any(p.is_dir() for p in (Path(run_dir) / "logs").glob("*/attempt_*/*"))
+    return any(p.is_dir() for p in (Path(run_dir) / LOGS_DIR).glob("*/attempt_*/*"))
 
 
 class RendezvousWait:

@@ -102,7 +102,7 @@ def peak_tflops(tier: str) -> float | None:
     per_core = PEAK_BF16_TFLOPS_PER_PHYSICAL_CORE.get(tier)
     if per_core is None:
         return None
-    from harness.checks.config import tier_lnc
+    from harness.checks.kernels import tier_lnc
 
     return per_core * tier_lnc(tier)
 

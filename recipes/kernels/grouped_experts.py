@@ -50,8 +50,9 @@ __all__ = [
     "TrnGroupedExperts",
     "block_layout",
     "blockwise_inputs",
-    "check_moe_shapes",
+    "assert_moe_shapes",
     "expert_loop",
+    "failed_constraints",
     "grouped_experts",
     "launch_blockwise_mm_bwd",
     "launch_moe_cte",
@@ -123,16 +124,19 @@ MOE_CONSTRAINTS: tuple[MoEConstraint, ...] = (
 )
 
 
-def check_moe_shapes(dim: int, hidden_dim: int, lnc: int, block_size: int = BLOCK_SIZE) -> None:
-    """Refuse, before compiling, shapes that moe_cte / blockwise_mm_bwd assert on; name each failure."""
+def failed_constraints(dim: int, hidden_dim: int, lnc: int, block_size: int = BLOCK_SIZE) -> list[MoEConstraint]:
+    """The rules of :data:`MOE_CONSTRAINTS` these shapes break (none: the kernels take them)."""
     shape = MoEShape(dim=dim, hidden_dim=hidden_dim, block_size=block_size, lnc=lnc)
-    failed = [c for c in MOE_CONSTRAINTS if not c.holds(shape)]
+    return [c for c in MOE_CONSTRAINTS if not c.holds(shape)]
+
+
+def assert_moe_shapes(dim: int, hidden_dim: int, lnc: int, block_size: int = BLOCK_SIZE) -> None:
+    """What moe_cte / blockwise_mm_bwd assert on the device, asserted before the kernels compile."""
+    failed = failed_constraints(dim, hidden_dim, lnc, block_size)
     if failed:
         raise MoEShapeError(
-            f"grouped_experts on trn2 cannot run H={dim}, I={hidden_dim}, block size {block_size}, "
-            f"LNC={lnc}: "
+            f"H={dim}, I={hidden_dim}, block size {block_size}, LNC={lnc}: "
             + "; ".join(f"{c.kernel} needs {c.rule} ({c.source})" for c in failed)
-            + ". Use the stock GroupedExperts for this model (drop the grouped_experts override)."
         )
 
 
@@ -384,7 +388,7 @@ moe_blockwise_op = KernelOp(
 
 def nki_grouped_experts(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD) -> torch.Tensor:
     """The kernels' path: shape guard, block layout, one custom-op call; never a fallback."""
-    check_moe_shapes(w1_EFD.shape[2], w1_EFD.shape[1], logical_neuron_cores())
+    assert_moe_shapes(w1_EFD.shape[2], w1_EFD.shape[1], logical_neuron_cores())
     inputs = blockwise_inputs(x_RD, num_tokens_per_expert_E, w1_EFD, w2_EDF, w3_EFD)
     out, _, _ = moe_blockwise_op(
         inputs.hidden,

@@ -17,8 +17,9 @@ of ``CosSinRoPE`` so the cpu path equals torchtitan bit for bit (forward and
 backward, fp32 and bf16). The backward is the op itself with ``backward=True``:
 the transposed rotation, which is what ``rope_hf(..., backward=True)`` computes.
 
-nkilib asserts ``S % (128 * LNC) == 0`` inside the kernel, at compile time and
-with a terse message; :func:`check_seq_len` checks it first and says what to do.
+nkilib asserts ``S % (128 * LNC) == 0`` inside the kernel, at compile time;
+:func:`assert_seq_len` makes the same assertion before the op, on every tier (the
+harness refuses such a run before launch, naming the fix).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ __all__ = [
     "SEQ_TILE",
     "SeqLenError",
     "SlicedCosSinRoPE",
-    "check_seq_len",
+    "assert_seq_len",
     "rope_hf",
     "rope_hf_op",
     "sliced_rope",
@@ -59,33 +60,21 @@ class SeqLenError(RecipeError):
     """The sequence length cannot be split the way nkilib's rope_hf needs."""
 
 
-def check_seq_len(seq_len: int, lnc: int) -> None:
-    """Raise :class:`SeqLenError` unless ``seq_len`` is a multiple of 128 × LNC.
+def assert_seq_len(seq_len: int, lnc: int) -> None:
+    """Raise :class:`SeqLenError` unless ``seq_len`` is a multiple of 128 × LNC: rope_hf's own assertion.
 
     rope_hf splits the sequence evenly across the LNC physical cores of a logical
-    NeuronCore, each in 128-row tiles. Checked before the kernel is called, so the
-    error names the fix instead of surfacing as a kernel assert.
+    NeuronCore, each in 128-row tiles (``_validate_apply_rope_inputs`` in aws-neuron/nki-library
+    src/nkilib_src/nkilib/core/embeddings/rope_hf.py).
     """
     if lnc not in VALID_LNC:
-        raise LNCError(
-            f"LNC={lnc!r} is not a logical NeuronCore size trn2 supports; use 1 or 2 "
-            "(NEURON_LOGICAL_NC_CONFIG)."
-        )
+        raise LNCError(f"LNC={lnc!r} is not a logical NeuronCore size trn2 supports (NEURON_LOGICAL_NC_CONFIG 1 or 2)")
     multiple = SEQ_TILE * lnc
-    if seq_len > 0 and seq_len % multiple == 0:
-        return
-    below = (seq_len // multiple) * multiple
-    above = below + multiple
-    suggestion = f"{below} or {above}" if below > 0 else f"{above}"
-    hint = (
-        " or run with NEURON_LOGICAL_NC_CONFIG=1 (multiples of 128)" if lnc == 2 else ""
-    )
-    raise SeqLenError(
-        f"seq_len={seq_len} is not a multiple of 128×LNC={multiple} (LNC={lnc}); "
-        f"use {suggestion}. nkilib's rope_hf gives each of the {lnc} core(s) of a "
-        f"logical NeuronCore whole 128-row tiles of the sequence: set "
-        f"training.seq_len to a multiple of {multiple}{hint}."
-    )
+    if seq_len <= 0 or seq_len % multiple:
+        raise SeqLenError(
+            f"seq_len={seq_len} is not a multiple of 128×LNC={multiple} (LNC={lnc}): nkilib's rope_hf asserts "
+            "S % (128 * LNC) == 0"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -148,7 +137,7 @@ def _rope_hf_kernel():
 def _rope_nki(q, k, positions, inv_freq, backward):
     """rope_hf on the device: q/k ``[B, L, N, H]`` → kernel layout ``[B, N, L, H]`` and back."""
     lnc = logical_neuron_cores()
-    check_seq_len(q.shape[1], lnc)
+    assert_seq_len(q.shape[1], lnc)
     dtype = _compute_dtype(q)
     cos, sin = _cos_sin(positions, inv_freq, dtype)
     if cos.shape[0] == 1:  # shared positions: the kernel's batch-less [S, D] form
@@ -275,7 +264,7 @@ class NKIRoPE(CosSinRoPE):
             )
         seq_len = query.shape[1]
         if self.config.enforce_kernel_constraints or on_neuron(query):
-            check_seq_len(seq_len, logical_neuron_cores())
+            assert_seq_len(seq_len, logical_neuron_cores())
         if positions is None or self.config.drop_positions:
             positions = torch.arange(seq_len, device=query.device).unsqueeze(0)
         else:

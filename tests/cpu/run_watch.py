@@ -103,7 +103,7 @@ class RunWatch:
 
     def rank_starts(self) -> set[str]:
         """How the ranks it saw were started: "exec" (``python -m harness.train``, torchrun's exec) or
-        "preloaded" (forked from harness.launch.elastic's forkserver, named by rank_entry)."""
+        "preloaded" (forked from harness.launch.elastic's forkserver, named by run_forked_rank)."""
         return {
             "exec" if "harness.train" in proc.argv else "preloaded"
             for key, proc in self.seen.items()

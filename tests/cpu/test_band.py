@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import band, goldens
+from harness import band, goldens, verdicts
 
 
 RUNS = [
@@ -90,11 +90,11 @@ def test_compute_writes_a_band_the_goldens_loader_takes_and_judges(tmp_path, gol
     assert made["environment"] == goldens.environment_metadata()
     assert "over 3 repeated runs" in g.reason and "the floor set 1 of 3 steps" in g.reason
     here = made["environment"]
-    assert goldens.compare("loss_curve_3", [6.59, 6.404, 6.22], values, {}, here).kind == "pass"
-    low = goldens.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, here)  # step 2: 0.006 > 0.005
+    assert verdicts.compare("loss_curve_3", [6.59, 6.404, 6.22], values, {}, here).kind == "pass"
+    low = verdicts.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, here)  # step 2: 0.006 > 0.005
     assert low.kind == "regression" and "first at step 2" in low.message()
     elsewhere = {**here, "versions": {**here["versions"], "torch-neuronx": "9.9"}}
-    assert goldens.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, elsewhere).kind == "stale golden"
+    assert verdicts.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, elsewhere).kind == "stale golden"
 
 
 def test_a_second_band_keeps_the_first_and_bad_runs_write_nothing(tmp_path, goldens_dir, capsys):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.errors import RecipeError
+from harness.checks.errors import PreflightError
 from recipes.tiers import CPU, REPO_ROOT, TRN2
 
 TRN2_UNSET = ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")
@@ -58,13 +58,13 @@ def test_inductor_on_trn2_is_refused_before_launch_naming_the_backend(tmp_path):
 )  # fmt: skip
 def test_check_compile(tier, enable, backend, refused):
     from recipes.titan import CompileConfig
-    from recipes.tutorial import check_compile
+    from harness.checks.built_config import check_compile
 
     class Config:
         compile = CompileConfig(enable=enable, backend=backend)
 
     if refused:
-        with pytest.raises(RecipeError, match=f"compile.backend={backend!r} cannot compile for --tier {tier}"):
+        with pytest.raises(PreflightError, match=f"compile.backend={backend!r} cannot compile for --tier {tier}"):
             check_compile(Config, tier)
     else:
         check_compile(Config, tier)

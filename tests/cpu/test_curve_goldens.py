@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import goldens
+from harness import goldens, verdicts
 
 
 CURVE = [2.0, 1.5, 1.25, 1.0]
@@ -50,23 +50,23 @@ def test_an_exact_curve_is_bitwise_here_and_within_its_portable_rtol_per_step_el
     g = load_one(tmp_path, EXACT)
     assert g.portable_rtol == 1e-5
     values = {"curve": g}
-    assert goldens.compare("curve", list(CURVE), values, env(), env()).kind == "pass"
+    assert verdicts.compare("curve", list(CURVE), values, env(), env()).kind == "pass"
     nudged = [CURVE[0], CURVE[1] * (1 + 5e-6), CURVE[2], CURVE[3]]
-    assert goldens.compare("curve", nudged, values, env(), env()).kind == "regression"
-    assert goldens.compare("curve", nudged, values, other_cpu(), env()).kind == "pass, other environment"
+    assert verdicts.compare("curve", nudged, values, env(), env()).kind == "regression"
+    assert verdicts.compare("curve", nudged, values, other_cpu(), env()).kind == "pass, other environment"
     # Per element: 5e-6 of step 2's value is within 1e-5 of it, 2e-5 of step 4's is not,
     # even though it is within 1e-5 of the curve's largest value.
     far = [CURVE[0], CURVE[1], CURVE[2], CURVE[3] * (1 + 2e-5)]
-    stale = goldens.compare("curve", far, values, other_cpu(), env())
+    stale = verdicts.compare("curve", far, values, other_cpu(), env())
     assert (stale.kind, stale.passed) == ("stale golden", False)
     assert "1 of 4 steps outside; first at step 4" in stale.message() and "make goldens ACCEPT=1" in stale.message()
 
 
 def test_an_exact_curve_without_its_own_rtol_gets_the_suite_wide_one(tmp_path):
     g = load_one(tmp_path, {k: v for k, v in EXACT.items() if k != "portable_rtol"})
-    assert g.portable_rtol is None and goldens.portable_rtol(g) == goldens.PORTABLE_RTOL
+    assert g.portable_rtol is None and verdicts.portable_rtol(g) == goldens.PORTABLE_RTOL
     nudged = [CURVE[0] * (1 + 5e-6), *CURVE[1:]]
-    assert goldens.compare("curve", nudged, {"curve": g}, other_cpu(), env()).kind == "stale golden"
+    assert verdicts.compare("curve", nudged, {"curve": g}, other_cpu(), env()).kind == "stale golden"
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_an_exact_curve_without_its_own_rtol_gets_the_suite_wide_one(tmp_path):
 )
 def test_a_curve_of_another_length_or_with_nan_never_passes(tmp_path, measured, fragment):
     values = {"curve": load_one(tmp_path, EXACT)}
-    verdict = goldens.compare("curve", measured, values, other_cpu(), env())
+    verdict = verdicts.compare("curve", measured, values, other_cpu(), env())
     assert not verdict.passed and fragment in verdict.message()
 
 
@@ -88,11 +88,11 @@ def test_a_band_holds_each_step_to_its_own_half_width(tmp_path):
     values = {"curve": g}
     here = g.band["environment"]
     inside = [2.09, 1.41, 1.44, 0.81]
-    assert goldens.compare("curve", inside, values, {}, here).kind == "pass"
+    assert verdicts.compare("curve", inside, values, {}, here).kind == "pass"
     outside = [2.0, 1.5, 1.25, 0.79]  # step 4 is 0.21 below a ±0.2 band
-    verdict = goldens.compare("curve", outside, values, {}, here)
+    verdict = verdicts.compare("curve", outside, values, {}, here)
     assert verdict.kind == "regression" and "first at step 4" in verdict.message()
-    assert goldens.compare("curve", outside, values, {}, {"versions": {"torch": "y"}}).kind == "stale golden"
+    assert verdicts.compare("curve", outside, values, {}, {"versions": {"torch": "y"}}).kind == "stale golden"
 
 
 @pytest.mark.parametrize(

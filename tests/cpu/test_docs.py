@@ -1,12 +1,17 @@
-"""The docs cannot go stale unnoticed: every repository path, file name and module they name exists.
+"""The docs cannot go stale unnoticed: every repository path, file name, module and dotted name they name exists.
 
-Read from README.md, docs/*.md and the other READMEs, inside `code spans` only. A path that starts at a
-top-level folder of the repository must match the tree (``<recipe>`` and ``*`` match anything); a bare
-file name must be some tracked file's name; ``python -m NAME`` must be an importable module.
+Read from README.md, docs/*.md and the other READMEs, inside `code spans` and fenced blocks (the
+architecture's picture). A path that starts at a top-level folder of the repository must match the tree
+(``<recipe>`` and ``*`` match anything); a path inside a package (``checks/kernels.py``) must end some
+tracked path; a bare file name must be some tracked file's name; ``python -m NAME`` must be an importable
+module; a dotted name of the suite (``harness.verdicts.compare``, or ``verdicts.compare`` for a module of
+harness/ or recipes/) must import and resolve, so a renamed file, module or function fails here.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import re
 import subprocess
@@ -27,6 +32,9 @@ ELSEWHERE = {
     "fixtures/goldens/<recipe>/trn2-band.json": "written by `python -m harness.band record` on a trn2 night",
 }
 FILE_NAME = re.compile(r"^[\w.-]+\.(py|md|yml|yaml|json|jsonl|sh|txt|toml|ini)$")
+DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+#: Top-level packages of the suite: a dotted name starting with one must resolve.
+PACKAGES = ("harness", "recipes", "benchmarks", "fixtures", "rehearsal")
 
 
 def tracked() -> list[str]:
@@ -39,22 +47,41 @@ def top_level() -> set[str]:
 
 
 def spans(text: str) -> list[str]:
-    return re.findall(r"`([^`\n]+)`", text)
+    """Inline code spans, and every line of a fenced block."""
+    fenced = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+    inline = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M)
+    return re.findall(r"`([^`\n]+)`", inline) + [line for block in fenced for line in block.splitlines()]
 
 
-def mentions(text: str) -> tuple[set[str], set[str], set[str]]:
-    """(repository paths, bare file names, modules) named in ``text``'s code spans."""
-    paths, names, modules = set(), set(), set()
+@functools.cache
+def submodules() -> frozenset[str]:
+    """First-level module names of harness/ and recipes/ (``verdicts``, ``checks``, ``titan``, ...)."""
+    found = set()
+    for path in tracked():
+        parts = path.removesuffix(".py").split("/")
+        if parts[0] in ("harness", "recipes") and path.endswith(".py") and len(parts) > 1:
+            found.add(parts[1] if parts[1] != "__init__" else parts[0])
+    return frozenset(found - {"harness", "recipes"})
+
+
+def mentions(text: str) -> tuple[set[str], set[str], set[str], set[str], set[str]]:
+    """(repository paths, package paths, bare file names, modules, dotted names) named in ``text``."""
+    paths, inside, names, modules, dotted = set(), set(), set(), set(), set()
     tops = top_level()
     for span in spans(text):
         modules.update(re.findall(r"python3? -m ([\w.]+)", span))
         for token in span.split():
-            token = token.strip(",;:()[]'\"")
-            if token.split("/")[0] in tops and "/" in token:
+            token = token.strip(",;:()[]'\"").removesuffix("()")
+            first = token.split("/")[0]
+            if first in tops and "/" in token:
                 paths.add(token)
+            elif "/" in token and FILE_NAME.match(token.rsplit("/", 1)[-1]) and first and not first.startswith((".", "~")) and first not in GENERATED:
+                inside.add(token)
             elif FILE_NAME.match(token) and "/" not in token:
                 names.add(token)
-    return paths, names, modules
+            elif DOTTED.match(token) and (token.split(".")[0] in PACKAGES or token.split(".")[0] in submodules()):
+                dotted.add(token)
+    return paths, inside, names, modules, dotted
 
 
 def written_by_the_harness() -> set[str]:
@@ -68,11 +95,43 @@ def exists(path: str) -> bool:
     return any(REPO_ROOT.glob(pattern)) if "*" in pattern else (REPO_ROOT / pattern).exists()
 
 
+def ends_a_tracked_path(path: str) -> bool:
+    return any(p.endswith("/" + path) for p in tracked())
+
+
+def resolves(name: str) -> bool:
+    """``name`` (``harness.verdicts.compare``, or ``verdicts.compare`` inside harness/ or recipes/) imports and
+    resolves: the longest importable module prefix, then attributes."""
+    first = name.split(".")[0]
+    candidates = [name] if first in PACKAGES else [f"harness.{name}", f"recipes.{name}"]
+    for candidate in candidates:
+        parts = candidate.split(".")
+        for i in range(len(parts), 0, -1):
+            module = ".".join(parts[:i])
+            try:
+                spec = importlib.util.find_spec(module)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is None:
+                continue
+            obj = importlib.import_module(module)
+            for attribute in parts[i:]:
+                if not hasattr(obj, attribute):
+                    break
+                obj = getattr(obj, attribute)
+            else:
+                return True
+            break
+    return False
+
+
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_path_file_and_module_a_doc_names_exists(doc):
-    paths, names, modules = mentions((REPO_ROOT / doc).read_text())
+    paths, inside, names, modules, dotted = mentions((REPO_ROOT / doc).read_text())
     files = {Path(p).name for p in tracked()}
     missing = sorted(p for p in paths if not exists(p) and p not in ELSEWHERE)
+    missing += sorted(f"{p} (no tracked path ends so)" for p in inside if not ends_a_tracked_path(p))
+    missing += sorted(f"{d} (does not resolve)" for d in dotted if not resolves(d))
     missing += sorted(f"{n} (no tracked file has this name, and harness/ writes none)" for n in names
                       if n not in files and n not in written_by_the_harness())  # fmt: skip
     missing += sorted(f"python -m {m} (not importable)" for m in modules if importlib.util.find_spec(m) is None)
@@ -81,8 +140,29 @@ def test_every_path_file_and_module_a_doc_names_exists(doc):
 
 def test_the_check_sees_a_renamed_file(tmp_path):
     """A doc naming a file that was renamed fails (here: harness/reference.py, now a package)."""
-    paths, names, modules = mentions("see `harness/reference.py`, `nosuch_module.py` and `python -m harness.nosuch`")
+    paths, _, names, modules, _ = mentions("see `harness/reference.py`, `nosuch_module.py` and `python -m harness.nosuch`")
     assert paths == {"harness/reference.py"} and not exists("harness/reference.py")
     assert names == {"nosuch_module.py"} and modules == {"harness.nosuch"}
     assert importlib.util.find_spec("harness.nosuch") is None
     assert exists("harness/reference/") and exists("fixtures/goldens/<recipe>/trn2.json")
+
+
+def test_the_check_sees_renamed_modules_functions_and_package_paths():
+    """Round 3's renames, as a doc that missed them would name them: each is caught, and its new name passes."""
+    text = """
+```
+  2 checks      harness/checks/
+        │         config.py        the built config
+```
+`checks/config.py` holds `harness.checks.config.check_compile`; `harness.launch.elastic.rank_entry`,
+`verdicts.nosuch`, `goldens.compare` and `harness.config.tree.config3_comparison`.
+"""
+    _, inside, names, _, dotted = mentions(text)
+    assert inside == {"checks/config.py"} and not ends_a_tracked_path("checks/config.py")
+    assert "config.py" in names and "config.py" not in {Path(p).name for p in tracked()}
+    assert dotted == {"harness.checks.config.check_compile", "harness.launch.elastic.rank_entry", "verdicts.nosuch",
+                      "goldens.compare", "harness.config.tree.config3_comparison"}  # fmt: skip
+    assert not any(resolves(d) for d in dotted)
+    renamed = ["harness.checks.built_config.check_compile", "harness.launch.elastic.run_forked_rank",
+               "verdicts.compare", "harness.config3_fork.config3_comparison", "recipes.tutorial.tutorial_settings"]  # fmt: skip
+    assert all(resolves(d) for d in renamed) and ends_a_tracked_path("checks/built_config.py")

@@ -166,7 +166,7 @@ def test_the_dry_run_checks_the_torchtitan_names_first(all_recipes):
     assert {h: v["status"] for h, v in hooks.items()} == {
         "Trainer.batch_generator": "ok", "Trainer.train_step": "ok", "MetricsProcessor.logger": "ok",
     }  # fmt: skip
-    assert hooks["Trainer.batch_generator"]["files"] == ["harness/reference.py"]
+    assert hooks["Trainer.batch_generator"]["files"] == ["harness/first_batch.py"]
 
 
 def test_the_dry_run_says_where_config_3_comes_from(all_recipes):

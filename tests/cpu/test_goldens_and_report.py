@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import goldens
+from harness import goldens, verdicts
 from recipes.tiers import REPO_ROOT
 
 
@@ -92,17 +92,17 @@ def test_mismatch_is_regression_in_the_recorded_environment_and_stale_elsewhere(
     env = goldens.environment_metadata()
     assert {"cpu_capability", "cpu_model", "isa", "blas"} <= set(env["cpu"])
     values = {"k": goldens.Golden("k", 1.5, 0.0, "exact", "deterministic")}
-    assert goldens.compare("k", 1.5, values, env, env).kind == "pass"
-    assert goldens.compare("k", 1.5 + 1e-7, values, env, env).kind == "regression"
-    assert goldens.compare("k", 1.6, values, env, env).kind == "regression"
+    assert verdicts.compare("k", 1.5, values, env, env).kind == "pass"
+    assert verdicts.compare("k", 1.5 + 1e-7, values, env, env).kind == "regression"
+    assert verdicts.compare("k", 1.6, values, env, env).kind == "regression"
     other_cpu = {**env, "cpu": {**env["cpu"], "cpu_model": "Some Other CPU"}}
-    portable = goldens.compare("k", 1.5 + 1e-7, values, other_cpu, env)
+    portable = verdicts.compare("k", 1.5 + 1e-7, values, other_cpu, env)
     assert (portable.kind, portable.passed, portable.differs) == ("pass, other environment", True, ("cpu.cpu_model",))
-    stale = goldens.compare("k", 1.6, values, other_cpu, env)
+    stale = verdicts.compare("k", 1.6, values, other_cpu, env)
     assert (stale.kind, stale.passed) == ("stale golden", False)
     assert "cpu.cpu_model" in stale.message() and "make goldens ACCEPT=1" in stale.message()
     other_torch = {**env, "versions": {**env["versions"], "torch": "0.0.1"}}
-    assert goldens.compare("k", 1.6, values, other_torch, env).kind == "stale golden"
+    assert verdicts.compare("k", 1.6, values, other_torch, env).kind == "stale golden"
 
 
 def test_update_refuses_non_finite_and_never_touches_claims(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ast
+import re
 
 from recipes.tiers import REPO_ROOT
 
@@ -42,6 +43,29 @@ def test_the_check_finds_an_import_of_the_harness(tmp_path):
     (tmp_path / "leaky.py").write_text("def build():\n    from harness.options import RunOptions\n")
     found = [module for _, module in imported_modules(tmp_path / "leaky.py")]
     assert found == ["harness.options"]
+
+
+#: A harness file named by path (``harness/train.py``): a rename there would leave the product's text stale.
+HARNESS_FILE = re.compile(r"\b(?:harness|benchmarks)/[\w/]*\.py\b")
+
+
+def harness_files_named(root) -> list[str]:
+    return [
+        f"{path.relative_to(root)}:{number}: names {name}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for name in HARNESS_FILE.findall(line)
+    ]
+
+
+def test_the_product_names_no_harness_file():
+    """Which harness file relies on a torchtitan name is the harness's to say (harness.titan_check)."""
+    assert harness_files_named(REPO_ROOT / "recipes") == []
+
+
+def test_the_check_finds_a_named_harness_file(tmp_path):
+    (tmp_path / "stale.py").write_text('NAMES = (TitanName("x", files=("harness/train.py",)),)\n')
+    assert harness_files_named(tmp_path) == ["stale.py:1: names harness/train.py"]
 
 
 @pytest.mark.slow

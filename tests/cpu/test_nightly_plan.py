@@ -202,7 +202,7 @@ def test_config3_is_built_from_the_forks_function_when_it_exists_and_every_diffe
     (package / "config_registry.py").write_text(FAKE_FORK)
     code = textwrap.dedent("""
         import json
-        from harness.config.tree import config3_comparison
+        from harness.config3_fork import config3_comparison
         from recipes import nki_moe
         from recipes.specs import QWEN3_4B_INSTRUCT_2507 as sizes
         from recipes.tutorial import RecipeInputs
@@ -224,7 +224,7 @@ def test_config3_is_built_from_the_forks_function_when_it_exists_and_every_diffe
 
 
 def test_without_the_fork_config3_is_the_twin_and_the_absence_is_a_finding():
-    from harness.config.tree import config3_comparison
+    from harness.config3_fork import config3_comparison
     from recipes import nki_moe
     from recipes.specs import QWEN3_4B_INSTRUCT_2507 as sizes
     from recipes.tutorial import RecipeInputs

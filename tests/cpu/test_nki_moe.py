@@ -149,7 +149,7 @@ TUTORIAL_MOE = dict(dim=2048, hidden_dim=768, lnc=2, block_size=256)  # 30B-A3B'
 
 
 def test_tutorials_moe_passes_every_kernel_constraint():
-    from recipes.kernels.grouped_experts import check_moe_shapes
+    from harness.checks.kernels import check_moe_shapes
     from recipes.nki_moe import QWEN3_30B_A3B
 
     assert (QWEN3_30B_A3B.hidden_size, QWEN3_30B_A3B.moe_intermediate_size) == (2048, 768)
@@ -170,14 +170,19 @@ def test_tutorials_moe_passes_every_kernel_constraint():
     ],
 )
 def test_moe_shape_guard_names_the_failing_constraint(change, failing):
-    from recipes.kernels.grouped_experts import MoEShapeError, check_moe_shapes
+    from harness.checks.errors import PreflightError
+    from harness.checks.kernels import check_moe_shapes
+    from recipes.kernels.grouped_experts import MoEShapeError, assert_moe_shapes
 
-    with pytest.raises(MoEShapeError) as err:
+    with pytest.raises(PreflightError) as err:
         check_moe_shapes(**{**TUTORIAL_MOE, **change})
     message = str(err.value)
     assert all(rule in message for rule in failing), message
     assert message.count(" needs ") == len(failing), message  # only the failing constraints are named
-    assert "aws-neuron/nki-library" in message
+    assert "aws-neuron/nki-library" in message and "drop the grouped_experts override" in message
+    with pytest.raises(MoEShapeError) as device:  # the kernel asserts the same rules, without the harness's fix
+        assert_moe_shapes(**{**TUTORIAL_MOE, **change})
+    assert str(device.value) in message and "override" not in str(device.value)
 
 
 def test_moe_backward_h_constraint_depends_on_lnc():

@@ -107,7 +107,7 @@ def test_each_process_of_a_run_has_its_role(argv, ppid, name, role):
 
 
 def test_a_rank_is_read_by_the_name_it_gives_itself(tmp_path):
-    """A rank's name_this_rank (harness.launch.elastic.rank_entry) is what /proc shows and read() parses."""
+    """A rank's name_this_rank (harness.launch.elastic.run_forked_rank) is what /proc shows and read() parses."""
     script = (
         f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); "
         "from harness.launch.child import name_this_rank; name_this_rank(); "

@@ -14,7 +14,9 @@ import torch
 from torchtitan.models.common.rope import CosSinRoPE
 
 from recipes.kernels import rope as rope_module
-from recipes.kernels.rope import NKIRoPE, SeqLenError, check_seq_len, rope_hf, rope_hf_op
+from harness.checks.errors import PreflightError
+from harness.checks.kernels import check_seq_len
+from recipes.kernels.rope import NKIRoPE, SeqLenError, assert_seq_len, rope_hf, rope_hf_op
 from recipes.platform.neuron import LNCError
 
 
@@ -156,7 +158,7 @@ def test_opcheck(dtype, backward):
     [(200, "use 256."), (384, "use 256 or 512."), (100, "use 256."), (513, "use 512 or 768.")],
 )
 def test_check_seq_len_rejects_with_the_fix(seq_len, suggestion):
-    with pytest.raises(SeqLenError) as err:
+    with pytest.raises(PreflightError) as err:
         check_seq_len(seq_len, 2)
     message = str(err.value)
     assert f"seq_len={seq_len} is not a multiple of 128×LNC=256 (LNC=2)" in message
@@ -171,13 +173,25 @@ def test_check_seq_len_accepts_multiples(seq_len):
 
 def test_lnc1_needs_multiples_of_128():
     check_seq_len(384, 1)
-    with pytest.raises(SeqLenError, match=r"seq_len=200 is not a multiple of 128×LNC=128 \(LNC=1\); use 128 or 256"):
+    with pytest.raises(PreflightError, match=r"seq_len=200 is not a multiple of 128×LNC=128 \(LNC=1\); use 128 or 256"):
         check_seq_len(200, 1)
 
 
 def test_check_seq_len_refuses_unsupported_lnc():
-    with pytest.raises(LNCError):
+    with pytest.raises(PreflightError, match="NEURON_LOGICAL_NC_CONFIG"):
         check_seq_len(256, 4)
+
+
+@pytest.mark.parametrize("seq_len, lnc", [(200, 2), (384, 2), (200, 1), (0, 1)])
+def test_the_kernel_asserts_only_what_rope_hf_asserts(seq_len, lnc):
+    """The kernel's own check is the device's rule; the fix (which flag to change) is the harness's refusal."""
+    with pytest.raises(SeqLenError) as err:
+        assert_seq_len(seq_len, lnc)
+    assert str(err.value) == (f"seq_len={seq_len} is not a multiple of 128×LNC={128 * lnc} (LNC={lnc}): "
+                              "nkilib's rope_hf asserts S % (128 * LNC) == 0")  # fmt: skip
+    assert_seq_len(128 * lnc * 3, lnc)
+    with pytest.raises(LNCError):
+        assert_seq_len(256, 4)
 
 
 @pytest.mark.parametrize("seq_len", [200, 384])

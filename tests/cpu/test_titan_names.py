@@ -265,7 +265,7 @@ def test_the_names_check_names_a_name_upstream_removed_with_the_file_that_needs_
 
 @pytest.mark.slow
 def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
-    """A fork whose Trainer.train fetches batches another way would leave harness/reference.py's wrapper uncalled
+    """A fork whose Trainer.train fetches batches another way would leave harness/first_batch.py's wrapper uncalled
     (no step-1 record, no reference): a named failure, not a silent None."""
     hide = (
         "import torchtitan.trainer as m\n"
@@ -276,7 +276,7 @@ def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
     assert out.returncode == 1, out.stdout + out.stderr
     assert "read of self.batch_generator in torchtitan.trainer.Trainer.train (a hook it no longer calls)" in out.stdout
     assert "read of self.train_step in torchtitan.trainer.Trainer.train" in out.stdout
-    assert "needed by harness/reference.py" in out.stdout and "needed by harness/faults.py" in out.stdout
+    assert "needed by harness/first_batch.py" in out.stdout and "needed by harness/faults.py" in out.stdout
 
 
 @pytest.mark.slow
@@ -313,12 +313,12 @@ def test_every_required_name_has_a_suite_file_that_needs_it():
 # --- hooks are replaced only through recipes.titan.wrap_hook, which checks them on the rank (issue 26) ---------
 
 
-def test_a_hook_the_built_object_lacks_is_named_with_the_file_that_wraps_it():
+def test_a_hook_the_built_object_lacks_is_named_with_the_module_that_wraps_it():
     with pytest.raises(titan.TitanNameError) as e:
-        titan.hook(object(), "Trainer.batch_generator")
+        titan.hook(object(), "Trainer.batch_generator", wrapped_by="harness.first_batch")
     assert str(e.value).startswith(f"torchtitan {VERSION} has no batch_generator on the built object, which the suite "
                                    "needs for recording step 1's batches for the host reference")  # fmt: skip
-    assert str(e.value).endswith("; the hook is wrapped by harness/reference.py")
+    assert str(e.value).endswith("; the hook is wrapped by harness.first_batch")
     with pytest.raises(AttributeError, match="'Trainer' is no hook of recipes.titan.NAMES"):
         titan.hook(object(), "Trainer")
 
@@ -367,7 +367,7 @@ def test_a_rank_whose_trainer_lacks_a_hook_refuses_naming_it(case, tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("harness.train: error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith(f"harness.train: error: {expected}"), errors[0]
-    assert errors[0].endswith("; the hook is wrapped by harness/reference.py"), errors[0]
+    assert errors[0].endswith("; the hook is wrapped by harness.first_batch"), errors[0]
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "first_batch").exists(), "no step may run"
 

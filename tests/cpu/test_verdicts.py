@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ci, goldens, provenance
+from harness import ci, goldens, provenance, verdicts
 from harness.options import RunOptions
 from recipes.tiers import FIXTURES, REPO_ROOT
 
@@ -46,7 +46,7 @@ def test_the_trn2_random_init_tolerance_is_unmeasured_until_a_night_measures_its
     for recipe in ("native_qwen3", "hf_backend"):
         golden = values(recipe)["step1_loss_random"]
         assert golden.tolerance == 0.03 and "not measured" in golden.unmeasured, golden
-        verdict = goldens.compare("step1_loss_random", 12.43, values(recipe), {}, inputs=KEY)
+        verdict = verdicts.compare("step1_loss_random", 12.43, values(recipe), {}, inputs=KEY)
         assert verdict.kind == goldens.NOT_JUDGED and golden.unmeasured in verdict.message()
 
 
@@ -58,7 +58,7 @@ def test_a_golden_keyed_by_inputs_is_recorded_not_judged_until_its_inputs_are_re
     found = values()
     golden = found["step1_loss_random"]
     assert golden.keyed_by_inputs and golden.inputs is None and not golden.unmeasured
-    verdict = goldens.compare("step1_loss_random", 12.44, found, {}, inputs=KEY)
+    verdict = verdicts.compare("step1_loss_random", 12.44, found, {}, inputs=KEY)
     assert (verdict.kind, verdict.passed) == (goldens.NOT_JUDGED, None)
     assert verdict.message().startswith("unmeasured: ") and "no night's inputs are recorded for it yet" in verdict.message()
 
@@ -69,10 +69,10 @@ def test_recorded_inputs_judge_the_same_inputs_and_refuse_to_judge_others(trn2_g
     data["values"]["step1_loss_random"]["inputs"] = KEY
     path.write_text(json.dumps(data))
     found = values()
-    assert goldens.compare("step1_loss_random", 12.44, found, {}, inputs=KEY).kind == "pass"
-    assert goldens.compare("step1_loss_random", 11.0, found, {}, inputs=KEY).kind == "regression"
+    assert verdicts.compare("step1_loss_random", 12.44, found, {}, inputs=KEY).kind == "pass"
+    assert verdicts.compare("step1_loss_random", 11.0, found, {}, inputs=KEY).kind == "regression"
     other = {**KEY, "dataset": {"data.json": "e" * 64}, "kept_defects": []}
-    verdict = goldens.compare("step1_loss_random", 11.0, found, {}, inputs=other)
+    verdict = verdicts.compare("step1_loss_random", 11.0, found, {}, inputs=other)
     assert (verdict.kind, verdict.passed) == (goldens.INPUTS_DIFFER, None)
     assert verdict.differs == ("dataset.data.json", "kept_defects")
     assert verdict.message().startswith("inputs differ from the recorded run (dataset.data.json, kept_defects)")
@@ -85,7 +85,7 @@ def test_an_unmeasured_tolerance_is_recorded_not_judged_even_on_recorded_inputs(
     path.write_text(json.dumps(data))
     found = values("native_qwen3")
     assert found["step1_loss_hf"].unmeasured
-    verdict = goldens.compare("step1_loss_hf", 6.54, found, {}, inputs=KEY)
+    verdict = verdicts.compare("step1_loss_hf", 6.54, found, {}, inputs=KEY)
     assert (verdict.kind, verdict.passed) == (goldens.NOT_JUDGED, None)
     assert "python -m harness.band record" in verdict.message()
 
@@ -194,7 +194,7 @@ def test_input_key_hashes_every_weights_config_tokenizer_and_dataset_file(tmp_pa
     assert json.loads((tmp_path / "cache.json").read_text())  # digests kept for the next launch
     (model / "config.json").write_text((model / "config.json").read_text() + " ")
     changed = provenance.input_key(opts, ["inv_freq"])
-    assert goldens.input_differences(key, changed) == ("config.json.config.json",)
+    assert verdicts.input_differences(key, changed) == ("config.json.config.json",)
     random_init = provenance.input_key(RunOptions(init="random", dataset_dir=FIXTURES / "corpus").resolved())
     assert random_init["weights"] == {} and random_init["config.json"] == {}
 

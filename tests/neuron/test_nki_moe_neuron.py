@@ -223,7 +223,7 @@ def compare_config3() -> dict:
     The fork's code runs here, never in the pytest process: a fork that fails to import, or touches
     the device at import, fails this test and holds nothing after the child exits.
     """
-    from harness.config.tree import config3_comparison
+    from harness.config3_fork import config3_comparison
     from harness.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
     from recipes import nki_moe
     from recipes.tutorial import RecipeInputs, tutorial_settings

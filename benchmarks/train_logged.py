@@ -1,4 +1,4 @@
-"""Rank entry for per-recipe figures: ``harness.train`` with torchtitan's logger switched on.
+"""The rank module of the per-recipe figures: ``harness.train`` with torchtitan's logger switched on.
 
 ``harness.train`` leaves torchtitan's logger unconfigured, so torchtitan's own
 per-step line (loss, tps, tflops, **mfu** from its peak-FLOPS table, memory) is

@@ -1,0 +1,38 @@
+"""Tutorial config 3 as the fork's own function builds it, against the suite's twin: a finding of the night.
+
+Not a config the suite runs (that is ``harness.config``): the nightly's first step and a trn2 test
+show where the fork's ``qwen3_nki_moe_config`` and ``recipes.nki_moe``'s twin differ, node by
+node (``harness.config.tree``), or that the fork's function is absent here.
+"""
+
+from __future__ import annotations
+
+from harness.config.tree import collapse_layers, config_tree, differences
+
+
+def config3_comparison(inputs) -> dict:
+    """Tutorial config 3 from the fork's own function vs the suite's twin, both at ``inputs``' launch
+    and at the published sizes (a rehearsal shrinks the launches, not the fork's function).
+
+    ``{"fork": qualified name or "absent", "finding": why absent, "source": what a run builds,
+    "differences": [{"path", "fork", "twin"}...]}``; the differences repeat per layer only once
+    (``layers.*``, with the layers). The fork's function absent is a finding, not a skip.
+    """
+    from recipes import nki_moe
+    from recipes.titan import BY_NAME
+    from recipes.tutorial import tutorial_settings
+
+    source = nki_moe.config_source(inputs.tier)
+    fork, why = nki_moe.fork_config()
+    if fork is None:
+        return {"fork": "absent", "finding": why, "source": source, "differences": []}
+    twin = tutorial_settings(nki_moe.twin_config(inputs.tier, as_published=True), inputs)
+    fork = tutorial_settings(fork, inputs)
+    found = collapse_layers(differences(config_tree(fork), config_tree(twin)))
+    return {
+        "fork": BY_NAME["qwen3_nki_moe_config"].qualified,
+        "finding": f"{len(found)} difference(s) between the fork's config 3 and the suite's twin",
+        "source": source,
+        "differences": [{"path": d["path"], "fork": d["a"], "twin": d["b"],
+                         **({"layers": d["layers"]} if "layers" in d else {})} for d in found],  # fmt: skip
+    }
