@@ -35,12 +35,7 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
         full_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(full).parameters())
     measured = {}
     for n in layers:
-        config = AutoConfig.from_pretrained(config_dir)
-        config.num_hidden_layers = n
-        if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[:n]
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+        config, model = truncated_model(config_dir, n)
         ids = torch.randint(0, config.vocab_size, (1, seq_len))
         batch = {"input": ids, "positions": torch.arange(seq_len)[None], "labels": torch.roll(ids, -1, 1)}
         batch_loss(model, [batch], "causal")  # warm-up
@@ -84,7 +79,7 @@ def measure_localize_cost(
     import gc
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from harness.config import build_config
     from harness.options import RunOptions
@@ -101,12 +96,7 @@ def measure_localize_cost(
     build_config(options(layers[0]))  # warm-up: the first build imports torchtitan and the recipes
     measured = {}
     for n in layers:
-        config = AutoConfig.from_pretrained(config_dir)
-        config.num_hidden_layers = n
-        if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[:n]
-        torch.manual_seed(0)
-        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+        config, hf = truncated_model(config_dir, n)
         opts = options(n)
         started, cpu = time.perf_counter(), time.process_time()
         titan, _ = titan_model(opts, hf.state_dict())
@@ -126,3 +116,16 @@ def measure_localize_cost(
     return {"config": str(config_dir), "tokens": tokens, "threads": torch.get_num_threads(), "by_layers": measured,
             "full_layers": full.num_hidden_layers, "extrapolated": extrapolated,
             "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # fmt: skip
+
+
+def truncated_model(config_dir, layers: int):
+    """``config_dir``'s model cut to its first ``layers`` blocks, random (seed 0), fp32, eval: what a cost is measured on."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    torch.manual_seed(0)
+    return config, AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()

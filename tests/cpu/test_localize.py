@@ -18,8 +18,6 @@ from harness.first_batch import Record
 from harness.provenance import sha256_of
 from recipes.tiers import CPU
 
-pytestmark = pytest.mark.cpu
-
 MODEL_DIR = CPU.model_dir
 
 
