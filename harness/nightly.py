@@ -3,16 +3,19 @@
 One run per recipe and lane serves step 1, the export round trip, the band, the
 "trains" check and the host reference at once (``tests/neuron/lane_runs.py`` launches each
 once per session, whichever test asks first), so the night makes :data:`LAUNCHES` and no
-more: 11 launches of 64 ranks where it made 16 (the separate band runs of three recipes,
-the separate 3-step weights runs of configs 1 and 2, and the separate 5-step MoE run
-are now the lane runs themselves).
+more (it made 16, then 11). A stable night (no version, input or suite code changed: ``harness.standing``)
+makes only the every-night launches, 8: the two diagnosis lanes and the torchtitan.train check re-run
+only when what they explain or check may have moved, and carry their standing result otherwise; the
+host reference scores each distinct first batch once, beside the next launches (one host worker), so
+only its tail is the night's; the suspects are scored only when the explanation is due.
 
 :data:`CLAIM_JUDGES` says, for every published claim in ``fixtures/goldens/*/trn2.json``,
 which launch and lane judge it and in which test (the as-published lane: a published
 number is judged on the tutorial's config as published; config 1's export, which its
-as-published run never reaches, names the one-difference lane that judges it and why). The dry run prints
-both (``python -m harness run all --tier trn2 --dry-run``), so a maintainer can size the
-runner's timeout; the workflow's ``timeout-minutes`` is :func:`workflow_timeout_minutes`.
+as-published run never reaches, names the lane that judges it and each way that lane differs). Every
+claim is judged every night. The dry run prints both (``python -m harness run all --tier trn2 --dry-run``),
+with the stable and the changed night's totals, so a maintainer can size the runner's timeout; the
+workflow's ``timeout-minutes`` is :func:`workflow_timeout_minutes`.
 
 Every time below is an **estimate, not a measurement**: no trn2 night has timed one yet.
 Each constant says what it is based on; replace it with a night's figure (the report
@@ -56,6 +59,12 @@ TIMEOUT_MARGIN = 1.25
 TIMEOUT_ROUND_MIN = 30
 
 
+EVERY_NIGHT, ON_CHANGE = "every night", "on change"
+#: The two nights the plan is sized for: nothing changed (every ON_CHANGE launch and diagnosis carried), or a
+#: version or input changed (everything runs). The cold NEFF cache is sized on the changed night.
+STABLE, CHANGED = "stable", "changed"
+
+
 @dataclass(frozen=True)
 class Launch:
     """One 64-rank launch of the night: a recipe in a lane, and everything it serves."""
@@ -70,8 +79,16 @@ class Launch:
     export: bool = False
     overrides: tuple[str, ...] = ()
     seq_len: int | None = None
-    #: Host reference forwards after the launch (0: random init has nothing to score).
-    reference_forwards: int = 0
+    #: Scores its first batch with the host reference (random init has nothing to score): once per distinct
+    #: batch a night, shared by every launch that feeds the same tokens (:attr:`batch`).
+    reference: bool = False
+    #: Diagnosis forwards (one per suspect that applies): scored only on a night its explanation is due.
+    suspects: int = 0
+    #: :data:`EVERY_NIGHT`, or :data:`ON_CHANGE`: only when what it explains or checks may have moved
+    #: (``harness.standing``); otherwise the standing result of the night that measured it is carried.
+    when: str = "every night"
+    #: A diagnosis lane: the launch whose as-published step 1 it explains (its due-ness follows that number).
+    explains: str = ""
     #: "harness" (python -m harness run's launch) or "torchtitan.train" (torchtitan's own entry).
     entry: str = "harness"
     #: Which compiled graphs it shares with earlier launches (the first of a family compiles cold).
@@ -80,6 +97,15 @@ class Launch:
     @property
     def recipe(self) -> str:
         return lanes.LANES[self.lane].recipe
+
+    @property
+    def batch(self) -> str:
+        """Which first batch the launch trains on: the same tokenizer, text and sequence length give the same
+        tokens (same seed), so the host reference scores it once (tests/neuron/lane_runs.py keys by its sha256)."""
+        lane = lanes.LANES[self.lane]
+        tokenizer = "test BPE" if lane.titan_tokenizer else "weights' tokenizer"
+        text = "c4_test" if lane.titan_dataset else "$QWEN3_DATASET_DIR"
+        return f"{tokenizer}, {text}, seq_len {self.seq_len or 'recipe'}"
 
     @property
     def lane_name(self) -> str:
@@ -96,6 +122,7 @@ class Launch:
     def describe(self) -> str:
         bits = [f"{self.recipe}/{self.lane_name}", f"init {self.init}", f"{self.steps} step(s)"]
         bits += ["export"] * self.export + [f"--override {o}" for o in self.overrides]
+        bits += ["on change"] * (self.when == ON_CHANGE)
         return ", ".join(bits) + (" [torchtitan.train]" if self.entry != "harness" else "")
 
 
@@ -105,36 +132,43 @@ _REF = "tests/neuron/test_reference_neuron.py"
 _CURVES = "tests/neuron/test_curves_neuron.py"
 _MOE = "tests/neuron/test_nki_moe_neuron.py"
 
+#: Why a diagnosis lane runs only on a night its explanation is due (harness.standing.due).
+_DIAGNOSIS = ("explains the as-published number by the one defect it fixes; it depends only on the versions, the "
+              "lane's inputs and that number, so a night where none moved carries the standing explanation")
 LAUNCHES: dict[str, Launch] = {
     x.name: x
     for x in (
         # One step: upstream's uninitialised inv_freq makes step 2 NaN (DESIGN.md), step 1 sometimes, and torchtitan
         # stops at a non-finite loss before any export; steps past 1 serve nothing (the band is config1-corrected's).
         Launch("config1-as_published", "hf_backend.as_published", "hf", 1,
-               ("step1_loss_hf 6.54", "reference + diagnosis"), (_HF, _REF), reference_forwards=3,
+               ("step1_loss_hf 6.54", "reference + diagnosis"), (_HF, _REF), reference=True, suspects=2,
                family="4B hf backend"),
         Launch("config1-as_published-random", "hf_backend.as_published", "random", 1,
                ("step1_loss_random 12.43",), (_HF,), family="4B hf backend"),
-        Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("reference + diagnosis",), (_REF,),
-               reference_forwards=2, family="4B hf backend"),
-        Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1, ("export round trip", "reference + diagnosis"),
-               (_HF, _REF), export=True, reference_forwards=2, family="4B hf backend"),
-        Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS, ("reference (judged)", "band"),
-               (_REF, _CURVES), reference_forwards=1, family="4B hf backend"),
+        Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS,
+               ("reference (judged)", "band", "export round trip"), (_REF, _CURVES, _HF), export=True,
+               reference=True, family="4B hf backend"),
         Launch("config2-as_published", "native_qwen3.as_published", "hf", LANE_STEPS,
                ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"), (_NATIVE, _REF, _CURVES),
-               export=True, reference_forwards=2, family="4B native"),
+               export=True, reference=True, suspects=1, family="4B native"),
         Launch("config2-as_published-random", "native_qwen3.as_published", "random", 1,
                ("step1_loss_random 12.43",), (_NATIVE,), family="4B native"),
         Launch("config2-corrected", "native_qwen3.corrected", "hf", 1, ("reference (judged)",), (_REF,),
-               reference_forwards=1, family="4B native"),
-        Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
-               ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
-               family="4B native"),
+               reference=True, family="4B native"),
         Launch("config3-as_published", "nki_moe.as_published", "random", LANE_STEPS, ("trains", "band"),
                (_MOE, _CURVES), family="MoE"),
         Launch("config3-rope_hf", "nki_moe.as_published", "random", LANE_STEPS, ("trains with rope_hf",), (_MOE,),
                overrides=("rope_hf",), seq_len=2048, family="MoE + rope_hf"),
+        # Last: on a stable night none of these launches (harness.standing), so they never delay a verdict.
+        Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("diagnosis: the tokenizer",),
+               (_REF,), reference=True, suspects=1, when=ON_CHANGE, explains="config1-as_published",
+               family="4B hf backend"),
+        Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1, ("diagnosis: inv_freq",), (_REF,),
+               reference=True, suspects=1, when=ON_CHANGE, explains="config1-as_published", family="4B hf backend"),
+        # Checks the harness's launch against torchtitan's own, on the same lane: it moves only with the code.
+        Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
+               ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
+               when=ON_CHANGE, family="4B native"),
     )
 }  # fmt: skip
 
@@ -152,14 +186,16 @@ class ClaimJudge:
     test: str
     how: str = ""
     #: Why a claim is judged on a lane other than the as-published one (empty: it is not). Only for a claim
-    #: the as-published config cannot reach, on a lane that differs from it in one named way the claim does not read.
+    #: the as-published config cannot reach and that is no number, on a lane whose every difference from it is
+    #: named and read by nothing the claim measures.
     not_as_published: str = ""
 
 
 _KERNEL = "tests/neuron/test_rope_kernel_neuron.py"
-_EXPORT_AFTER_INV_FREQ = (
+_EXPORT_ON_CORRECTED = (
     "config 1 as published stops at a non-finite loss by step 2 (upstream's uninitialised inv_freq), before its "
-    "export; inv_freq_fixed differs only in that buffer, which is non-persistent and in no checkpoint"
+    "export; corrected differs in the inv_freq buffer (non-persistent, in no checkpoint), the tokenizer and the "
+    "text (token ids only: the embedding keeps the weights' 151,936 rows), none of which the exported keys read"
 )
 CLAIM_JUDGES: dict[str, ClaimJudge] = {
     j.claim: j
@@ -168,10 +204,10 @@ CLAIM_JUDGES: dict[str, ClaimJudge] = {
                    f"{_HF}::test_published_step1_loss_from_pretrained_weights"),
         ClaimJudge("hf_backend.trn2.step1_loss_random", "config1-as_published-random",
                    f"{_HF}::test_published_step1_loss_from_random_init"),
-        ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-inv_freq_fixed", f"{_HF}::test_export_round_trip",
-                   not_as_published=_EXPORT_AFTER_INV_FREQ),
-        ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-inv_freq_fixed", f"{_HF}::test_export_round_trip",
-                   not_as_published=_EXPORT_AFTER_INV_FREQ),
+        ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-corrected", f"{_HF}::test_export_round_trip",
+                   not_as_published=_EXPORT_ON_CORRECTED),
+        ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-corrected", f"{_HF}::test_export_round_trip",
+                   not_as_published=_EXPORT_ON_CORRECTED),
         ClaimJudge("native_qwen3.trn2.step1_loss_hf", "config2-as_published",
                    f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights"),
         ClaimJudge("native_qwen3.trn2.step1_loss_random", "config2-as_published-random",
@@ -199,18 +235,28 @@ class Estimate:
 
 
 def launch_estimate(launch: Launch, first_of_family: bool) -> Estimate:
-    """Start-up, weights, compile, steps, export and host reference of one launch."""
+    """The chip's minutes for one launch: start-up, weights, compile, steps, export (the host reference is not
+    the chip's: it runs beside the next launches, :func:`host_reference_minutes`)."""
     kind = "moe" if launch.recipe == "nki_moe" else "dense"
     parts = {
         "start-up": STARTUP_MIN,
         "weights": LOAD_WEIGHTS_MIN if launch.init == "hf" else 0.0,
         "steps": launch.steps * STEP_S[kind] / 60,
         "export": EXPORT_MIN if launch.export else 0.0,
-        "reference": launch.reference_forwards * REFERENCE_FORWARD_MIN,
     }
     fixed = sum(parts.values())
     cold = COMPILE_COLD_MIN if first_of_family else COMPILE_WARM_MIN
     return Estimate(cold=fixed + cold, warm=fixed + COMPILE_WARM_MIN, parts={**parts, "compile (cold)": cold})
+
+
+def host_reference_minutes(launch: Launch, night: str, scored: set[str]) -> float:
+    """The host's reference forwards after ``launch``: its batch once a night (``scored``: batches already
+    scored tonight), and its diagnosis suspects only on a night the explanation is due (the changed night)."""
+    if not launch.reference:
+        return 0.0
+    forwards = (launch.batch not in scored) + (launch.suspects if night == CHANGED else 0)
+    scored.add(launch.batch)
+    return forwards * REFERENCE_FORWARD_MIN
 
 
 @dataclass(frozen=True)
@@ -225,9 +271,17 @@ class Step:
     estimate: Estimate
     #: The launch of ``LAUNCHES`` this step is (None: not a launch).
     launch: str | None = None
+    #: Host reference minutes the launch queues for the host worker, which scores beside the next launches.
+    host_min: float = 0.0
 
 
-def steps() -> list[Step]:
+def night_launches(night: str = CHANGED) -> list[Launch]:
+    """The launches a night makes, in the plan's order: every one on a changed night, the every-night ones on a
+    stable night (tests/neuron decide at run time with ``harness.standing.due``)."""
+    return [x for x in LAUNCHES.values() if night == CHANGED or x.when == EVERY_NIGHT]
+
+
+def steps(night: str = CHANGED) -> list[Step]:
     """The night in order: install, names check, the neuron tests (each launch on its own line), guards."""
     out = [
         Step("install the trn2 tier", "make neuron-venv", 1, 0, 0, Estimate(15.0, 2.0)),
@@ -237,11 +291,12 @@ def steps() -> list[Step]:
              1, 1, 0, Estimate(COMPILE_COLD_MIN / 3, COMPILE_WARM_MIN)),
     ]  # fmt: skip
     seen: set[str] = set()
-    for launch in LAUNCHES.values():
+    scored: set[str] = set()
+    for launch in night_launches(night):
         estimate = launch_estimate(launch, launch.family not in seen)
         seen.add(launch.family)
         out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate,
-                        launch.name))  # fmt: skip
+                        launch.name, host_reference_minutes(launch, night, scored)))  # fmt: skip
     out.append(Step("guards: require-ran, require-claims, record-inputs, trend", "python -m harness.ci ...",
                     1, 0, 0, Estimate(0.5, 0.5)))  # fmt: skip
     return out
@@ -271,52 +326,82 @@ def measured_lines(measured: dict[str, dict]) -> list[str]:
     ]
 
 
+def _clock(plan: list[Step], cache: str) -> tuple[float, float, dict[str, float]]:
+    """(chip minutes, host worker's end, each launch's end) with one host worker that scores each launch's batch
+    as the launch ends, beside the later launches (the reference tests run after the last launch)."""
+    chip = host = 0.0
+    ends = {}
+    for step in plan[:-1]:  # the guards read the reference tests' report: they run after the host is done
+        chip += getattr(step.estimate, cache)
+        if step.launch:
+            ends[step.launch] = chip
+        if step.host_min:
+            host = max(host, chip) + step.host_min
+    return chip, host, ends
+
+
 def totals(plan: list[Step] | None = None) -> Estimate:
+    """The night's wall minutes: the chip's steps, then whatever the host reference still has to score, then the
+    guards."""
     plan = plan or steps()
-    return Estimate(cold=sum(s.estimate.cold for s in plan), warm=sum(s.estimate.warm for s in plan))
+    out = {}
+    for cache in ("cold", "warm"):
+        chip, host, _ = _clock(plan, cache)
+        out[cache] = max(chip, host) + getattr(plan[-1].estimate, cache)
+    return Estimate(**out, parts={"host reference": sum(s.host_min for s in plan)})
 
 
 def first_published_verdict(plan: list[Step] | None = None) -> tuple[str, Estimate]:
     """The first launch whose tests judge a published claim, and the minutes into the night when it ends, by the
     plan (tests/neuron/conftest.py runs the night in this order: the cheap checks, then the launches as listed)."""
+    plan = plan or steps()
     judging = {j.launch for j in CLAIM_JUDGES.values() if j.launch}
-    cold = warm = 0.0
-    for step in plan or steps():
-        if step.launch in judging:  # judged as the launch ends, before its host reference forwards
-            after = step.estimate.parts.get("reference", 0.0)
-            return step.launch, Estimate(cold=cold + step.estimate.cold - after, warm=warm + step.estimate.warm - after)
-        cold, warm = cold + step.estimate.cold, warm + step.estimate.warm
-    raise ValueError("no launch of the plan judges a published claim (harness.nightly.CLAIM_JUDGES)")
+    first = next((s.launch for s in plan if s.launch in judging), None)
+    if first is None:
+        raise ValueError("no launch of the plan judges a published claim (harness.nightly.CLAIM_JUDGES)")
+    return first, Estimate(cold=_clock(plan, "cold")[2][first], warm=_clock(plan, "warm")[2][first])
 
 
 def workflow_timeout_minutes() -> int:
-    """``timeout-minutes`` of .github/workflows/nightly-trn2.yml: the cold total with a margin, rounded up."""
-    cold = totals().cold * TIMEOUT_MARGIN
+    """``timeout-minutes`` of .github/workflows/nightly-trn2.yml: the changed night's cold total with a margin,
+    rounded up."""
+    cold = totals(steps(CHANGED)).cold * TIMEOUT_MARGIN
     return int(math.ceil(cold / TIMEOUT_ROUND_MIN) * TIMEOUT_ROUND_MIN)
 
 
 # --- what the dry run prints ---------------------------------------------------------------------------
 
 
+def night_line(night: str) -> str:
+    plan = steps(night)
+    total = totals(plan)
+    what = {STABLE: "a stable night (no version or input changed; on-change launches and diagnoses carried)",
+            CHANGED: "a changed night (a version or input changed: everything runs)"}[night]  # fmt: skip
+    return (f"{what}: {sum(s.launches for s in plan)} launches of 64 ranks; {total.cold:.0f} min with a cold NEFF "
+            f"cache, {total.warm:.0f} min warm; host reference {total.parts['host reference']:.0f} min, scored "
+            "beside the launches")
+
+
 def plan_lines() -> list[str]:
     from harness.report import md_table
 
-    plan = steps()
+    plan = steps(CHANGED)
     rows = [
-        [i, s.name, s.processes, s.cores, s.launches, f"{s.estimate.cold:.0f}", f"{s.estimate.warm:.0f}"]
+        [i, s.name, s.processes, s.cores, s.launches, f"{s.estimate.cold:.0f}", f"{s.estimate.warm:.0f}",
+         f"{s.host_min:.0f}"]
         for i, s in enumerate(plan, 1)
-    ]
-    total = totals(plan)
-    launches = sum(s.launches for s in plan)
+    ]  # fmt: skip
     return [
         "The trn2 nightly, in order (estimates, not measurements: no trn2 night has timed them; harness/nightly.py "
         "says what each is based on)",
         "",
-        *md_table(["#", "step", "processes", "NeuronCores", "64-rank launches", "min (cold cache)", "min (warm)"], rows),
+        *md_table(["#", "step", "processes", "NeuronCores", "64-rank launches", "min (cold cache)", "min (warm)",
+                   "host reference min (beside)"], rows),  # fmt: skip
         "",
-        f"total: {launches} launches of 64 ranks; {total.cold:.0f} min with a cold NEFF cache, {total.warm:.0f} min "
-        f"warm; workflow timeout-minutes {workflow_timeout_minutes()} (cold x {TIMEOUT_MARGIN:g}, rounded up to "
-        f"{TIMEOUT_ROUND_MIN} min)",
+        night_line(STABLE),
+        night_line(CHANGED),
+        f"workflow timeout-minutes {workflow_timeout_minutes()} (the changed night cold x {TIMEOUT_MARGIN:g}, rounded "
+        f"up to {TIMEOUT_ROUND_MIN} min)",
         "first published verdict: after {0}, about {1.warm:.0f} min into a warm night ({1.cold:.0f} cold)".format(
             *first_published_verdict(plan)),
     ]
@@ -380,6 +465,8 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
     out.write_text(json.dumps({
         "names": [r.to_dict() for r in rows], "config3": config3, "plan": plan, "launches": launches,
         "claims": claims, "total_minutes": dataclasses.asdict(totals()),
+        "nights": {night: dataclasses.asdict(totals(steps(night))) | {"launches": len(night_launches(night))}
+                   for night in (STABLE, CHANGED)},
         "workflow_timeout_minutes": workflow_timeout_minutes(),
     }, indent=2, default=str) + "\n")  # fmt: skip
     echo(f"  report: {out}")

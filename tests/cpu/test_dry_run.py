@@ -188,7 +188,10 @@ def test_the_dry_run_prints_the_nightly_in_order_with_its_budget(all_recipes):
     assert f"workflow timeout-minutes {nightly.workflow_timeout_minutes()}" in out
     plan = json.loads((report_dir / DRY_RUN_DIR / "nightly.json").read_text())
     assert plan["workflow_timeout_minutes"] == nightly.workflow_timeout_minutes()
-    assert [s["launches"] for s in plan["plan"]].count(1) == len(plan["launches"]) == 11
+    assert [s["launches"] for s in plan["plan"]].count(1) == len(plan["launches"]) == len(nightly.LAUNCHES)
+    stable = len(nightly.night_launches(nightly.STABLE))
+    assert plan["nights"]["stable"]["launches"] == stable < plan["nights"]["changed"]["launches"]
+    assert f"on-change launches and diagnoses carried): {stable} launches of 64 ranks" in out
     assert plan["launches"]["config1-as_published"]["options"]["tokenizer_dir"].endswith("tests/assets/tokenizer")
 
 
@@ -200,8 +203,8 @@ def test_the_dry_run_prints_which_run_and_lane_judge_each_published_claim(all_re
         "| tests/neuron/test_hf_backend_neuron.py::test_published_step1_loss_from_pretrained_weights |"
     ) in proc.stdout
     assert (  # the one claim judged off the as-published lane says which lane and why, in the same row
-        "| hf_backend.trn2.export_missing_keys | ['lm_head.weight'] | config1-inv_freq_fixed (hf_backend/inv_freq_fixed, "
-        "init hf, 1 step(s), export); not as published: config 1 as published stops at a non-finite loss"
+        "| hf_backend.trn2.export_missing_keys | ['lm_head.weight'] | config1-corrected (hf_backend/corrected, "
+        "init hf, 20 step(s), export); not as published: config 1 as published stops at a non-finite loss"
     ) in proc.stdout
     assert "| native_qwen3.trn2.step1_loss_random | 12.43 | config2-as_published-random" in proc.stdout
     assert "no launch judges it" not in proc.stdout
