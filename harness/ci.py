@@ -192,6 +192,14 @@ def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | 
     return 0
 
 
+def standing_results(report: dict) -> dict[str, dict]:
+    """``launch`` -> tonight's standing record (``harness.standing``), from the tests that ran."""
+    from harness.standing import PROPERTY_PREFIX
+
+    return {name[len(PROPERTY_PREFIX):]: value for test in report.get("tests", []) if executed(test)
+            for name, value in test.get("properties", {}).items() if name.startswith(PROPERTY_PREFIX)}  # fmt: skip
+
+
 def append_trend(report_path: Path, trend_path: Path) -> int:
     """One line per night: date, versions, and every golden measurement with its verdict."""
     report = json.loads(report_path.read_text())
@@ -202,6 +210,7 @@ def append_trend(report_path: Path, trend_path: Path) -> int:
         "versions": report.get("versions", {}),
         "goldens": report.get("goldens", []),
         "outcomes": {t["test"]: t["outcome"] for t in report["tests"]},
+        "standing": standing_results(report),
         **({"rehearsal": report["rehearsal"]} if "rehearsal" in report else {}),  # never read as a real night
     }
     trend_path.parent.mkdir(parents=True, exist_ok=True)
