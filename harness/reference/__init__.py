@@ -60,7 +60,8 @@ from harness.first_batch import (  # noqa: F401 -- the record's names, where the
 from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolerances, ReferenceCheck
 from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
 from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
-from harness.reference.suspects import RunInfo, diagnose
+from harness.reference.suspects import RunInfo
+from harness.reference.suspects import diagnose as diagnose_suspects
 from harness.reference.cost import (  # noqa: F401 -- python -m harness.reference cost [--localize]
     TRN2_GLOBAL_ROWS,
     measure_cost,
@@ -69,18 +70,20 @@ from harness.reference.cost import (  # noqa: F401 -- python -m harness.referenc
 
 def check(
     run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False,
-    localize: bool = False,
+    localize: bool = False, diagnose: bool = True, known_reference: float | None = None,
 ) -> ReferenceCheck:
     """Reference loss of ``record`` from ``run``'s weights, the verdict, and the diagnosis when needed.
 
     The layer-by-layer localization costs two more forwards and a torchtitan model on the host:
     it runs only when the measured loss disagrees, or on request (``localize``, or the run's
-    ``--localize``).
+    ``--localize``). ``diagnose=False``: neither suspects nor localization (the caller carries a
+    standing explanation, ``harness.standing``); ``known_reference``: this batch's reference loss,
+    already scored tonight for another run that fed the same tokens.
     """
     started, cpu_started = time.perf_counter(), time.process_time()
     model = model if model is not None else load_reference_model(Path(run.model_dir))
     loaded = time.perf_counter()
-    reference = batch_loss(model, record.batches, record.attention)
+    reference = known_reference if known_reference is not None else batch_loss(model, record.batches, record.attention)
     scored = time.perf_counter()
     tolerance = tolerance or tolerance_for(run.tier, Path(run.model_dir), run.recipe)
     result = ReferenceCheck(
@@ -88,10 +91,10 @@ def check(
         vocab_size=model.config.vocab_size, tokens=record.tokens, ranks=record.ranks, attention=record.attention,
         model_dir=str(run.model_dir), kept_defects=list(record.kept_defects), judged=tolerance.measured,
     )  # fmt: skip
-    if result.needs_diagnosis or always_diagnose:
-        result.suspects = diagnose(result, run, record, model)
+    if diagnose and (result.needs_diagnosis or always_diagnose):
+        result.suspects = diagnose_suspects(result, run, record, model)
     scored_suspects = time.perf_counter()
-    if not result.agrees or localize or getattr(run.options, "localize", False):
+    if localize or getattr(run.options, "localize", False) or (diagnose and not result.agrees):
         result.localization = _localization(run, record, model)
     result.cost = {
         "load_s": loaded - started,
@@ -116,7 +119,7 @@ def _localization(run: RunInfo, record: Record, model) -> dict:
 
 def check_run_dir(
     run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False,
-    model=None, localize: bool = False,
+    model=None, localize: bool = False, diagnose: bool = True, known_reference: float | None = None,
 ) -> ReferenceCheck | None:
     """The reference check of one run directory, or None when the run recorded no batch.
 
@@ -126,7 +129,25 @@ def check_run_dir(
     if record is None:
         return None
     run = RunInfo.from_run_dir(run_dir, allow_no_step=allow_no_step)
-    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose, localize=localize)
+    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose, localize=localize,
+                 diagnose=diagnose, known_reference=known_reference)  # fmt: skip
+
+
+def batch_key(run_dir: Path) -> str | None:
+    """sha256 of the run's recorded first batch (tokens, positions, labels, attention) and weights directory: two
+    runs with the same key have the same reference loss, scored once."""
+    import hashlib
+
+    record = load_record(run_dir)
+    if record is None:
+        return None
+    run = RunInfo.from_run_dir(run_dir, allow_no_step=True)
+    digest = hashlib.sha256(f"{Path(run.model_dir).resolve()}\0{record.attention}".encode())
+    for batch in record.batches:
+        for name in ("input", "positions", "labels"):
+            if batch.get(name) is not None:
+                digest.update(name.encode() + batch[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def summary(result: ReferenceCheck) -> str:

@@ -8,7 +8,7 @@ per-tier tolerance, and the verdict of one check (:class:`ReferenceCheck`).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from harness.first_batch import ATTENTIONS, IGNORE_INDEX
@@ -242,6 +242,13 @@ class ReferenceCheck:
         if not self.named and self.needs_diagnosis:
             lines.append("none of the known suspects accounts for the measured loss")
         return "; ".join(lines)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ReferenceCheck":
+        """Back from :meth:`to_dict` (a standing result carried from the night that measured it)."""
+        known = {f.name for f in fields(cls)}
+        suspects = [Suspect(**s) for s in data.get("suspects", [])]
+        return cls(**{k: v for k, v in data.items() if k in known and k != "suspects"}, suspects=suspects)
 
     def to_dict(self) -> dict:
         data = asdict(self)

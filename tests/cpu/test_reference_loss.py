@@ -304,6 +304,24 @@ def test_a_gap_no_suspect_made_stays_unexplained(healthy, reference_model):
     assert "none of the known suspects" in result.diagnosis()
 
 
+def test_a_carried_diagnosis_scores_no_suspect_and_a_known_batch_is_not_scored_again(healthy, reference_model,
+                                                                                     monkeypatch):  # fmt: skip
+    """The night's plan (issue 37): a batch already scored tonight reuses its reference loss, and a stable night
+    carries the standing diagnosis (harness.standing) instead of scoring the suspects again."""
+    run, record, checked = healthy
+    shifted = dataclasses.replace(run, measured=run.measured + UNEXPLAINED_SHIFT)
+    diagnosed = reference.check(shifted, record, model=reference_model)
+    assert diagnosed.needs_diagnosis and len(diagnosed.suspects) == 3
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the batch was scored again")
+
+    monkeypatch.setattr(reference, "batch_loss", no_forward)
+    carried = reference.check(shifted, record, model=reference_model, diagnose=False,
+                              known_reference=checked.reference)  # fmt: skip
+    assert carried.suspects == [] and carried.localization is None and carried.reference == checked.reference
+    assert reference.ReferenceCheck.from_dict(diagnosed.to_dict()).to_dict() == diagnosed.to_dict()
+
+
 def test_a_partial_record_is_refused_not_scored(tmp_path, healthy, reference_model):
     """One node's run dir of a 2-node run holds half the global batch: named, never averaged as the whole."""
     from harness.report import reference_section
