@@ -126,8 +126,13 @@ def test_the_night_runs_cheap_checks_first_then_its_launches_in_the_plans_order(
     assert kinds == sorted(kinds, key=lambda k: k == "launch"), [t["id"] for t in order]
     started = []
     for test in order:
-        started += [name for name in test["launches"] if name not in started]
+        first = [name for name in test["launches"] if name not in started]
+        # The host reference tests wait for the host worker after the last launch: they never start one.
+        assert not (first and test["host_reference"]), f"{test['id']} would start {first} after the last launch"
+        started += first
     assert started == [name for name in LAUNCHES if name in started], started
+    waiting = [t["host_reference"] for t in order if t["launches"]]
+    assert waiting == sorted(waiting) and any(waiting), [t["id"] for t in order]
     assert set(started) == set(LAUNCHES), f"launches of the plan no test uses: {set(LAUNCHES) - set(started)}"
     marks: dict[str, set[str]] = {}
     for t in order:

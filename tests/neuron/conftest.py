@@ -37,7 +37,9 @@ def night_order(items: list) -> list:
     """Cheapest first, then the plan's order: every test that starts no 64-rank launch (versions, names and
     hooks, kernel numerics on one core, the fork's config compared: seconds each) runs before the first
     launch, so a failing cheap check never stops the published numbers from being measured; the rest run by
-    the last launch they need, in ``harness.nightly.LAUNCHES`` order, so the launches start in the plan's order."""
+    the last launch they need, in ``harness.nightly.LAUNCHES`` order, so the launches start in the plan's order;
+    the tests that wait for the host reference (``@pytest.mark.host_reference``) run last, so the host scores
+    each batch beside the later launches (tests/neuron/lane_runs.py)."""
     from harness.nightly import LAUNCHES
 
     plan = list(LAUNCHES)
@@ -45,7 +47,9 @@ def night_order(items: list) -> list:
 
     def key(item):
         names = launches_of(item)
-        return (1, max(plan.index(n) for n in names)) if names else (0, 0), position[id(item)]
+        last = max(plan.index(n) for n in names) if names else 0
+        stage = 2 if item.get_closest_marker("host_reference") else 1 if names else 0
+        return (stage, last), position[id(item)]
 
     return sorted(items, key=key)
 
@@ -87,8 +91,9 @@ def pytest_sessionfinish(session, exitstatus):
     import json
 
     from harness import nightly
-    from lane_runs import measured
+    from lane_runs import HOST, measured
 
+    HOST.shutdown(wait=True, cancel_futures=True)  # a queued reference no test asked for is not scored
     runs = measured()
     if not runs:
         return

@@ -5,6 +5,12 @@ reference), so a run that stops early (config 1 as published may meet a non-fini
 loss after step 1: ``inv_freq`` is uninitialised memory) keeps what it measured and
 says why it stopped; a test that needs more than it got fails naming that.
 The neuron tests run serially (``-p no:xdist``), so a module-level cache is the session's.
+
+The host reference of a run's first batch starts as the launch ends, on one host worker beside the
+next launches (the reference tests run after the last launch: tests/neuron/conftest.py), and a batch
+another run already fed tonight is not scored again (``harness.nightly``'s plan counts it so). A
+diagnosis (suspects, a diagnosis lane) runs only when due (``harness.standing``); otherwise the
+standing explanation of the night that measured it is carried.
 """
 
 from __future__ import annotations
@@ -13,15 +19,24 @@ import functools
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from harness import lanes, nightly
+from harness import lanes, nightly, standing
 from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
+_DUE: dict[str, standing.Due] = {}
+#: The host worker: one reference forward at a time (its torch threads use the host's idle cores).
+HOST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-reference")
+#: A first batch's sha256 (harness.reference.batch_key) -> its reference loss, scored once a night.
+_SCORED: dict[str, float] = {}
+#: How far the explained as-published number may move before its explanation is due again: the published
+#: step-1 claims' tolerance (fixtures/goldens/*/trn2.json step1_loss_hf).
+EXPLAINED_ATOL = 0.02
 
 
 @dataclass
@@ -37,7 +52,7 @@ class LaneRun:
     #: Wall minutes of the launch (its checks, start-up, compile, steps, export) and of its host reference.
     launch_min: float = 0.0
     reference_min: float | None = None
-    _reference: object = field(default=None, repr=False)
+    _reference: Future | None = field(default=None, repr=False)
 
     @property
     def losses(self) -> list[float]:
@@ -65,19 +80,80 @@ class LaneRun:
             pytest.fail(f"{what} not measured: {self.launch.name} stopped after {len(self.losses)} of "
                         f"{self.launch.steps} steps: {self.stopped}", pytrace=False)  # fmt: skip
 
-    def reference(self):
-        """The host reference of step 1's batch (``harness.reference``), always diagnosed; computed once."""
+    def start_reference(self) -> None:
+        """Queue the host reference of step 1's batch on the host worker (once)."""
         if self._reference is None:
-            from harness import reference
+            self._reference = HOST.submit(self._score)
 
-            started = time.monotonic()
-            self._reference = reference.check_run_dir(
-                self.run_dir, always_diagnose=True, allow_no_step=True, model=reference_model(str(self.opts.model_dir))
-            )
-            self.reference_min = (time.monotonic() - started) / 60
-            if self._reference is None:
-                pytest.fail(f"{self.launch.name} recorded no first batch ({self.run_dir}/first_batch)", pytrace=False)
-        return self._reference
+    def reference(self):
+        """The host reference of step 1's batch (``harness.reference``), diagnosed when due, else carrying the
+        standing diagnosis; waits for the host worker."""
+        self.start_reference()
+        return self._reference.result()
+
+    def _score(self):
+        from harness import reference
+
+        started = time.monotonic()
+        key = reference.batch_key(self.run_dir)
+        if key is None:
+            pytest.fail(f"{self.launch.name} recorded no first batch ({self.run_dir}/first_batch)", pytrace=False)
+        diagnosing = not self.launch.suspects or diagnosis_due(self.launch.name, None).due
+        check = reference.check_run_dir(
+            self.run_dir, always_diagnose=diagnosing, diagnose=diagnosing, allow_no_step=True,
+            model=reference_model(str(self.opts.model_dir)), known_reference=_SCORED.get(key),
+        )  # fmt: skip
+        _SCORED[key] = check.reference
+        if not diagnosing:
+            check.suspects = reference.ReferenceCheck.from_dict(_DUE[self.launch.name].standing["result"]).suspects
+        self.reference_min = (time.monotonic() - started) / 60
+        return check
+
+    def standing_record(self) -> dict:
+        """Tonight's standing record of this run's diagnosis (measured, or carried), for ``standing.<launch>``."""
+        due = diagnosis_due(self.launch.name, None)
+        return standing.record(due, self.reference().to_dict(), explains=explained_number(self.launch, None))
+
+
+def explained_number(spec: nightly.Launch, shared_dir: Path | None) -> float | None:
+    """The as-published step 1 a diagnosis explains (its own, for an as-published lane's suspects)."""
+    if not (spec.explains or spec.suspects):
+        return None
+    target = spec.explains or spec.name
+    if shared_dir is None and target not in _RUNS:
+        pytest.fail(f"{spec.name} explains {target}, which has not launched", pytrace=False)
+    return lane_run(target, shared_dir).step1()
+
+
+def diagnosis_due(name: str, shared_dir: Path | None) -> standing.Due:
+    """Whether launch ``name``'s on-change result (a diagnosis lane, the torchtitan.train check, an as-published
+    lane's suspects) is due tonight; decided once a session. ``shared_dir`` is needed only when what it explains
+    has not launched yet."""
+    if name not in _DUE:
+        from harness.environment import versions
+        from harness.provenance import input_key
+
+        spec = nightly.LAUNCHES[name]
+        lane = lanes.LANES[spec.lane]
+        inputs = input_key(spec.options(checkout=lanes.titan_checkout()[0]), list(lane.kept_defects))
+        fp = standing.fingerprint(versions(), inputs, standing.suite_code_sha256())
+        _DUE[name] = standing.decide(name, fp, explained_number(spec, shared_dir), EXPLAINED_ATOL)
+    return _DUE[name]
+
+
+def diagnosis(name: str, shared_dir: Path, record_property):
+    """A diagnosis lane's reference check: launched and scored when due, else the standing one carried. Records
+    tonight's decision and standing record either way."""
+    from harness import reference
+
+    due = diagnosis_due(name, shared_dir)
+    record_property(f"trn2.{name}.due", {"due": due.due, "why": due.why})
+    if due.due:
+        run = lane_run(name, shared_dir)
+        record_property(f"{standing.PROPERTY_PREFIX}{name}", run.standing_record())
+        return run.reference()
+    record_property(f"{standing.PROPERTY_PREFIX}{name}", standing.record(due, {}))
+    return reference.ReferenceCheck.from_dict(due.standing["result"])
 
 
 @functools.cache
@@ -140,6 +216,8 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
             result, stopped = e.result.to_dict(), e.summary
     inputs = result.get("provenance", {}).get("inputs") or input_key(opts, list(lane.kept_defects))
     _RUNS[name] = LaneRun(spec, opts, result, inputs, stopped, launch_min=(time.monotonic() - started) / 60)
+    if spec.reference:
+        _RUNS[name].start_reference()  # on the host worker, beside the next launches
     return _RUNS[name]
 
 
