@@ -1,11 +1,9 @@
-"""A failed run never poisons a report; nothing the user gave is deleted or overwritten; runs never share a directory.
+"""A failed run never poisons a report, and two runs never share a run directory (issue 35, points 1 and 3).
 
-Issue 35, points 1-3. Each refusal case (``REFUSALS``) runs ``python -m harness run`` in this
-process (``harness_main.main_in_process``: the same checks as the command line, no ranks) and
-asserts the exit code, the one-line message, that every input's files (names and sha256) are
-as they were, and that nothing of the refused run is left in the report directory. The cases
-that are about launching (a run whose ranks die before provenance.json, then a good run into
-the same report directory; two launches in one second) launch for real and are ``slow``.
+The readers of a run directory take a missing or partial file as a named state; two launches in one
+second claim two directories. The bad targets of point 2 (an export or report dir that is, holds or
+lies inside an input), and the good run into a report dir after failing ones, are rows of
+tests/cpu/test_bad_inputs_table.py, which names each test here with one row.
 """
 
 from __future__ import annotations
@@ -13,22 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from harness import report, run_dir
 from harness.launch import RunResult
-from recipes.tiers import FIXTURES, REPO_ROOT
-from harness_main import main_in_process
-
-TINY = FIXTURES / "qwen3-tiny"
+from recipes.tiers import REPO_ROOT
 
 
 def tree_sha256(path: Path) -> dict[str, str]:
@@ -36,136 +28,6 @@ def tree_sha256(path: Path) -> dict[str, str]:
     path = Path(path)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
-@dataclass
-class Inputs:
-    """A run's inputs as copies in tmp_path (the tiny model, its tokenizer in a directory of its own, the corpus)."""
-
-    root: Path
-    model: Path
-    tokenizer: Path
-    dataset: Path
-    report: Path
-    #: Extra paths a case guards (the repository's fixtures/, tracked files), hashed before and after.
-    guarded: list[Path] = field(default_factory=list)
-
-    @classmethod
-    def make(cls, tmp_path: Path) -> "Inputs":
-        model, tokenizer, dataset = tmp_path / "in" / "model", tmp_path / "in" / "tokenizer", tmp_path / "in" / "data"
-        shutil.copytree(TINY, model)
-        tokenizer.mkdir(parents=True)
-        for name in ("tokenizer.json", "tokenizer_config.json"):  # the weights' own tokenizer, in a directory alone
-            shutil.copy2(TINY / name, tokenizer / name)
-        shutil.copytree(FIXTURES / "corpus", dataset)
-        return cls(tmp_path / "in", model, tokenizer, dataset, tmp_path / "report")
-
-    def args(self) -> list[str]:
-        """The inputs as flags; the tokenizer is the model's own (a case that names --tokenizer-dir passes it)."""
-        return ["--model-dir", str(self.model), "--dataset-dir", str(self.dataset)]
-
-    def digest(self) -> dict[str, dict[str, str]]:
-        return {str(p): tree_sha256(p) for p in [self.root, *self.guarded]}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """One bad target: the arguments (``{model}``, ``{dataset}``, ``{tokenizer}``, ``{in}``, ``{repo}``, ``{live}``
-    filled in), the fragments its one error line must hold, the paths it guards besides the inputs."""
-
-    name: str
-    args: tuple[str, ...]
-    fragments: tuple[str, ...]
-    guarded: tuple[str, ...] = ()
-    #: Substrings the line must not hold (advice that would destroy an input).
-    never: tuple[str, ...] = ()
-
-
-REFUSALS = [
-    Refusal("export dir is the tokenizer dir",
-            ("--tokenizer-dir", "{tokenizer}", "--export-dir", "{tokenizer}", "--overwrite"),
-            ("--export-dir {tokenizer} is --tokenizer-dir {tokenizer}", "never deletes or overwrites")),
-    Refusal("export dir contains the model dir", ("--export-dir", "{in}", "--overwrite"),
-            ("--export-dir {in} contains --model-dir {model}", "choose an --export-dir outside every input")),
-    Refusal("export dir inside the dataset dir", ("--export-dir", "{dataset}/export", "--overwrite"),
-            ("--export-dir {dataset}/export lies inside --dataset-dir {dataset}",)),
-    Refusal("export dir is the dataset dir, no --overwrite", ("--export-dir", "{dataset}"),
-            ("--export-dir {dataset} is --dataset-dir {dataset}",), never=("--overwrite",)),
-    Refusal("export dir is fixtures/", ("--export-dir", "{repo}/fixtures", "--overwrite"),
-            ("--export-dir {repo}/fixtures is the suite's fixtures/",), guarded=("{repo}/fixtures",)),
-    Refusal("export dir holds tracked files", ("--export-dir", "{repo}/harness", "--overwrite"),
-            ("--export-dir {repo}/harness contains", "tracked file(s) of the repository"), guarded=("{repo}/harness",)),
-    Refusal("export dir is a tracked file", ("--export-dir", "{repo}/README.md", "--overwrite"),
-            ("--export-dir {repo}/README.md is the tracked file README.md",), guarded=("{repo}/README.md",)),
-    Refusal("export dir is a going run's directory", ("--export-dir", "{live}", "--overwrite"),
-            ("--export-dir {live} is the run directory {live} of a run still going (pid",), guarded=("{live}",)),
-    Refusal("export dir holds a going run's directory", ("--export-dir", "{live}/..", "--overwrite"),
-            ("contains the run directory {live} of a run still going",), guarded=("{live}",)),
-    Refusal("report dir inside the dataset dir", ("--report-dir", "{dataset}/report"),
-            ("the run directory {dataset}/report/runs/", "lies inside --dataset-dir {dataset}",
-             "pass a --report-dir outside every input")),
-    Refusal("torchtitan's --dump_folder inside fixtures/", ("--dump_folder", "{repo}/fixtures/qwen3-tiny/run"),
-            ("--dump_folder {repo}/fixtures/qwen3-tiny/run lies inside the suite's fixtures/",),
-            guarded=("{repo}/fixtures",)),
-]
-
-
-@pytest.fixture
-def going_run(tmp_path):
-    """A process of a run still going, as the process finder sees one: its run directory in its environment.
-
-    Started detached (``sh`` exits, its ``sleep`` is re-parented), as a run from another terminal
-    is: not a descendant of this process. Ended here by its pid.
-    """
-    live = tmp_path / "elsewhere" / "runs" / "going"
-    live.mkdir(parents=True)
-    (live / run_dir.RUN_FILE).write_text("{}\n")
-    env = {**os.environ, run_dir.RUN_DIR_ENV: str(live)}
-    out = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], env=env, capture_output=True, text=True,
-                         check=True)  # fmt: skip
-    pid = int(out.stdout.strip())
-    yield live
-    os.kill(pid, signal.SIGTERM)
-
-
-def fill(text: str, inputs: Inputs, live: Path) -> str:
-    return text.format(model=inputs.model, tokenizer=inputs.tokenizer, dataset=inputs.dataset, repo=REPO_ROOT,
-                       live=live, **{"in": inputs.root})  # fmt: skip
-
-
-def refuse(case: Refusal, inputs: Inputs, live: Path, report_dir: Path) -> str:
-    """Run ``case`` in process; assert exit 2, one error line with its fragments, inputs unchanged. The line."""
-    inputs.guarded = [Path(fill(g, inputs, live)).resolve() for g in case.guarded]
-    before = inputs.digest()
-    args = [fill(a, inputs, live) for a in case.args]
-    if "--report-dir" not in args:
-        args += ["--report-dir", str(report_dir)]
-    out = main_in_process(["run", "native_qwen3", "--init", "hf", *inputs.args(), *args])
-    assert out.returncode == 2, (case.name, out.returncode, out.stderr[-2000:])
-    assert "Traceback" not in out.stderr, out.stderr
-    lines = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert len(lines) == 1, (case.name, out.stderr)
-    for fragment in case.fragments:
-        assert fill(fragment, inputs, live) in lines[0], (case.name, fill(fragment, inputs, live), lines[0])
-    for word in case.never:
-        assert word not in lines[0], (case.name, word, lines[0])
-    assert inputs.digest() == before, f"{case.name}: an input changed"
-    return lines[0]
-
-
-@pytest.mark.parametrize("case", REFUSALS, ids=[c.name for c in REFUSALS])
-def test_a_target_that_touches_an_input_or_a_going_run_is_refused_before_launch(case, tmp_path, going_run):
-    inputs = Inputs.make(tmp_path)
-    refuse(case, inputs, going_run, inputs.report)
-    assert not inputs.report.exists(), "a refused run writes nothing: its claimed run directory is released"
-    assert not (inputs.dataset / "report").exists(), "nothing is left inside an input"
-
-
-def test_the_going_run_is_seen_by_the_finder_the_check_uses(going_run):
-    """The refusals of a going run are not a finder that finds nothing: the same finder sees this one."""
-    from harness.checks.targets import running_run_dirs
-
-    assert going_run in running_run_dirs()
 
 
 # --- a failed run never poisons a report -------------------------------------------------------------
@@ -271,45 +133,7 @@ def test_run_directories_are_claimed_exclusively(tmp_path):
     assert (first / run_dir.RUN_FILE).is_file(), "release never removes what a run wrote"
 
 
-def test_a_refused_plan_releases_only_what_it_claimed(tmp_path):
-    """A report dir the user made stays, even empty; the runs/ the refused plan (hf, random, 4B-width) made is gone."""
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    out = main_in_process(["run", "native_qwen3", "--steps", "0", "--report-dir", str(mine)])
-    assert out.returncode == 2, out.stderr
-    assert mine.is_dir() and list(mine.iterdir()) == []
-
-
 # --- real launches -----------------------------------------------------------------------------------
-
-
-def harness_run(report_dir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m harness run`` of one weights-loaded step, nothing exported (a launch of 2 ranks)."""
-    cmd = [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "hf", "--steps", "1",
-           "--no-export", "--report-dir", str(report_dir), *args]  # fmt: skip
-    env = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
-
-
-@pytest.mark.slow
-def test_after_every_failing_case_a_good_run_into_the_same_report_dir_succeeds(tmp_path, going_run):
-    """Every refusal above into one report dir, then a run whose ranks die before provenance.json, then a good run."""
-    inputs = Inputs.make(tmp_path)
-    shared = tmp_path / "shared-report"
-    for case in REFUSALS:
-        if "--report-dir" not in case.args:
-            refuse(case, inputs, going_run, shared)
-    before = inputs.digest()
-    died = harness_run(shared, *inputs.args(), env={"QWEN3_REPRO_FAULT": "die@0:0"})
-    assert died.returncode == 1, died.stderr[-3000:]
-    assert "Traceback (most recent call last)" not in died.stderr.split("--- rank")[0], died.stderr[-3000:]
-    assert run_dir.NO_PROVENANCE in (shared / report.RESULTS_MD).read_text()
-    good = harness_run(shared, *inputs.args())
-    assert good.returncode == 0, good.stderr[-3000:]
-    runs = json.loads((shared / report.RESULTS_JSON).read_text())["runs"]
-    assert [bool(r.get("error")) for r in runs] == [True, False], [r.get("error") for r in runs]
-    assert len({r["run_dir"] for r in runs}) == 2
-    assert inputs.digest() == before
 
 
 @pytest.mark.slow
