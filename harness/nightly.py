@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import lanes
+from harness import catalogue
 from harness.options import RunOptions
 from recipes.tiers import TRN2
 
@@ -62,7 +62,7 @@ class Launch:
 
     name: str
     lane: str
-    """A key of :data:`harness.lanes.LANES` (``recipe.lane``)."""
+    """A key of :data:`harness.catalogue.LANES` (``recipe.lane``)."""
     init: str
     steps: int
     serves: tuple[str, ...]
@@ -79,16 +79,16 @@ class Launch:
 
     @property
     def recipe(self) -> str:
-        return lanes.LANES[self.lane].recipe
+        return catalogue.LANES[self.lane].recipe
 
     @property
     def lane_name(self) -> str:
-        return lanes.LANES[self.lane].name
+        return catalogue.LANES[self.lane].name
 
     def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
         """The run's options as ``python -m harness run`` resolves them on trn2."""
         extra = {"seq_len": self.seq_len} if self.seq_len else {}
-        return lanes.LANES[self.lane].options(
+        return catalogue.LANES[self.lane].options(
             checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
             overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
         )  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ci, lanes, nightly
+from harness import catalogue, ci, lanes, nightly
 from harness.report import lane_summary, lanes_section
 from recipes.tiers import REPO_ROOT
 
@@ -34,7 +34,7 @@ def test_every_published_trn2_claim_is_judged_by_exactly_one_as_published_run_or
         if judge.launch is None:
             continue  # one NeuronCore, no launch (the rope kernel's numbers)
         launch = nightly.LAUNCHES[judge.launch]
-        published = lanes.LANES[launch.lane].published
+        published = catalogue.LANES[launch.lane].published
         assert published != bool(judge.not_as_published), f"{judge.claim} is judged on {launch.lane}: {judge}"
         if not published:  # never a number; the lane's one difference from as published is named
             assert not isinstance(values[judge.claim], float), judge
@@ -72,8 +72,8 @@ def test_as_published_lanes_read_the_checkouts_assets_and_corrected_lanes_the_da
     assert config1.allow_mismatch == ["tokenizer"] and not config1.export and config1.steps == 1
     export1 = nightly.LAUNCHES["config1-inv_freq_fixed"].options(checkout=checkout)  # judges config 1's export
     assert (export1.dataset_dir, export1.tokenizer_dir, export1.export) == (config1.dataset_dir, config1.tokenizer_dir, True)
-    assert lanes.lane("hf_backend", "inv_freq_fixed").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
-    assert lanes.lane("hf_backend", "as_published").env() == {"QWEN3_HF_KEEP_DEFECTS": "inv_freq"}
+    assert catalogue.lane("hf_backend", "inv_freq_fixed").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
+    assert catalogue.lane("hf_backend", "as_published").env() == {"QWEN3_HF_KEEP_DEFECTS": "inv_freq"}
     config2 = nightly.LAUNCHES["config2-as_published"].options(checkout=checkout)
     assert (config2.dataset_dir, config2.tokenizer_dir, config2.allow_mismatch) == (
         checkout / "tests/assets/c4_test", None, ["rope_theta"])  # fmt: skip
@@ -82,7 +82,7 @@ def test_as_published_lanes_read_the_checkouts_assets_and_corrected_lanes_the_da
     corrected1 = nightly.LAUNCHES["config1-corrected"].options(checkout=checkout)
     corrected2 = nightly.LAUNCHES["config2-corrected"].options(checkout=checkout)
     assert (corrected1.dataset_dir, corrected1.tokenizer_dir, corrected1.allow_mismatch) == (None, None, [])
-    assert lanes.lane("hf_backend", "corrected").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
+    assert catalogue.lane("hf_backend", "corrected").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
     assert (corrected2.dataset_dir, corrected2.rope_theta) == (None, 5e6)
 
 

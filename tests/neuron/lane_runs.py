@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import lanes, nightly
+from harness import catalogue, lanes, nightly
 from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
@@ -104,7 +104,7 @@ def checked_lane_options(name: str, run_dir: str, checkout: str | None, visible:
     if visible is not None:
         os.environ[VISIBLE_CORES_ENV] = visible
     spec = nightly.LAUNCHES[name]
-    with lanes.lane_env(lanes.LANES[spec.lane]):
+    with lanes.lane_env(catalogue.LANES[spec.lane]):
         options = spec.options(run_dir=Path(run_dir), checkout=Path(checkout) if checkout else None)
         opts, config = checked_config(options)
         return as_configured(opts, config).to_json()
@@ -119,7 +119,7 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     from harness.provenance import input_key
 
     spec = nightly.LAUNCHES[name]
-    lane = lanes.LANES[spec.lane]
+    lane = catalogue.LANES[spec.lane]
     checkout, why = lanes.titan_checkout()
     if (lane.titan_dataset or lane.titan_tokenizer) and checkout is None:
         pytest.fail(why, pytrace=False)
