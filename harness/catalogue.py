@@ -22,8 +22,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.lanes import Lane
+from harness.options import RunOptions
+from recipes.tiers import TRN2
+
+#: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
+LANE_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,62 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """One 64-rank launch of the night: a recipe in a lane, and everything it serves."""
+
+    name: str
+    lane: str
+    """A key of :data:`LANES` (``recipe.lane``)."""
+    init: str
+    steps: int
+    serves: tuple[str, ...]
+    tests: tuple[str, ...]
+    export: bool = False
+    overrides: tuple[str, ...] = ()
+    seq_len: int | None = None
+    #: Host reference forwards after the launch (0: random init has nothing to score).
+    reference_forwards: int = 0
+    #: "harness" (python -m harness run's launch) or "torchtitan.train" (torchtitan's own entry).
+    entry: str = "harness"
+    #: Which compiled graphs it shares with earlier launches (the first of a family compiles cold).
+    family: str = ""
+
+    @property
+    def recipe(self) -> str:
+        return LANES[self.lane].recipe
+
+    @property
+    def lane_name(self) -> str:
+        return LANES[self.lane].name
+
+    def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
+        """The run's options as ``python -m harness run`` resolves them on trn2."""
+        extra = {"seq_len": self.seq_len} if self.seq_len else {}
+        return LANES[self.lane].options(
+            checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
+            overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        bits = [f"{self.recipe}/{self.lane_name}", f"init {self.init}", f"{self.steps} step(s)"]
+        bits += ["export"] * self.export + [f"--override {o}" for o in self.overrides]
+        return ", ".join(bits) + (" [torchtitan.train]" if self.entry != "harness" else "")
+
+
+@dataclass(frozen=True)
+class ClaimJudge:
+    """Which launch, lane and test judge one published claim of ``fixtures/goldens/<recipe>/trn2.json``."""
+
+    claim: str
+    launch: str | None
+    test: str
+    how: str = ""
+    #: Why a claim is judged on a lane other than the as-published one (empty: it is not). Only for a claim
+    #: the as-published config cannot reach, on a lane that differs from it in one named way the claim does not read.
+    not_as_published: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Entry:
     """One recipe, as the harness knows it. Every field without a default must be declared."""
 
@@ -69,6 +131,12 @@ class Entry:
     kind: str
     upstream: Upstream
     lanes: tuple[Lane, ...]
+    #: Its 64-rank launches of the trn2 night, in the night's order (harness.nightly plans them).
+    launches: tuple[Launch, ...]
+    #: A judge for each published claim of its ``fixtures/goldens/<recipe>/trn2.json``.
+    claims: tuple[ClaimJudge, ...]
+    #: The launch its trn2 band is made of and judged on (``harness.band.band_options``).
+    band_launch: str
     #: None: no 4B-width proxy (the recipe has no random init at that width).
     proxy: Proxy | None
     #: The band's init on tiers other than trn2 (trn2's band is a night launch's).
@@ -93,11 +161,22 @@ class Entry:
         return any(x.kept_defects for x in self.lanes)
 
 
+_HF = "tests/neuron/test_hf_backend_neuron.py"
+_NATIVE = "tests/neuron/test_native_qwen3_neuron.py"
+_REF = "tests/neuron/test_reference_neuron.py"
+_CURVES = "tests/neuron/test_curves_neuron.py"
+_MOE = "tests/neuron/test_nki_moe_neuron.py"
+_KERNEL = "tests/neuron/test_rope_kernel_neuron.py"
+_EXPORT_AFTER_INV_FREQ = (
+    "config 1 as published stops at a non-finite loss by step 2 (upstream's uninitialised inv_freq), before its "
+    "export; inv_freq_fixed differs only in that buffer, which is non-persistent and in no checkpoint"
+)
+
 ENTRIES: dict[str, Entry] = {
     e.recipe: e
     for e in (
         Entry(
-            "hf_backend", "config 1", "dense", Upstream("4B"),
+            recipe="hf_backend", tutorial="config 1", kind="dense", upstream=Upstream("4B"),
             lanes=(
                 Lane("as_published", "hf_backend", "config 1 as the tutorial ran it: torchtitan's test tokenizer and "
                      "c4_test from the checkout, upstream's RoPE init (inv_freq left uninitialised)",
@@ -109,10 +188,36 @@ ENTRIES: dict[str, Entry] = {
                 Lane("corrected", "hf_backend", "the suite's recipe: the weights' own tokenizer, inv_freq recomputed, "
                      "$QWEN3_DATASET_DIR"),
             ),
-            proxy=Proxy(fixture_config=True), bf16_experts=True,
+            # One step: upstream's uninitialised inv_freq makes step 2 NaN (DESIGN.md), step 1 sometimes, and torchtitan
+            # stops at a non-finite loss before any export; steps past 1 serve nothing (the band is config1-corrected's).
+            launches=(
+                Launch("config1-as_published", "hf_backend.as_published", "hf", 1,
+                       ("step1_loss_hf 6.54", "reference + diagnosis"), (_HF, _REF), reference_forwards=3,
+                       family="4B hf backend"),
+                Launch("config1-as_published-random", "hf_backend.as_published", "random", 1,
+                       ("step1_loss_random 12.43",), (_HF,), family="4B hf backend"),
+                Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("reference + diagnosis",),
+                       (_REF,), reference_forwards=2, family="4B hf backend"),
+                Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1,
+                       ("export round trip", "reference + diagnosis"), (_HF, _REF), export=True, reference_forwards=2,
+                       family="4B hf backend"),
+                Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS, ("reference (judged)", "band"),
+                       (_REF, _CURVES), reference_forwards=1, family="4B hf backend"),
+            ),
+            claims=(
+                ClaimJudge("hf_backend.trn2.step1_loss_hf", "config1-as_published",
+                           f"{_HF}::test_published_step1_loss_from_pretrained_weights"),
+                ClaimJudge("hf_backend.trn2.step1_loss_random", "config1-as_published-random",
+                           f"{_HF}::test_published_step1_loss_from_random_init"),
+                ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-inv_freq_fixed",
+                           f"{_HF}::test_export_round_trip", not_as_published=_EXPORT_AFTER_INV_FREQ),
+                ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-inv_freq_fixed",
+                           f"{_HF}::test_export_round_trip", not_as_published=_EXPORT_AFTER_INV_FREQ),
+            ),
+            band_launch="config1-corrected", proxy=Proxy(fixture_config=True), bf16_experts=True,
         ),
         Entry(
-            "native_qwen3", "config 2", "dense", Upstream("4B"),
+            recipe="native_qwen3", tutorial="config 2", kind="dense", upstream=Upstream("4B"),
             lanes=(
                 Lane("as_published", "native_qwen3", 'config 2 as the tutorial ran it: model_registry("4B")\'s RoPE '
                      "theta 1e6 (config.json says 5e6), c4_test from the checkout",
@@ -120,15 +225,49 @@ ENTRIES: dict[str, Entry] = {
                 Lane("corrected", "native_qwen3", "config 2 with config.json's RoPE theta 5e6, $QWEN3_DATASET_DIR",
                      rope_theta=5e6),
             ),
-            proxy=Proxy(), localized=True,
+            launches=(
+                Launch("config2-as_published", "native_qwen3.as_published", "hf", LANE_STEPS,
+                       ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"),
+                       (_NATIVE, _REF, _CURVES), export=True, reference_forwards=2, family="4B native"),
+                Launch("config2-as_published-random", "native_qwen3.as_published", "random", 1,
+                       ("step1_loss_random 12.43",), (_NATIVE,), family="4B native"),
+                Launch("config2-corrected", "native_qwen3.corrected", "hf", 1, ("reference (judged)",), (_REF,),
+                       reference_forwards=1, family="4B native"),
+                Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
+                       ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
+                       family="4B native"),
+            ),
+            claims=(
+                ClaimJudge("native_qwen3.trn2.step1_loss_hf", "config2-as_published",
+                           f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights"),
+                ClaimJudge("native_qwen3.trn2.step1_loss_random", "config2-as_published-random",
+                           f"{_NATIVE}::test_published_step1_loss_from_random_init"),
+                ClaimJudge("native_qwen3.trn2.export_missing_keys", "config2-as_published",
+                           f"{_NATIVE}::test_export_round_trip_keys"),
+                ClaimJudge("native_qwen3.trn2.export_unexpected_keys", "config2-as_published",
+                           f"{_NATIVE}::test_export_round_trip_keys"),
+            ),
+            band_launch="config2-as_published", proxy=Proxy(), localized=True,
         ),
         Entry(
-            "nki_moe", "config 3", "moe", Upstream("30B-A3B", n_layers=4, num_experts=64, top_k=4),
+            recipe="nki_moe", tutorial="config 3", kind="moe",
+            upstream=Upstream("30B-A3B", n_layers=4, num_experts=64, top_k=4),
             lanes=(
                 Lane("as_published", "nki_moe", "config 3 as the tutorial builds it (the fork's qwen3_nki_moe_config "
                      "when importable), c4_test from the checkout", titan_dataset=True, published=True),
             ),
-            proxy=None, band_init="random", fork=Fork("qwen3_nki_moe_config", "config 3"),
+            launches=(
+                Launch("config3-as_published", "nki_moe.as_published", "random", LANE_STEPS, ("trains", "band"),
+                       (_MOE, _CURVES), family="MoE"),
+                Launch("config3-rope_hf", "nki_moe.as_published", "random", LANE_STEPS, ("trains with rope_hf",),
+                       (_MOE,), overrides=("rope_hf",), seq_len=2048, family="MoE + rope_hf"),
+            ),
+            claims=(
+                ClaimJudge("nki_moe.trn2.rope_q_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
+                ClaimJudge("nki_moe.trn2.rope_k_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
+            ),
+            band_launch="config3-as_published", proxy=None, band_init="random",
+            fork=Fork("qwen3_nki_moe_config", "config 3"),
         ),
     )
 }  # fmt: skip
@@ -137,15 +276,27 @@ ENTRIES: dict[str, Entry] = {
 
 #: Every lane, by ``recipe.lane``.
 LANES: dict[str, Lane] = {}
+#: The trn2 night's 64-rank launches, in its order (each entry's, in the entries' order).
+LAUNCHES: dict[str, Launch] = {}
+#: Every published trn2 claim's judge, by claim (``<recipe>.trn2.<key>``).
+CLAIM_JUDGES: dict[str, ClaimJudge] = {}
+#: The lane run each recipe's trn2 band is made of and judged on (harness.band.band_options).
+BAND_LAUNCH: dict[str, str] = {}
 #: What each recipe's trn2 model is, in upstream's terms.
 UPSTREAM: dict[str, Upstream] = {}
 
 
 def _derive() -> None:
-    LANES.clear()
-    LANES.update({x.key: x for e in ENTRIES.values() for x in e.lanes})
-    UPSTREAM.clear()
-    UPSTREAM.update({e.recipe: e.upstream for e in ENTRIES.values()})
+    entries = ENTRIES.values()
+    for view, value in (
+        (LANES, {x.key: x for e in entries for x in e.lanes}),
+        (LAUNCHES, {x.name: x for e in entries for x in e.launches}),
+        (CLAIM_JUDGES, {j.claim: j for e in entries for j in e.claims}),
+        (BAND_LAUNCH, {e.recipe: e.band_launch for e in entries}),
+        (UPSTREAM, {e.recipe: e.upstream for e in entries}),
+    ):
+        view.clear()
+        view.update(value)
 
 
 _derive()
@@ -189,6 +340,44 @@ def missing(recipe: str) -> list[str]:
         found.append("exactly one published (as-published) lane")
     if e.kind not in ("dense", "moe"):
         found.append(f"a kind of 'dense' or 'moe' (not {e.kind!r})")
+    return found + _missing_launches(e) + _missing_judges(e)
+
+
+def _missing_launches(e: Entry) -> list[str]:
+    if not e.launches:
+        return ["launches"]
+    found, lanes = [], {x.key for x in e.lanes}
+    stray = [x.name for x in e.launches if x.lane not in lanes]
+    if stray:
+        found.append(f"launches on its own lanes (not {stray})")
+    idle = [x.key for x in e.lanes if x.key not in {launch.lane for launch in e.launches}]
+    if idle:
+        found.append(f"a launch of each lane (none for {idle})")
+    if e.band_launch not in {x.name for x in e.launches}:
+        found.append(f"a band launch among its launches (not {e.band_launch!r})")
+    others = {x.name for o in ENTRIES.values() if o.recipe != e.recipe for x in o.launches}
+    shared = sorted(others & {x.name for x in e.launches})
+    if shared:
+        found.append(f"launch names no other recipe uses (not {shared})")
+    return found
+
+
+def _missing_judges(e: Entry) -> list[str]:
+    from harness.claims import published_claims
+
+    claims = [c.name for c in published_claims("trn2") if c.recipe == e.recipe]
+    judged = {j.claim for j in e.claims}
+    found = []
+    unjudged = [c for c in claims if c not in judged]
+    if unjudged:
+        found.append(f"a judge of each published trn2 claim (none for {unjudged})")
+    launches = {x.name for x in e.launches}
+    stray = [j.claim for j in e.claims if j.launch is not None and j.launch not in launches]
+    if stray:
+        found.append(f"judges on its own launches (not for {stray})")
+    foreign = [j.claim for j in e.claims if not j.claim.startswith(f"{e.recipe}.")]
+    if foreign:
+        found.append(f"judges of its own claims (not {foreign})")
     return found
 
 

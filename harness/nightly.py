@@ -3,9 +3,10 @@
 One run per recipe and lane serves step 1, the export round trip, the band, the
 "trains" check and the host reference at once (``tests/neuron/lane_runs.py`` launches each
 once per session, whichever test asks first), so the night makes :data:`LAUNCHES` and no
-more: 11 launches of 64 ranks where it made 16 (the separate band runs of three recipes,
+more (11 launches of 64 ranks where it made 16: the separate band runs of three recipes,
 the separate 3-step weights runs of configs 1 and 2, and the separate 5-step MoE run
-are now the lane runs themselves).
+are now the lane runs themselves). Each recipe declares its launches, its claims' judges
+and its band launch in its entry of ``harness.catalogue``; this module plans and budgets them.
 
 :data:`CLAIM_JUDGES` says, for every published claim in ``fixtures/goldens/*/trn2.json``,
 which launch and lane judge it and in which test (the as-published lane: a published
@@ -26,11 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import catalogue
-from harness.options import RunOptions
-from recipes.tiers import TRN2
-
-#: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
-LANE_STEPS = 20
+from harness.catalogue import BAND_LAUNCH, CLAIM_JUDGES, LANE_STEPS, LAUNCHES, ClaimJudge, Launch  # noqa: F401
 
 # --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
 #: torchrun start-up of 64 ranks, process groups, dataloader: torch/torchtitan imports take ~9 s of CPU
@@ -56,136 +53,6 @@ TIMEOUT_MARGIN = 1.25
 TIMEOUT_ROUND_MIN = 30
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One 64-rank launch of the night: a recipe in a lane, and everything it serves."""
-
-    name: str
-    lane: str
-    """A key of :data:`harness.catalogue.LANES` (``recipe.lane``)."""
-    init: str
-    steps: int
-    serves: tuple[str, ...]
-    tests: tuple[str, ...]
-    export: bool = False
-    overrides: tuple[str, ...] = ()
-    seq_len: int | None = None
-    #: Host reference forwards after the launch (0: random init has nothing to score).
-    reference_forwards: int = 0
-    #: "harness" (python -m harness run's launch) or "torchtitan.train" (torchtitan's own entry).
-    entry: str = "harness"
-    #: Which compiled graphs it shares with earlier launches (the first of a family compiles cold).
-    family: str = ""
-
-    @property
-    def recipe(self) -> str:
-        return catalogue.LANES[self.lane].recipe
-
-    @property
-    def lane_name(self) -> str:
-        return catalogue.LANES[self.lane].name
-
-    def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
-        """The run's options as ``python -m harness run`` resolves them on trn2."""
-        extra = {"seq_len": self.seq_len} if self.seq_len else {}
-        return catalogue.LANES[self.lane].options(
-            checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
-            overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
-        )  # fmt: skip
-
-    def describe(self) -> str:
-        bits = [f"{self.recipe}/{self.lane_name}", f"init {self.init}", f"{self.steps} step(s)"]
-        bits += ["export"] * self.export + [f"--override {o}" for o in self.overrides]
-        return ", ".join(bits) + (" [torchtitan.train]" if self.entry != "harness" else "")
-
-
-_HF = "tests/neuron/test_hf_backend_neuron.py"
-_NATIVE = "tests/neuron/test_native_qwen3_neuron.py"
-_REF = "tests/neuron/test_reference_neuron.py"
-_CURVES = "tests/neuron/test_curves_neuron.py"
-_MOE = "tests/neuron/test_nki_moe_neuron.py"
-
-LAUNCHES: dict[str, Launch] = {
-    x.name: x
-    for x in (
-        # One step: upstream's uninitialised inv_freq makes step 2 NaN (DESIGN.md), step 1 sometimes, and torchtitan
-        # stops at a non-finite loss before any export; steps past 1 serve nothing (the band is config1-corrected's).
-        Launch("config1-as_published", "hf_backend.as_published", "hf", 1,
-               ("step1_loss_hf 6.54", "reference + diagnosis"), (_HF, _REF), reference_forwards=3,
-               family="4B hf backend"),
-        Launch("config1-as_published-random", "hf_backend.as_published", "random", 1,
-               ("step1_loss_random 12.43",), (_HF,), family="4B hf backend"),
-        Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("reference + diagnosis",), (_REF,),
-               reference_forwards=2, family="4B hf backend"),
-        Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1, ("export round trip", "reference + diagnosis"),
-               (_HF, _REF), export=True, reference_forwards=2, family="4B hf backend"),
-        Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS, ("reference (judged)", "band"),
-               (_REF, _CURVES), reference_forwards=1, family="4B hf backend"),
-        Launch("config2-as_published", "native_qwen3.as_published", "hf", LANE_STEPS,
-               ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"), (_NATIVE, _REF, _CURVES),
-               export=True, reference_forwards=2, family="4B native"),
-        Launch("config2-as_published-random", "native_qwen3.as_published", "random", 1,
-               ("step1_loss_random 12.43",), (_NATIVE,), family="4B native"),
-        Launch("config2-corrected", "native_qwen3.corrected", "hf", 1, ("reference (judged)",), (_REF,),
-               reference_forwards=1, family="4B native"),
-        Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
-               ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
-               family="4B native"),
-        Launch("config3-as_published", "nki_moe.as_published", "random", LANE_STEPS, ("trains", "band"),
-               (_MOE, _CURVES), family="MoE"),
-        Launch("config3-rope_hf", "nki_moe.as_published", "random", LANE_STEPS, ("trains with rope_hf",), (_MOE,),
-               overrides=("rope_hf",), seq_len=2048, family="MoE + rope_hf"),
-    )
-}  # fmt: skip
-
-#: The lane run each recipe's band is made of and judged on (harness.band.band_options).
-BAND_LAUNCH = {"hf_backend": "config1-corrected", "native_qwen3": "config2-as_published",
-               "nki_moe": "config3-as_published"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ClaimJudge:
-    """Which launch, lane and test judge one published claim of ``fixtures/goldens/<recipe>/trn2.json``."""
-
-    claim: str
-    launch: str | None
-    test: str
-    how: str = ""
-    #: Why a claim is judged on a lane other than the as-published one (empty: it is not). Only for a claim
-    #: the as-published config cannot reach, on a lane that differs from it in one named way the claim does not read.
-    not_as_published: str = ""
-
-
-_KERNEL = "tests/neuron/test_rope_kernel_neuron.py"
-_EXPORT_AFTER_INV_FREQ = (
-    "config 1 as published stops at a non-finite loss by step 2 (upstream's uninitialised inv_freq), before its "
-    "export; inv_freq_fixed differs only in that buffer, which is non-persistent and in no checkpoint"
-)
-CLAIM_JUDGES: dict[str, ClaimJudge] = {
-    j.claim: j
-    for j in (
-        ClaimJudge("hf_backend.trn2.step1_loss_hf", "config1-as_published",
-                   f"{_HF}::test_published_step1_loss_from_pretrained_weights"),
-        ClaimJudge("hf_backend.trn2.step1_loss_random", "config1-as_published-random",
-                   f"{_HF}::test_published_step1_loss_from_random_init"),
-        ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-inv_freq_fixed", f"{_HF}::test_export_round_trip",
-                   not_as_published=_EXPORT_AFTER_INV_FREQ),
-        ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-inv_freq_fixed", f"{_HF}::test_export_round_trip",
-                   not_as_published=_EXPORT_AFTER_INV_FREQ),
-        ClaimJudge("native_qwen3.trn2.step1_loss_hf", "config2-as_published",
-                   f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights"),
-        ClaimJudge("native_qwen3.trn2.step1_loss_random", "config2-as_published-random",
-                   f"{_NATIVE}::test_published_step1_loss_from_random_init"),
-        ClaimJudge("native_qwen3.trn2.export_missing_keys", "config2-as_published",
-                   f"{_NATIVE}::test_export_round_trip_keys"),
-        ClaimJudge("native_qwen3.trn2.export_unexpected_keys", "config2-as_published",
-                   f"{_NATIVE}::test_export_round_trip_keys"),
-        ClaimJudge("nki_moe.trn2.rope_q_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
-        ClaimJudge("nki_moe.trn2.rope_k_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
-    )
-}  # fmt: skip
-
-
 # --- the budget -------------------------------------------------------------------------------------
 
 
@@ -200,7 +67,7 @@ class Estimate:
 
 def launch_estimate(launch: Launch, first_of_family: bool) -> Estimate:
     """Start-up, weights, compile, steps, export and host reference of one launch."""
-    kind = "moe" if launch.recipe == "nki_moe" else "dense"
+    kind = catalogue.entry(launch.recipe).kind
     parts = {
         "start-up": STARTUP_MIN,
         "weights": LOAD_WEIGHTS_MIN if launch.init == "hf" else 0.0,
@@ -360,12 +227,13 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
 
     rows = titan_check.check("trn2")
     echo(titan_check.summary(rows, "trn2"))
-    config3 = config3_comparison(inputs)
-    if config3["fork"] == "absent":
-        echo(f"config 3: the fork's qwen3_nki_moe_config is absent here, so a trn2 run builds {config3['source']} "
-             f"(a finding, reported, not a skip): {config3['finding']}")  # fmt: skip
-    else:
-        echo(f"config 3: built from {config3['fork']}; {config3['finding']}:")
+    forked = catalogue.forked()
+    config3 = config3_comparison(inputs) if forked else None
+    if forked and config3["fork"] == "absent":
+        echo(f"{forked.fork.label}: the fork's {forked.fork.name} is absent here, so a trn2 run builds "
+             f"{config3['source']} (a finding, reported, not a skip): {config3['finding']}")  # fmt: skip
+    elif forked:
+        echo(f"{forked.fork.label}: built from {config3['fork']}; {config3['finding']}:")
         echo("\n".join(f"  {d['path']}: fork {d['fork']!r}, twin {d['twin']!r}" for d in config3["differences"]))
     echo("")
     echo("\n".join(plan_lines()))

@@ -43,9 +43,12 @@ def test_every_published_trn2_claim_is_judged_by_exactly_one_as_published_run_or
         assert f'"{launch.name}"' in (REPO_ROOT / path).read_text(), f"{judge.test} does not use {launch.name}"
 
 
-def test_the_night_makes_eleven_launches_each_used_by_a_test_that_names_it():
-    """16 launches of 64 ranks became 11: each lane run serves step 1, export, band and reference at once."""
-    assert len(nightly.LAUNCHES) == 11
+def test_the_night_makes_each_recipes_launches_each_used_by_a_test_that_names_it():
+    """The night's launches are the catalogue entries' (harness.catalogue), each used by a neuron test; one lane run
+    serves step 1, export, band and reference at once."""
+    declared = [x.name for e in catalogue.ENTRIES.values() for x in e.launches]
+    assert list(nightly.LAUNCHES) == declared and len(set(declared)) == len(declared)
+    assert [s.launch for s in nightly.steps() if s.launch] == declared
     sources = {p.name: p.read_text() for p in NEURON.glob("test_*_neuron.py")}
     for launch in nightly.LAUNCHES.values():
         users = [name for name, text in sources.items() if f'"{launch.name}"' in text]
