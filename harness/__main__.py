@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import catalogue
 from harness import run_dir as run_dir_mod
 from harness.launch.child import exit_now
 from harness.options import RunCommand, RunOptions, absolute_titan_paths, parse_run_command
@@ -73,31 +74,14 @@ def _runs_for(args: RunCommand, recipe: str, claim: bool = False) -> list[RunOpt
     ]
 
 
-#: Recipes whose random-init step-1 loss the cpu tier measures at the real 4B width.
-FULL_WIDTH_RECIPES = ("native_qwen3", "hf_backend")
+def _full_width_random_init(args, recipe: str, claim: bool = False) -> RunOptions:
+    """The full-width random-init preset of ``recipe`` (its catalogue entry's proxy, harness.catalogue)."""
+    from harness.step1_forward import proxy_options
 
-
-def _full_width_random_init(args, recipe: str = "native_qwen3", claim: bool = False) -> RunOptions:
-    """The full-width random-init preset of ``recipe``.
-
-    The HF backend builds whatever config.json it is pointed at: the real
-    Qwen3-4B-Instruct-2507 config.json in fixtures/ (no weights, no tokenizer), so its
-    tokenizer is the tier's (random init loads nothing to disagree with).
-    """
-    from recipes.specs import QWEN3_4B_INSTRUCT_2507
-    from recipes.tiers import CPU
-
-    paths = dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir) if recipe == "hf_backend" else {}
-    return RunOptions(
-        recipe=recipe,
-        tier="cpu",
-        init="random",
-        seed=args.seed,
-        run_dir=run_dir_for(args, f"{recipe}-cpu-random-4B-width", claim),
+    return proxy_options(
+        recipe, seed=args.seed, run_dir=run_dir_for(args, f"{recipe}-cpu-random-4B-width", claim),
         threads=one_rank_threads(),
-        **paths,
-        **FULL_WIDTH_RANDOM_INIT,
-    )
+    )  # fmt: skip
 
 
 def one_rank_threads() -> int:
@@ -146,7 +130,7 @@ class Progress:
 
     #: checks, rank start, training, reference or report.
     stage: str = "checks"
-    #: The planned runs' names ("native_qwen3/cpu/init=hf"), and how many were launched.
+    #: The planned runs' names ("<recipe>/cpu/init=hf"), and how many were launched.
     planned: list[str] = field(default_factory=list)
     launched: int = 0
     #: A run whose launch ended but which is not in the report yet (judged; its reference under way).
@@ -218,7 +202,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
 
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
-        plan += [_full_width_random_init(args, name, claim=True) for name in names if name in FULL_WIDTH_RECIPES]
+        plan += [_full_width_random_init(args, name, claim=True) for name in names if name in catalogue.with_proxy()]
     progress.planned = [_name(opts) for opts in plan]
     resolved = []
     try:

@@ -5,8 +5,8 @@ trn2 (bf16, nondeterministic collectives and kernels) the same seeded run gives 
 different curves, so its golden is a band: per step, the mean of N repeated runs ± k
 sample standard deviations, never narrower than a stated floor. One command makes it::
 
-    python -m harness.band record native_qwen3 --tier trn2            # N runs, then the band
-    python -m harness.band compute native_qwen3 --tier trn2 RUN_DIR…  # the band of runs made already
+    python -m harness.band record RECIPE --tier trn2            # N runs, then the band
+    python -m harness.band compute RECIPE --tier trn2 RUN_DIR…  # the band of runs made already
 
 Both write ``fixtures/goldens/<recipe>/<tier>-band.json`` (lane ``band``, key
 ``loss_curve_<steps>``) with how the band was made: N, k, the floor, the per-step std, every
@@ -67,20 +67,22 @@ def band_key(steps: int) -> str:
 def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed: int = 0, **extra) -> RunOptions:
     """The run a band is made of, and the run the neuron test checks against it.
 
-    On trn2 it is the recipe's band lane run of the nightly (``harness.nightly.BAND_LAUNCH``:
-    native_qwen3 as published, hf_backend corrected, nki_moe as published), so the night's
-    lane run is judged against a band of the same runs. Elsewhere, as the tutorial runs
-    each recipe: native_qwen3 and hf_backend from ``--model-dir``'s weights (native with the
-    tutorial's RoPE theta), nki_moe from random init. No export.
+    On trn2 it is the recipe's band lane run of the nightly (its catalogue entry's band launch,
+    ``harness.nightly.BAND_LAUNCH``), so the night's lane run is judged against a band of the same
+    runs. Elsewhere, as the tutorial runs each recipe: its entry's ``band_init`` (``--model-dir``'s
+    weights, or random init), accepting what its as-published lane accepts. No export.
     """
     if tier == "trn2":
         from harness import nightly
 
         launch = nightly.LAUNCHES[nightly.BAND_LAUNCH[recipe]]
         return replace(launch.options(seed=seed), steps=steps, export=False, **extra)
+    from harness import catalogue
+
+    entry = catalogue.entry(recipe)
     tier_preset = RunOptions(tier=tier).tier_preset
-    init = "random" if recipe == "nki_moe" else "hf"
-    allow = ["rope_theta"] if recipe == "native_qwen3" and init == "hf" else []
+    init = entry.band_init
+    allow = list(entry.published_lane.allow_mismatch) if init == "hf" else []
     return RunOptions(
         recipe=recipe, tier=tier, nproc=tier_preset.nproc, steps=steps, init=init, seed=seed,
         allow_mismatch=allow, export=False, **extra,

@@ -1,8 +1,9 @@
 """Tutorial config 3 as the fork's own function builds it, against the suite's twin: a finding of the night.
 
 Not a config the suite runs (that is ``harness.config``): the nightly's first step and a trn2 test
-show where the fork's ``qwen3_nki_moe_config`` and ``recipes.nki_moe``'s twin differ, node by
-node (``harness.config.tree``), or that the fork's function is absent here.
+show where the fork's function and the suite's twin differ, node by node (``harness.config.tree``),
+or that the fork's function is absent here. Which recipe has a fork, and the function's name, is
+its catalogue entry's ``fork`` (``harness.catalogue``).
 """
 
 from __future__ import annotations
@@ -18,19 +19,24 @@ def config3_comparison(inputs) -> dict:
     "differences": [{"path", "fork", "twin"}...]}``; the differences repeat per layer only once
     (``layers.*``, with the layers). The fork's function absent is a finding, not a skip.
     """
-    from recipes import nki_moe
+    import importlib
+
+    from harness import catalogue
+    from recipes.registry import get_recipe
     from recipes.titan import BY_NAME
     from recipes.tutorial import tutorial_settings
 
-    source = nki_moe.config_source(inputs.tier)
-    fork, why = nki_moe.fork_config()
+    entry = catalogue.forked()
+    module = importlib.import_module(get_recipe(entry.recipe).module)
+    source = module.config_source(inputs.tier)
+    fork, why = module.fork_config()
     if fork is None:
         return {"fork": "absent", "finding": why, "source": source, "differences": []}
-    twin = tutorial_settings(nki_moe.twin_config(inputs.tier, as_published=True), inputs)
+    twin = tutorial_settings(module.twin_config(inputs.tier, as_published=True), inputs)
     fork = tutorial_settings(fork, inputs)
     found = collapse_layers(differences(config_tree(fork), config_tree(twin)))
     return {
-        "fork": BY_NAME["qwen3_nki_moe_config"].qualified,
+        "fork": BY_NAME[entry.fork.name].qualified,
         "finding": f"{len(found)} difference(s) between the fork's config 3 and the suite's twin",
         "source": source,
         "differences": [{"path": d["path"], "fork": d["a"], "twin": d["b"],

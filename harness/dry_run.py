@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipes.errors import RecipeError
+from harness.catalogue import Upstream, entry
 from harness.options import RunOptions
 from recipes.specs import QWEN3_4B_INSTRUCT_2507 as QWEN3_4B_SIZES
 from recipes.specs import read_hf_config, read_hf_dims
@@ -40,23 +41,6 @@ DATASET_STAND_IN = Path("/QWEN3_DATASET_DIR-is-not-set")
 #: Environment variables the launch passes through that decide a trn2 run (never secrets).
 PASSED_ENV_PREFIXES = ("NEURON_", "QWEN3_", "FI_", "TORCH_NEURONX_", "OMP_")
 
-
-@dataclass(frozen=True)
-class Upstream:
-    """Upstream's own spec a recipe's model must match, shrunk as the tutorial shrinks it."""
-
-    flavor: str
-    n_layers: int | None = None
-    num_experts: int | None = None
-    top_k: int | None = None
-
-
-#: What each recipe's trn2 model is, in upstream's terms (tutorial configs 1-3).
-UPSTREAM = {
-    "native_qwen3": Upstream("4B"),
-    "hf_backend": Upstream("4B"),
-    "nki_moe": Upstream("30B-A3B", n_layers=4, num_experts=64, top_k=4),
-}
 
 #: Hyper-parameters compared, named as in config.json.
 DIM_KEYS = (
@@ -113,7 +97,7 @@ def plan_run(opts: RunOptions) -> Plan:
         check(opts)
     placeholders = []
     model_dir = opts.model_dir or opts.tier_preset.model_dir
-    if model_dir is None and opts.recipe in UPSTREAM and opts.tier == "trn2":
+    if model_dir is None and opts.tier == "trn2":
         placeholders.append(
             Placeholder(
                 "--model-dir", "QWEN3_4B_DIR",
@@ -261,7 +245,7 @@ def compare_with_upstream(config, model, opts: RunOptions) -> dict:
     Parameters must match exactly (else :class:`DryRunError`); hyper-parameters that
     change no shape (RoPE theta) are reported as differences.
     """
-    upstream = UPSTREAM[opts.recipe]
+    upstream = entry(opts.recipe).upstream
     spec = upstream_spec(upstream, opts.layers)
     ours = hf_parameter_shapes(config.model_spec, model, opts.model_dir)
     theirs = hf_parameter_shapes(spec, build_on_meta(spec.model), opts.model_dir)
@@ -303,7 +287,7 @@ def model_report(config, opts: RunOptions) -> dict:
         "parameters": parameters,
         "build_s": round(time.perf_counter() - started, 3),
     }
-    if opts.tier == "trn2" and opts.recipe in UPSTREAM:
+    if opts.tier == "trn2":  # every recipe has an upstream (harness.catalogue: a missing one fails its test)
         report["upstream"] = compare_with_upstream(config, model, opts)
     return report
 

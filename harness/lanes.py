@@ -21,13 +21,10 @@ corrected          the suite's recipe: the weights' own tokenizer, ``inv_freq`` 
                    config.json's theta; text from ``$QWEN3_DATASET_DIR``
 =================  ============================================================================
 
-Config 3 has one lane: the fork's own ``qwen3_nki_moe_config`` when importable
-(``recipes.nki_moe``), on the checkout's c4_test. Its tokenizer stays the Qwen3 one from
-``$QWEN3_4B_DIR``: which ``hf_assets_path`` the fork's config 3 sets is an open question
-(the fork is not public; the tutorial does not say). Open question too, for config 2:
-``qwen3_32b()`` sets ``hf_assets_path="./assets/hf/Qwen3-32B"`` (pytorch/torchtitan
-torchtitan/models/qwen3/config_registry.py); the tutorial must have pointed it at the 4B
-weights' directory to load them, so its as-published lane reads the weights' own tokenizer.
+Which lanes each recipe has is declared in its catalogue entry (``harness.catalogue``).
+Open question for config 2: ``qwen3_32b()`` sets ``hf_assets_path="./assets/hf/Qwen3-32B"``
+(pytorch/torchtitan torchtitan/models/qwen3/config_registry.py); the tutorial must have pointed it
+at the 4B weights' directory to load them, so its as-published lane reads the weights' own tokenizer.
 
 Sources: ``Trainer.Config.hf_assets_path`` defaults to ``"./tests/assets/tokenizer"``
 (torchtitan/trainer.py); ``HuggingFaceTextDataLoader``'s ``c4_test`` reads
@@ -96,33 +93,6 @@ class Lane:
     def env(self) -> dict[str, str]:
         """What the launch's environment sets for every rank (the kept defects)."""
         return {KEEP_DEFECTS_ENV: ",".join(self.kept_defects)}
-
-
-LANES = {
-    lane.key: lane
-    for lane in (
-        Lane("as_published", "hf_backend", "config 1 as the tutorial ran it: torchtitan's test tokenizer and c4_test "
-             "from the checkout, upstream's RoPE init (inv_freq left uninitialised)",
-             titan_dataset=True, titan_tokenizer=True, kept_defects=("inv_freq",), published=True),
-        Lane("tokenizer_fixed", "hf_backend", "config 1 as published with the weights' own tokenizer",
-             titan_dataset=True, kept_defects=("inv_freq",)),
-        Lane("inv_freq_fixed", "hf_backend", "config 1 as published with inv_freq recomputed",
-             titan_dataset=True, titan_tokenizer=True),
-        Lane("corrected", "hf_backend", "the suite's recipe: the weights' own tokenizer, inv_freq recomputed, "
-             "$QWEN3_DATASET_DIR"),
-        Lane("as_published", "native_qwen3", 'config 2 as the tutorial ran it: model_registry("4B")\'s RoPE theta '
-             "1e6 (config.json says 5e6), c4_test from the checkout",
-             titan_dataset=True, allow_mismatch=("rope_theta",), published=True),
-        Lane("corrected", "native_qwen3", "config 2 with config.json's RoPE theta 5e6, $QWEN3_DATASET_DIR",
-             rope_theta=5e6),
-        Lane("as_published", "nki_moe", "config 3 as the tutorial builds it (the fork's qwen3_nki_moe_config when "
-             "importable), c4_test from the checkout", titan_dataset=True, published=True),
-    )
-}  # fmt: skip
-
-
-def lane(recipe: str, name: str) -> Lane:
-    return LANES[f"{recipe}.{name}"]
 
 
 def titan_checkout() -> tuple[Path | None, str]:

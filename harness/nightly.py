@@ -3,7 +3,8 @@
 One run per recipe and lane serves step 1, the export round trip, the band, the
 "trains" check and the host reference at once (``tests/neuron/lane_runs.py`` launches each
 once per session, whichever test asks first), so the night makes :data:`LAUNCHES` and no
-more (it made 16, then 11). A stable night (no version, input or suite code changed: ``harness.standing``)
+more (it made 16, then 11). Each recipe declares its launches, its claims' judges and its band launch in its
+entry of ``harness.catalogue``; this module plans and budgets them. A stable night (no version, input or suite code changed: ``harness.standing``)
 makes only the every-night launches, 8: the two diagnosis lanes and the torchtitan.train check re-run
 only when what they explain or check may have moved, and carry their standing result otherwise; the
 host reference scores each distinct first batch once, beside the next launches (one host worker), so
@@ -28,12 +29,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import lanes
-from harness.options import RunOptions
-from recipes.tiers import TRN2
-
-#: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
-LANE_STEPS = 20
+from harness import catalogue
+from harness.catalogue import (  # noqa: F401  (the plan's names, declared per recipe in the catalogue)
+    BAND_LAUNCH, CLAIM_JUDGES, EVERY_NIGHT, LANE_STEPS, LAUNCHES, ON_CHANGE, ClaimJudge, Launch,
+)
 
 # --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
 #: torchrun start-up of 64 ranks, process groups, dataloader: torch/torchtitan imports take ~9 s of CPU
@@ -59,167 +58,9 @@ TIMEOUT_MARGIN = 1.25
 TIMEOUT_ROUND_MIN = 30
 
 
-EVERY_NIGHT, ON_CHANGE = "every night", "on change"
 #: The two nights the plan is sized for: nothing changed (every ON_CHANGE launch and diagnosis carried), or a
 #: version or input changed (everything runs). The cold NEFF cache is sized on the changed night.
 STABLE, CHANGED = "stable", "changed"
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One 64-rank launch of the night: a recipe in a lane, and everything it serves."""
-
-    name: str
-    lane: str
-    """A key of :data:`harness.lanes.LANES` (``recipe.lane``)."""
-    init: str
-    steps: int
-    serves: tuple[str, ...]
-    tests: tuple[str, ...]
-    export: bool = False
-    overrides: tuple[str, ...] = ()
-    seq_len: int | None = None
-    #: Scores its first batch with the host reference (random init has nothing to score): once per distinct
-    #: batch a night, shared by every launch that feeds the same tokens (:attr:`batch`).
-    reference: bool = False
-    #: Diagnosis forwards (one per suspect that applies): scored only on a night its explanation is due.
-    suspects: int = 0
-    #: :data:`EVERY_NIGHT`, or :data:`ON_CHANGE`: only when what it explains or checks may have moved
-    #: (``harness.standing``); otherwise the standing result of the night that measured it is carried.
-    when: str = "every night"
-    #: A diagnosis lane: the launch whose as-published step 1 it explains (its due-ness follows that number).
-    explains: str = ""
-    #: "harness" (python -m harness run's launch) or "torchtitan.train" (torchtitan's own entry).
-    entry: str = "harness"
-    #: Which compiled graphs it shares with earlier launches (the first of a family compiles cold).
-    family: str = ""
-
-    @property
-    def recipe(self) -> str:
-        return lanes.LANES[self.lane].recipe
-
-    @property
-    def batch(self) -> str:
-        """Which first batch the launch trains on: the same tokenizer, text and sequence length give the same
-        tokens (same seed), so the host reference scores it once (tests/neuron/lane_runs.py keys by its sha256)."""
-        lane = lanes.LANES[self.lane]
-        tokenizer = "test BPE" if lane.titan_tokenizer else "weights' tokenizer"
-        text = "c4_test" if lane.titan_dataset else "$QWEN3_DATASET_DIR"
-        return f"{tokenizer}, {text}, seq_len {self.seq_len or 'recipe'}"
-
-    @property
-    def lane_name(self) -> str:
-        return lanes.LANES[self.lane].name
-
-    def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
-        """The run's options as ``python -m harness run`` resolves them on trn2."""
-        extra = {"seq_len": self.seq_len} if self.seq_len else {}
-        return lanes.LANES[self.lane].options(
-            checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
-            overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
-        )  # fmt: skip
-
-    def describe(self) -> str:
-        bits = [f"{self.recipe}/{self.lane_name}", f"init {self.init}", f"{self.steps} step(s)"]
-        bits += ["export"] * self.export + [f"--override {o}" for o in self.overrides]
-        bits += ["on change"] * (self.when == ON_CHANGE)
-        return ", ".join(bits) + (" [torchtitan.train]" if self.entry != "harness" else "")
-
-
-_HF = "tests/neuron/test_hf_backend_neuron.py"
-_NATIVE = "tests/neuron/test_native_qwen3_neuron.py"
-_REF = "tests/neuron/test_reference_neuron.py"
-_CURVES = "tests/neuron/test_curves_neuron.py"
-_MOE = "tests/neuron/test_nki_moe_neuron.py"
-
-#: Why a diagnosis lane runs only on a night its explanation is due (harness.standing.due).
-_DIAGNOSIS = ("explains the as-published number by the one defect it fixes; it depends only on the versions, the "
-              "lane's inputs and that number, so a night where none moved carries the standing explanation")
-LAUNCHES: dict[str, Launch] = {
-    x.name: x
-    for x in (
-        # One step: upstream's uninitialised inv_freq makes step 2 NaN (DESIGN.md), step 1 sometimes, and torchtitan
-        # stops at a non-finite loss before any export; steps past 1 serve nothing (the band is config1-corrected's).
-        Launch("config1-as_published", "hf_backend.as_published", "hf", 1,
-               ("step1_loss_hf 6.54", "reference + diagnosis"), (_HF, _REF), reference=True, suspects=2,
-               family="4B hf backend"),
-        Launch("config1-as_published-random", "hf_backend.as_published", "random", 1,
-               ("step1_loss_random 12.43",), (_HF,), family="4B hf backend"),
-        Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS,
-               ("reference (judged)", "band", "export round trip"), (_REF, _CURVES, _HF), export=True,
-               reference=True, family="4B hf backend"),
-        Launch("config2-as_published", "native_qwen3.as_published", "hf", LANE_STEPS,
-               ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"), (_NATIVE, _REF, _CURVES),
-               export=True, reference=True, suspects=1, family="4B native"),
-        Launch("config2-as_published-random", "native_qwen3.as_published", "random", 1,
-               ("step1_loss_random 12.43",), (_NATIVE,), family="4B native"),
-        Launch("config2-corrected", "native_qwen3.corrected", "hf", 1, ("reference (judged)",), (_REF,),
-               reference=True, family="4B native"),
-        Launch("config3-as_published", "nki_moe.as_published", "random", LANE_STEPS, ("trains", "band"),
-               (_MOE, _CURVES), family="MoE"),
-        Launch("config3-rope_hf", "nki_moe.as_published", "random", LANE_STEPS, ("trains with rope_hf",), (_MOE,),
-               overrides=("rope_hf",), seq_len=2048, family="MoE + rope_hf"),
-        # Last: on a stable night none of these launches (harness.standing), so they never delay a verdict.
-        Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("diagnosis: the tokenizer",),
-               (_REF,), reference=True, suspects=1, when=ON_CHANGE, explains="config1-as_published",
-               family="4B hf backend"),
-        Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1, ("diagnosis: inv_freq",), (_REF,),
-               reference=True, suspects=1, when=ON_CHANGE, explains="config1-as_published", family="4B hf backend"),
-        # Checks the harness's launch against torchtitan's own, on the same lane: it moves only with the code.
-        Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
-               ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
-               when=ON_CHANGE, family="4B native"),
-    )
-}  # fmt: skip
-
-#: The lane run each recipe's band is made of and judged on (harness.band.band_options).
-BAND_LAUNCH = {"hf_backend": "config1-corrected", "native_qwen3": "config2-as_published",
-               "nki_moe": "config3-as_published"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ClaimJudge:
-    """Which launch, lane and test judge one published claim of ``fixtures/goldens/<recipe>/trn2.json``."""
-
-    claim: str
-    launch: str | None
-    test: str
-    how: str = ""
-    #: Why a claim is judged on a lane other than the as-published one (empty: it is not). Only for a claim
-    #: the as-published config cannot reach and that is no number, on a lane whose every difference from it is
-    #: named and read by nothing the claim measures.
-    not_as_published: str = ""
-
-
-_KERNEL = "tests/neuron/test_rope_kernel_neuron.py"
-_EXPORT_ON_CORRECTED = (
-    "config 1 as published stops at a non-finite loss by step 2 (upstream's uninitialised inv_freq), before its "
-    "export; corrected differs in the inv_freq buffer (non-persistent, in no checkpoint), the tokenizer and the "
-    "text (token ids only: the embedding keeps the weights' 151,936 rows), none of which the exported keys read"
-)
-CLAIM_JUDGES: dict[str, ClaimJudge] = {
-    j.claim: j
-    for j in (
-        ClaimJudge("hf_backend.trn2.step1_loss_hf", "config1-as_published",
-                   f"{_HF}::test_published_step1_loss_from_pretrained_weights"),
-        ClaimJudge("hf_backend.trn2.step1_loss_random", "config1-as_published-random",
-                   f"{_HF}::test_published_step1_loss_from_random_init"),
-        ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-corrected", f"{_HF}::test_export_round_trip",
-                   not_as_published=_EXPORT_ON_CORRECTED),
-        ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-corrected", f"{_HF}::test_export_round_trip",
-                   not_as_published=_EXPORT_ON_CORRECTED),
-        ClaimJudge("native_qwen3.trn2.step1_loss_hf", "config2-as_published",
-                   f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights"),
-        ClaimJudge("native_qwen3.trn2.step1_loss_random", "config2-as_published-random",
-                   f"{_NATIVE}::test_published_step1_loss_from_random_init"),
-        ClaimJudge("native_qwen3.trn2.export_missing_keys", "config2-as_published",
-                   f"{_NATIVE}::test_export_round_trip_keys"),
-        ClaimJudge("native_qwen3.trn2.export_unexpected_keys", "config2-as_published",
-                   f"{_NATIVE}::test_export_round_trip_keys"),
-        ClaimJudge("nki_moe.trn2.rope_q_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
-        ClaimJudge("nki_moe.trn2.rope_k_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
-    )
-}  # fmt: skip
 
 
 # --- the budget -------------------------------------------------------------------------------------
@@ -237,7 +78,7 @@ class Estimate:
 def launch_estimate(launch: Launch, first_of_family: bool) -> Estimate:
     """The chip's minutes for one launch: start-up, weights, compile, steps, export (the host reference is not
     the chip's: it runs beside the next launches, :func:`host_reference_minutes`)."""
-    kind = "moe" if launch.recipe == "nki_moe" else "dense"
+    kind = catalogue.entry(launch.recipe).kind
     parts = {
         "start-up": STARTUP_MIN,
         "weights": LOAD_WEIGHTS_MIN if launch.init == "hf" else 0.0,
@@ -445,12 +286,13 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
 
     rows = titan_check.check("trn2")
     echo(titan_check.summary(rows, "trn2"))
-    config3 = config3_comparison(inputs)
-    if config3["fork"] == "absent":
-        echo(f"config 3: the fork's qwen3_nki_moe_config is absent here, so a trn2 run builds {config3['source']} "
-             f"(a finding, reported, not a skip): {config3['finding']}")  # fmt: skip
-    else:
-        echo(f"config 3: built from {config3['fork']}; {config3['finding']}:")
+    forked = catalogue.forked()
+    config3 = config3_comparison(inputs) if forked else None
+    if forked and config3["fork"] == "absent":
+        echo(f"{forked.fork.label}: the fork's {forked.fork.name} is absent here, so a trn2 run builds "
+             f"{config3['source']} (a finding, reported, not a skip): {config3['finding']}")  # fmt: skip
+    elif forked:
+        echo(f"{forked.fork.label}: built from {config3['fork']}; {config3['finding']}:")
         echo("\n".join(f"  {d['path']}: fork {d['fork']!r}, twin {d['twin']!r}" for d in config3["differences"]))
     echo("")
     echo("\n".join(plan_lines()))

@@ -20,6 +20,7 @@ from typing import Annotated
 import tyro
 
 from harness.run_dir import RUN_FILE
+from recipes.registry import DEFAULT_RECIPE
 from recipes.tiers import REPO_ROOT, TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
 
@@ -36,7 +37,7 @@ class RunOptions:
     """One training run of one recipe. ``None`` means "the tier's default"."""
 
     #: A recipe name (see ``python -m harness list``).
-    recipe: str = "native_qwen3"
+    recipe: str = DEFAULT_RECIPE
     #: cpu or trn2.
     tier: str = "cpu"
     #: Processes per node (default: the tier's: cpu 2, trn2 64).

@@ -142,8 +142,11 @@ def input_key(opts: RunOptions, kept_defects: list[str] = (), tokenizer_dir: Pat
 
 
 def run_kept_defects(opts: RunOptions) -> list[str]:
-    """The upstream defects this launch keeps (``$QWEN3_HF_KEEP_DEFECTS``, config 1 only; every rank inherits it)."""
-    if opts.recipe != "hf_backend" or not os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
+    """The upstream defects this launch keeps (``$QWEN3_HF_KEEP_DEFECTS``, for a recipe with a lane that keeps
+    some, ``harness.catalogue``; every rank inherits it)."""
+    from harness import catalogue
+
+    if not catalogue.entry(opts.recipe).keeps_defects or not os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
         return []
     from recipes.hf_as_published import kept_defects
 
@@ -209,7 +212,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "dtype": {"params": config.training.mixed_precision_param, "export": config.checkpoint.export_dtype},
         "allowed_mismatches": [m.message for m in allowed],
         **({"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2" else {}),
-        **({"config_source": config_source(opts.tier)} if opts.recipe == "nki_moe" else {}),
+        **({"config_source": config_source(opts.recipe, opts.tier)} if forked(opts.recipe) else {}),
     }
 
 
@@ -220,10 +223,19 @@ def torchtitan_neuron() -> dict:
     return checkout_info()
 
 
-def config_source(tier: str) -> str:
-    """Which function built tutorial config 3: the fork's own ``qwen3_nki_moe_config`` or the suite's twin."""
-    from recipes.nki_moe import config_source as source
+def forked(recipe: str) -> bool:
+    """The recipe's tutorial config is the fork's own function when importable (its catalogue entry's ``fork``)."""
+    from harness import catalogue
 
-    return source(tier)
+    return catalogue.entry(recipe).fork is not None
+
+
+def config_source(recipe: str, tier: str) -> str:
+    """Which function built a forked recipe's config: the fork's own or the suite's twin (its module says)."""
+    import importlib
+
+    from recipes.registry import get_recipe
+
+    return importlib.import_module(get_recipe(recipe).module).config_source(tier)
 
 

@@ -29,8 +29,9 @@ from recipes.tiers import REPO_ROOT
 PROPERTY_PREFIX = "standing."
 #: Not in the fingerprint: the compiler (see the module's docstring).
 NOT_DEPENDED_ON = ("neuronx-cc",)
-#: The suite's own code an on-change result depends on: the recipes, the rank entry and the launch.
-SUITE_CODE = ("recipes", "harness/train.py", "harness/launch", "harness/lanes.py")
+#: The suite's own code an on-change result depends on: the recipes, the rank entry, the launch and the lanes
+#: (how a lane runs: harness/lanes.py; which lanes each recipe has: harness/catalogue.py).
+SUITE_CODE = ("recipes", "harness/train.py", "harness/launch", "harness/lanes.py", "harness/catalogue.py")
 #: Set to 1 to re-run every on-change launch tonight (a workflow_dispatch input, or by hand).
 RERUN_ENV = "QWEN3_RERUN_ALL"
 

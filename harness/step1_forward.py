@@ -276,18 +276,24 @@ def run(opts: RunOptions, initial_state: bool = False, timeout_s: float | None =
     return {**result, "wall_s": wall, "children_cpu_s": cpu}
 
 
-def proxy_options(recipe: str, seed: int, run_dir: Path) -> RunOptions:
+def proxy_options(recipe: str, seed: int, run_dir: Path, **run) -> RunOptions:
     """The 4B-width random-init proxy of ``recipe``: the main job's preset (one layer, 2048 tokens, one process).
 
-    The HF backend builds the real Qwen3-4B-Instruct-2507 config.json in fixtures/ (no
-    weights) and reads the tier's tokenizer, as the main job's run does.
+    A recipe whose catalogue entry declares ``Proxy(fixture_config=True)`` (harness.catalogue) builds the real
+    Qwen3-4B-Instruct-2507 config.json in fixtures/ (no weights) and reads the tier's tokenizer (random init
+    loads nothing to disagree with), as the main job's run does.
     """
+    from harness import catalogue
     from harness.verdicts import FULL_WIDTH_RANDOM_INIT
     from recipes.specs import QWEN3_4B_INSTRUCT_2507
     from recipes.tiers import CPU
 
-    paths = dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir) if recipe == "hf_backend" else {}
-    return RunOptions(recipe=recipe, tier="cpu", init="random", seed=seed, run_dir=run_dir, **paths, **FULL_WIDTH_RANDOM_INIT)
+    proxy = catalogue.entry(recipe).proxy
+    if proxy is None:
+        raise KeyError(f"recipe {recipe!r} declares no 4B-width random-init proxy (harness/catalogue.py)")
+    paths = dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir) if proxy.fixture_config else {}
+    return RunOptions(recipe=recipe, tier="cpu", init="random", seed=seed, run_dir=run_dir, **paths, **run,
+                      **FULL_WIDTH_RANDOM_INIT)  # fmt: skip
 
 
 def spread(recipe: str, seeds: list[int], root: Path, echo=print) -> dict:
@@ -308,8 +314,10 @@ def spread(recipe: str, seeds: list[int], root: Path, echo=print) -> dict:
 def spread_main(argv: list[str]) -> int:
     import tempfile
 
+    from harness import catalogue
+
     parser = argparse.ArgumentParser(prog="python -m harness.step1_forward spread")
-    parser.add_argument("recipe", choices=("native_qwen3", "hf_backend"))
+    parser.add_argument("recipe", choices=catalogue.with_proxy())
     parser.add_argument("--seeds", type=int, default=10, help="init seeds 0..N-1")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")

@@ -8,7 +8,7 @@ nightly's first step (.github/workflows/nightly-trn2.yml) and part of the dry ru
 (``python -m harness run all --tier trn2 --dry-run``), so a fork based on another
 upstream than the suite expects fails in one list, not in 64 ranks one name at a time.
 
-A name declared ``required=False`` (the fork's own ``qwen3_nki_moe_config``) is
+A name declared ``required=False`` (the fork's own config 3 function, ``harness.catalogue``'s ``Fork``) is
 reported as *absent*, a finding, and does not fail the check.
 
 Exit status: 0 every required name resolves, 1 at least one is missing.

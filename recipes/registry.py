@@ -89,6 +89,10 @@ RECIPES = {
 }
 
 
+#: The recipe a run names when it names none (``harness.options.RunOptions``): tutorial config 2.
+DEFAULT_RECIPE = "native_qwen3"
+
+
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise KeyError(name)

@@ -17,7 +17,7 @@ bisection stops there rather than guess a side.
    up to the candidate, bisected.
 
 Output: ``report/bisect/<name>.md`` and ``.json``, headed by e.g. ``transformers 5.19.0 → 5.20.0
-moves hf_backend.cpu.step1_loss_hf: 1.548012 → 1.61``. Exit 0 when a release is named, 1 when
+moves <recipe>.cpu.step1_loss_hf: 1.548012 → 1.61``. Exit 0 when a release is named, 1 when
 none is (flaky, or the set does not break it here), 2 when the bisection could not run.
 """
 

@@ -293,9 +293,15 @@ def check_hf_model(opts: RunOptions) -> None:
     config.json describing a Qwen3 causal LM. (Weights for ``--init hf`` are
     checked by ``check_model_dir``.)
     """
-    if opts.recipe != "hf_backend":
+    import importlib
+
+    from recipes.registry import get_recipe
+
+    recipe = get_recipe(opts.recipe)
+    if not recipe.builds_from_config:  # its module names the ARCHITECTURES it trains and its tutorial's HUB_ID
         return
-    from recipes.hf_backend import ARCHITECTURES, HUB_ID
+    module = importlib.import_module(recipe.module)
+    ARCHITECTURES, HUB_ID = module.ARCHITECTURES, module.HUB_ID  # noqa: N806
 
     offline = "runs are offline (HF_HUB_OFFLINE=1) and download nothing"
     if opts.model_dir is None:
@@ -312,7 +318,7 @@ def check_hf_model(opts: RunOptions) -> None:
     if not set(architectures) & set(ARCHITECTURES):
         raise PreflightError(
             f"{opts.model_dir / 'config.json'} describes {architectures or 'no architectures'}; "
-            f"recipe 'hf_backend' trains Qwen3 causal LMs ({', '.join(ARCHITECTURES)}): point "
+            f"recipe {opts.recipe!r} trains Qwen3 causal LMs ({', '.join(ARCHITECTURES)}): point "
             "--model-dir at a Qwen3 checkpoint"
         )
     check_model_config(opts)

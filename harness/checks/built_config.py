@@ -36,7 +36,7 @@ def check_layers(opts: RunOptions, config) -> None:
     """``--layers N`` keeps N layers of the model, never more than it has and never silently another count.
 
     A native recipe truncates the real model's list of layers (99 of 36 kept 36); the HF backend
-    builds N from config.json (more than the weights hold); nki_moe builds its own 4.
+    builds N from config.json (more than the weights hold); config 3 builds its own 4.
     """
     if opts.layers is None:
         return

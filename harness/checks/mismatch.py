@@ -55,11 +55,11 @@ def built_dims(config) -> dict:
     from recipes.specs import model_dims
 
     if hasattr(config, "hf_model"):  # the HF backend builds what the checkpoint's config.json says
-        return hf_backend_dims(config)
+        return config_json_dims(config)
     return model_dims(config.model_spec)
 
 
-def hf_backend_dims(config) -> dict:
+def config_json_dims(config) -> dict:
     hf = read_hf_dims(Path(config.hf_model))
     dims = {key: hf.get(key) for key in COMPARED_DIMS}
     dims["max_seq_len"] = hf.get("max_position_embeddings")

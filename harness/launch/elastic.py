@@ -1,6 +1,6 @@
 """torchrun whose ranks start already imported: torch elastic with a preloading forkserver.
 
-    python -m harness.launch.elastic --preload torchtitan.train,harness.train,recipes.native_qwen3
+    python -m harness.launch.elastic --preload torchtitan.train,harness.train,recipes.<recipe>
     then on stdin one JSON line: {"argv": torchrun's arguments, "console": FILE, "env": {NAME: VALUE}}
     argv: [--standalone, --nproc_per_node=2, ..., -m, harness.train, --run-dir, DIR, (torchtitan options)]
 

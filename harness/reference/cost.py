@@ -81,6 +81,7 @@ def measure_localize_cost(
     import torch
     from transformers import AutoConfig
 
+    from harness import catalogue
     from harness.config import build_config
     from harness.options import RunOptions
     from harness.reference.localize import localize, titan_model
@@ -90,7 +91,7 @@ def measure_localize_cost(
     full = AutoConfig.from_pretrained(config_dir)
     theta = (getattr(full, "rope_parameters", None) or {}).get("rope_theta")
     def options(n: int) -> RunOptions:
-        return RunOptions(recipe="native_qwen3", tier="cpu", init="hf", layers=n, model_dir=Path(config_dir),
+        return RunOptions(recipe=catalogue.localized(), tier="cpu", init="hf", layers=n, model_dir=Path(config_dir),
                           rope_theta=theta).resolved()  # fmt: skip
 
     build_config(options(layers[0]))  # warm-up: the first build imports torchtitan and the recipes

@@ -290,10 +290,12 @@ def first_rows(record, rows: int = ROWS, tokens: int = TOKENS):
 
 def localize_run(run, record, hf, rows: int = ROWS, tokens: int = TOKENS) -> Localization:
     """The run's first divergence (``run``: ``harness.reference.RunInfo`` with its options)."""
+    from harness import catalogue
+
     if run.options is None:
         raise LocalizeError("the run directory has no run.json: its torchtitan model cannot be rebuilt")
-    if run.recipe != "native_qwen3":
-        raise LocalizeError(f"recipe {run.recipe!r}: only native_qwen3's modules are mapped to transformers'")
+    if run.recipe != catalogue.localized():
+        raise LocalizeError(f"recipe {run.recipe!r}: only {catalogue.localized()}'s modules are mapped to transformers'")
     if record.attention != "causal":
         raise LocalizeError(f"attention {record.attention!r}: the host model compares causal windows only")
     opts = run.options.resolved() if run.options.model_dir is None else run.options

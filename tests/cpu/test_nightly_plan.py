@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ci, lanes, nightly
+from harness import catalogue, ci, lanes, nightly
+from harness.lanes import Lane
 from harness.report import lane_summary, lanes_section
 from recipes.tiers import REPO_ROOT
 
@@ -34,17 +35,17 @@ def test_every_published_trn2_claim_is_judged_by_exactly_one_as_published_run_or
         if judge.launch is None:
             continue  # one NeuronCore, no launch (the rope kernel's numbers)
         launch = nightly.LAUNCHES[judge.launch]
-        published = lanes.LANES[launch.lane].published
+        published = catalogue.LANES[launch.lane].published
         assert published != bool(judge.not_as_published), f"{judge.claim} is judged on {launch.lane}: {judge}"
         if not published:  # never a number; every difference of the lane from as published is named
             assert not isinstance(values[judge.claim], float), judge
-            differences = lane_differences(lanes.LANES[launch.lane], lanes.lane(launch.recipe, "as_published"))
+            differences = lane_differences(catalogue.LANES[launch.lane], catalogue.lane(launch.recipe, "as_published"))
             assert differences and all(d in judge.not_as_published for d in differences), (differences, judge)
         assert test in {n.name for n in ast.walk(ast.parse((REPO_ROOT / path).read_text())) if isinstance(n, ast.FunctionDef)}
         assert f'"{launch.name}"' in (REPO_ROOT / path).read_text(), f"{judge.test} does not use {launch.name}"
 
 
-def lane_differences(lane: lanes.Lane, published: lanes.Lane) -> list[str]:
+def lane_differences(lane: Lane, published: Lane) -> list[str]:
     """What a lane changes from the as-published one, in the words a judge's reason must use."""
     words = {"titan_dataset": "text", "titan_tokenizer": "tokenizer", "rope_theta": "theta", "allow_mismatch": "theta"}
     found = [words[f] for f in words if getattr(lane, f) != getattr(published, f)]
@@ -53,16 +54,21 @@ def lane_differences(lane: lanes.Lane, published: lanes.Lane) -> list[str]:
 
 def test_the_export_judge_names_every_difference_of_its_lane():
     """The rule above can fail: a reason that leaves out one of corrected's differences is refused."""
-    corrected, published = lanes.lane("hf_backend", "corrected"), lanes.lane("hf_backend", "as_published")
+    corrected, published = catalogue.lane("hf_backend", "corrected"), catalogue.lane("hf_backend", "as_published")
     assert lane_differences(corrected, published) == ["inv_freq", "text", "tokenizer"]
-    assert lane_differences(lanes.lane("hf_backend", "inv_freq_fixed"), published) == ["inv_freq"]
+    assert lane_differences(catalogue.lane("hf_backend", "inv_freq_fixed"), published) == ["inv_freq"]
     reason = nightly.CLAIM_JUDGES["hf_backend.trn2.export_missing_keys"].not_as_published
     assert not all(d in reason.replace("tokenizer", "vocabulary") for d in lane_differences(corrected, published))
 
 
-def test_each_launch_is_used_by_a_test_that_names_it():
-    """Each lane run serves step 1, export, band and reference at once (16 launches became 11, then 8 a stable
-    night: the on-change ones run only when what they explain may have moved)."""
+def test_the_night_makes_each_recipes_launches_each_used_by_a_test_that_names_it():
+    """The night's launches are the catalogue entries' (harness.catalogue), every-night ones first, each used by a
+    neuron test; one lane run serves step 1, export, band and reference at once (16 launches became 11, then 8 a
+    stable night: the on-change ones run only when what they explain may have moved)."""
+    declared = [x.name for when in (catalogue.EVERY_NIGHT, catalogue.ON_CHANGE) for e in catalogue.ENTRIES.values()
+                for x in e.launches if x.when == when]
+    assert list(nightly.LAUNCHES) == declared and len(set(declared)) == len(declared)
+    assert [s.launch for s in nightly.steps(nightly.CHANGED) if s.launch] == declared
     sources = {p.name: p.read_text() for p in NEURON.glob("test_*_neuron.py")}
     for launch in nightly.LAUNCHES.values():
         users = [name for name, text in sources.items() if f'"{launch.name}"' in text]
@@ -91,8 +97,8 @@ def test_as_published_lanes_read_the_checkouts_assets_and_corrected_lanes_the_da
     assert (export1.dataset_dir, export1.tokenizer_dir, export1.export) == (None, None, True)
     inv_freq = nightly.LAUNCHES["config1-inv_freq_fixed"].options(checkout=checkout)
     assert (inv_freq.dataset_dir, inv_freq.tokenizer_dir) == (config1.dataset_dir, config1.tokenizer_dir)
-    assert lanes.lane("hf_backend", "inv_freq_fixed").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
-    assert lanes.lane("hf_backend", "as_published").env() == {"QWEN3_HF_KEEP_DEFECTS": "inv_freq"}
+    assert catalogue.lane("hf_backend", "inv_freq_fixed").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
+    assert catalogue.lane("hf_backend", "as_published").env() == {"QWEN3_HF_KEEP_DEFECTS": "inv_freq"}
     config2 = nightly.LAUNCHES["config2-as_published"].options(checkout=checkout)
     assert (config2.dataset_dir, config2.tokenizer_dir, config2.allow_mismatch) == (
         checkout / "tests/assets/c4_test", None, ["rope_theta"])  # fmt: skip
@@ -101,7 +107,7 @@ def test_as_published_lanes_read_the_checkouts_assets_and_corrected_lanes_the_da
     corrected1 = nightly.LAUNCHES["config1-corrected"].options(checkout=checkout)
     corrected2 = nightly.LAUNCHES["config2-corrected"].options(checkout=checkout)
     assert (corrected1.dataset_dir, corrected1.tokenizer_dir, corrected1.allow_mismatch) == (None, None, [])
-    assert lanes.lane("hf_backend", "corrected").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
+    assert catalogue.lane("hf_backend", "corrected").env() == {"QWEN3_HF_KEEP_DEFECTS": ""}
     assert (corrected2.dataset_dir, corrected2.rope_theta) == (None, 5e6)
 
 

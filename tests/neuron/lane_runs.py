@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import lanes, nightly, standing
+from harness import catalogue, lanes, nightly, standing
 from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
@@ -134,7 +134,7 @@ def diagnosis_due(name: str, shared_dir: Path | None) -> standing.Due:
         from harness.provenance import input_key
 
         spec = nightly.LAUNCHES[name]
-        lane = lanes.LANES[spec.lane]
+        lane = catalogue.LANES[spec.lane]
         inputs = input_key(spec.options(checkout=lanes.titan_checkout()[0]), list(lane.kept_defects))
         fp = standing.fingerprint(versions(), inputs, standing.suite_code_sha256())
         _DUE[name] = standing.decide(name, fp, explained_number(spec, shared_dir), EXPLAINED_ATOL)
@@ -180,7 +180,7 @@ def checked_lane_options(name: str, run_dir: str, checkout: str | None, visible:
     if visible is not None:
         os.environ[VISIBLE_CORES_ENV] = visible
     spec = nightly.LAUNCHES[name]
-    with lanes.lane_env(lanes.LANES[spec.lane]):
+    with lanes.lane_env(catalogue.LANES[spec.lane]):
         options = spec.options(run_dir=Path(run_dir), checkout=Path(checkout) if checkout else None)
         opts, config = checked_config(options)
         return as_configured(opts, config).to_json()
@@ -195,7 +195,7 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     from harness.provenance import input_key
 
     spec = nightly.LAUNCHES[name]
-    lane = lanes.LANES[spec.lane]
+    lane = catalogue.LANES[spec.lane]
     checkout, why = lanes.titan_checkout()
     if (lane.titan_dataset or lane.titan_tokenizer) and checkout is None:
         pytest.fail(why, pytrace=False)

@@ -52,7 +52,7 @@ import math
 
 import pytest
 
-from harness import lanes, nightly, reference, standing
+from harness import catalogue, nightly, reference, standing
 from harness.published import CLAIMS
 from harness.report import lane_summary
 from lane_runs import diagnosis, diagnosis_due, lane_run
@@ -118,7 +118,7 @@ def test_the_diagnosis_lanes_launch_only_when_due(shared_dir, record_property):
             lane_run(name, shared_dir).step1()  # fails, naming why, when the run recorded no step
         else:
             carried = reference.ReferenceCheck.from_dict(due.standing["result"])
-            assert carried.kept_defects == list(lanes.LANES[nightly.LAUNCHES[name].lane].kept_defects), due
+            assert carried.kept_defects == list(catalogue.LANES[nightly.LAUNCHES[name].lane].kept_defects), due
 
 
 @pytest.mark.launch("config2-corrected")
