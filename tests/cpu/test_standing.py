@@ -13,7 +13,6 @@ import pytest
 
 from harness import ci, standing
 
-pytestmark = pytest.mark.cpu
 
 VERSIONS = {"torch": "2.14.0", "transformers": "5.16.0", "neuronx-cc": "2.33.1", "torchtitan-neuron": "release-2.33 @ a"}
 INPUTS = {"weights": {"model.safetensors": "ab" * 32}, "allow_mismatch": [], "kept_defects": ["inv_freq"]}
