@@ -143,6 +143,8 @@ def _progress(step: dict, total: int) -> str:
 
 NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 GRACE_S = 10
+#: How long a SIGKILLed straggler may take to leave the process table (it cannot refuse; it can be slow).
+KILL_WAIT_S = 5
 #: How often the launcher shows new steps while torchrun runs.
 POLL_S = 0.5
 
@@ -331,6 +333,10 @@ def end_run(proc: subprocess.Popen, run_dir: Path | None = None) -> None:
             os.kill(straggler.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # SIGKILL is delivered, not done: under load a killed process still shows as running for a moment.
+    killed_by = time.monotonic() + KILL_WAIT_S
+    while any(processes.still_running(p) for p in left) and time.monotonic() < killed_by:
+        time.sleep(0.02)
 
 
 def launch(
