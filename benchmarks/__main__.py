@@ -1,6 +1,8 @@
 """``python -m benchmarks [suite|overhead|recipes|all|compare]``: figures about the suite, not timed tests.
 
-    compare   issue 27's goals: make test, test-fast, repro here vs a baseline commit (benchmarks/compare.py)
+    compare   issue 27's goals: make test, test-fast, repro here vs a baseline commit (benchmarks/compare.py);
+              issue 37's CI ratio with --only ci --baseline 327d3b6
+    plan      the trn2 night's plan (harness/nightly.py): its totals against issue 37's goals (seconds to run)
     overhead  `python -m harness run` vs a bare `torchrun -m torchtitan.train` of the same config
     recipes   per recipe: step time, tokens/s, peak memory (trn2: MFU, compile cold vs warm)
     suite     wall time of `pytest -m cpu -n auto`, per test (several minutes)
@@ -21,13 +23,18 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_OUT_DIR, HISTORY, Section, append_history, machine, table
+from benchmarks.common import DEFAULT_OUT_DIR, HISTORY, Section, append_history, commit_of, machine, table
+from recipes.tiers import REPO_ROOT
 
-ORDER = ("overhead", "recipes", "suite")
+ORDER = ("plan", "overhead", "recipes", "suite")
 
 
 def benchmark(name: str):
     """The benchmark function for ``name`` (imported late: each pulls in the recipes it measures)."""
+    if name == "plan":
+        from benchmarks.plan import bench_plan
+
+        return bench_plan
     if name == "overhead":
         from benchmarks.overhead import bench_overhead
 
@@ -51,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, help="processes per launch (default: the tier's, cpu 2)")
     parser.add_argument("--reps", type=int, default=4, help="overhead: launches per path, interleaved (default 4)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary run directories")
+    parser.add_argument("--history", type=Path, default=HISTORY, help="JSON-lines file the run is appended to")
     return parser.parse_args(argv)
 
 
@@ -78,6 +86,8 @@ def document(args, argv: list[str], date: str, sections: list[Section]) -> dict:
         "command": " ".join(["python -m benchmarks", *argv]),
         "date": date,
         "tier": args.tier,
+        "commit": commit_of(REPO_ROOT),
+        "figures": {s.name: s.kept for s in sections if s.kept},
         "versions": versions(),
         "machine": machine(),
         "goals": goals,
@@ -133,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
         measured = "–" if goal["measured"] is None else f"{goal['measured']:.4g}"
         print(f"  {goal['benchmark']}: {goal['name']}: measured {measured} vs target {goal['target']}: {verdict}")
-    append_history(HISTORY, doc)
-    print(f"written: {out}; history: {HISTORY}")
+    append_history(args.history, doc)
+    print(f"written: {out}; history: {args.history}")
     return 1 if any(s.error for s in sections) else 0
 
 

@@ -63,6 +63,8 @@ class Section:
     error: str | None = None
     #: How long the benchmark took and how loaded the (shared) machine was around it.
     context: dict = field(default_factory=dict)
+    #: The few figures benchmarks/history.jsonl keeps commit over commit (name: number), goals aside.
+    kept: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -319,8 +321,19 @@ def table(header: list[str], rows: list[list]) -> str:
 HISTORY = Path(__file__).resolve().parent / "history.jsonl"
 
 
+def commit_of(repo: Path) -> str:
+    """``repo``'s HEAD, with " + uncommitted changes" when tracked files differ from it ("unknown" outside git)."""
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
 def append_history(path: Path, doc: dict) -> None:
-    """Append the run's goals (measured vs target), versions and machine as one line."""
+    """Append the run's commit, goals (measured vs target), kept figures, versions and machine as one line."""
     line = {k: doc[k] for k in ("date", "command", "tier", "versions", "machine", "goals", "all_goals_met")}
+    line.update(commit=doc.get("commit", "unknown"), figures=doc.get("figures", {}))
     with path.open("a") as f:
         f.write(json.dumps(line, default=str, sort_keys=True) + "\n")

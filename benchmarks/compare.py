@@ -1,6 +1,6 @@
 """``python -m benchmarks compare``: issue 27's speed goals, this checkout against a baseline commit.
 
-    python -m benchmarks compare [--baseline 078324c] [--reps 3] [--suite-reps 1] [--only suite,repro,fast]
+    python -m benchmarks compare [--baseline 078324c] [--reps 3] [--suite-reps 1] [--only suite,repro,fast,ci]
 
 Every goal is a ratio measured side by side on this machine in one run: the baseline
 is checked out into a temporary git worktree (removed at the end) that reuses this
@@ -13,7 +13,9 @@ included (a child subreaper; see its docstring).
 
 Goals (issue 27): ``make test`` at most 0.5x the baseline's in CPU seconds and in wall
 time; ``make test-fast`` at most 1/6 of ``make test``'s wall (this checkout); ``make
-repro`` at most 0.6x the baseline's wall. Each is printed as the median of the
+repro`` at most 0.6x the baseline's wall. Issue 37 (``--only ci --baseline 327d3b6``): what CI runs, the
+rehearsal of the night and ``make test``, at most 1.0x the CPU seconds of the baseline's (a checkout without
+``rehearse-trn2`` runs ``make test`` alone). Each is printed as the median of the
 per-repetition ratios with their min-max, and appended to benchmarks/history.jsonl.
 """
 
@@ -33,7 +35,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_OUT_DIR, HISTORY, Goal, append_history, machine, machine_busy_s, table
+from benchmarks.common import (
+    DEFAULT_OUT_DIR, HISTORY, Goal, append_history, commit_of, machine, machine_busy_s, table,
+)  # fmt: skip
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_BASELINE = "078324c"
@@ -42,8 +46,11 @@ LOCK = "requirements-lock.txt"
 #: lock file is newer than the stamp (every fresh worktree's is).
 STAMP = ".venv/.lock-installed"
 REAPER = Path(__file__).resolve().parent / "reaper.py"
-#: What each name of ``--only`` measures: a make target of both checkouts.
-TARGETS = {"fast": "test-fast", "suite": "test", "repro": "repro"}
+#: What each name of ``--only`` measures: make targets of both checkouts, run in order by one make (each checkout
+#: runs those its Makefile has).
+TARGETS = {"fast": ("test-fast",), "suite": ("test",), "repro": ("repro",), "ci": ("rehearse-trn2", "test")}
+#: What ``--only`` measures unless told: ``ci`` (about 25 min a side) only on request.
+DEFAULT_ONLY = ("suite", "repro", "fast")
 SIDES = ("baseline", "current")
 #: Seconds one measured command may take before it is killed (a hung suite still ends the benchmark).
 TIMEOUT_S = 3 * 3600
@@ -53,6 +60,7 @@ DROPPED_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "PYTEST_XDIS
 SUITE_RATIO = 0.5
 FAST_SHARE = 1 / 6
 REPRO_RATIO = 0.6
+CI_RATIO = 1.0
 
 
 class Refusal(Exception):
@@ -133,8 +141,8 @@ def baseline_worktree(repo: Path, commit: str, venv: Path):
         subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
 
 
-def make_command(target: str) -> list[str]:
-    return ["make", "--no-print-directory", "-o", STAMP, target]
+def make_command(targets: list[str]) -> list[str]:
+    return ["make", "--no-print-directory", "-o", STAMP, *targets]
 
 
 def has_target(path: Path, target: str) -> bool:
@@ -148,10 +156,10 @@ def clean_env() -> dict[str, str]:
 
 
 def measure(checkout: Checkout, name: str, rep: int, log_dir: Path, timeout_s: float) -> Measurement:
-    """One run of ``make <target>`` in ``checkout`` under the reaper."""
+    """One run of ``make <targets>`` (those of ``name`` the checkout has) in ``checkout`` under the reaper."""
     stem = log_dir / f"{name}-{checkout.side}-{rep + 1}"
     cmd = [sys.executable, str(REAPER), "--out", f"{stem}.json", "--log", f"{stem}.log", "--cwd", str(checkout.path),
-           "--timeout", str(timeout_s), "--", *make_command(TARGETS[name])]  # fmt: skip
+           "--timeout", str(timeout_s), "--", *make_command(ran(checkout, name))]  # fmt: skip
     busy = machine_busy_s()
     reaper = subprocess.Popen(cmd, env=clean_env())
     try:
@@ -170,6 +178,11 @@ def measure(checkout: Checkout, name: str, rep: int, log_dir: Path, timeout_s: f
     )  # fmt: skip
 
 
+def ran(checkout: Checkout, name: str) -> list[str]:
+    """The make targets of ``name`` that ``checkout`` has, in order."""
+    return [t for t in TARGETS[name] if t in checkout.targets]
+
+
 def plan(only: list[str], reps: int, suite_reps: int) -> list[tuple[str, int, tuple[str, str]]]:
     """(name, rep, order of sides) for every repetition; the order alternates per repetition."""
     return [
@@ -185,7 +198,7 @@ def run_plan(checkouts: dict[str, Checkout], steps, log_dir: Path, timeout_s: fl
     for name, rep, order in steps:
         for side in order:
             checkout = checkouts[side]
-            if TARGETS[name] not in checkout.targets:
+            if not ran(checkout, name) or (name == "ci" and "test" not in checkout.targets):
                 continue
             m = measure(checkout, name, rep, log_dir, timeout_s)
             echo(f"  {name} rep {rep + 1} {side:<8} {m.wall_s:8.1f} s wall {m.cpu_s:8.1f} CPU s "
@@ -219,7 +232,7 @@ def ratio_goal(title: str, target: float, current: list[Measurement], baseline: 
 def fast_goal(checkouts: dict[str, Checkout], fast: list[Measurement], suite: list[Measurement]) -> Goal:
     """``make test-fast`` wall / ``make test`` wall, this checkout: each fast run against the median suite run."""
     title, goal_text = "make test-fast vs make test", f"test-fast wall / test wall ≤ 1/{round(1 / FAST_SHARE)}"
-    if TARGETS["fast"] not in checkouts["current"].targets:
+    if "test-fast" not in checkouts["current"].targets:
         return Goal(title, goal_text, None, None, "not measurable: no test-fast target")
     if not suite:
         return Goal(title, goal_text, None, None, "not measurable: make test was not measured in this run (--only)")
@@ -248,10 +261,13 @@ def goals(checkouts: dict[str, Checkout], measurements: list[Measurement], only:
     if "repro" in only:
         current, baseline = of(measurements, "repro", "current"), of(measurements, "repro", "baseline")
         found.append(ratio_goal("make repro wall", REPRO_RATIO, current, baseline, "wall_s"))
+    if "ci" in only:
+        current, baseline = of(measurements, "ci", "current"), of(measurements, "ci", "baseline")
+        found.append(ratio_goal("CI CPU (make rehearse-trn2 test)", CI_RATIO, current, baseline, "cpu_s"))
     return found
 
 
-def rows(measurements: list[Measurement]) -> list[list]:
+def rows(measurements: list[Measurement], checkouts: dict[str, Checkout]) -> list[list]:
     """One table row per command and checkout: medians and min-max over its repetitions."""
     out = []
     for name in TARGETS:
@@ -259,9 +275,20 @@ def rows(measurements: list[Measurement]) -> list[list]:
             ms = of(measurements, name, side)
             if ms:
                 wall, cpu = spread([m.wall_s for m in ms]), spread([m.cpu_s for m in ms])
-                out.append([f"make {TARGETS[name]}", side, len(ms), wall["median"],
+                out.append([f"make {' '.join(ran(checkouts[side], name))}", side, len(ms), wall["median"],
                             f"{wall['min']:.2f}-{wall['max']:.2f}", cpu["median"], f"{cpu['min']:.2f}-{cpu['max']:.2f}",
                             " ".join(str(m.returncode) for m in ms), sum(m.others_cpu_s for m in ms)])  # fmt: skip
+    return out
+
+
+def kept_figures(measurements: list[Measurement], checkouts: dict[str, Checkout]) -> dict:
+    """Median CPU and wall seconds of each command and side, and the baseline's commit, for the history."""
+    out = {"baseline": checkouts["baseline"].commit}
+    for name in TARGETS:
+        for side in SIDES:
+            if ms := of(measurements, name, side):
+                out[f"{name}_{side}_cpu_s"] = statistics.median(m.cpu_s for m in ms)
+                out[f"{name}_{side}_wall_s"] = statistics.median(m.wall_s for m in ms)
     return out
 
 
@@ -279,7 +306,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3,
                         help="repetitions of repro and test-fast per checkout (default 3)")
     parser.add_argument("--suite-reps", type=int, default=1, help="repetitions of make test per checkout (default 1)")
-    parser.add_argument("--only", default=",".join(TARGETS), help="comma-separated subset of suite,repro,fast")
+    parser.add_argument("--only", default=",".join(DEFAULT_ONLY),
+                        help=f"comma-separated subset of {','.join(TARGETS)} (default {','.join(DEFAULT_ONLY)})")
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the current checkout (default: this one)")
     parser.add_argument("--history", type=Path, default=HISTORY, help="JSON-lines file the goals are appended to")
     parser.add_argument("--out", type=Path, help="JSON file (default report/bench/compare-<date>.json)")
@@ -294,12 +322,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def current_commit(repo: Path) -> str:
-    commit = git(repo, "rev-parse", "HEAD")
-    dirty = git(repo, "status", "--porcelain", "--untracked-files=no")
-    return commit + (" + uncommitted changes" if dirty else "")
-
-
 def document(args, argv: list[str], checkouts, measurements, found: list[Goal], started: str, load) -> dict:
     from harness.environment import versions
 
@@ -310,8 +332,10 @@ def document(args, argv: list[str], checkouts, measurements, found: list[Goal], 
         "tier": "cpu",
         "versions": versions(),
         "machine": machine(),
+        "commit": checkouts["current"].commit,
         "checkouts": {side: {"path": str(c.path), "commit": c.commit, "targets": sorted(c.targets)}
                       for side, c in checkouts.items()},  # fmt: skip
+        "figures": {"compare": kept_figures(measurements, checkouts)},
         "goals": [{"benchmark": "compare", **asdict(g)} for g in found],
         "all_goals_met": all(judged_goals) if judged_goals and len(judged_goals) == len(found) else None,
         "loadavg_before_after": load,
@@ -319,14 +343,14 @@ def document(args, argv: list[str], checkouts, measurements, found: list[Goal], 
     }
 
 
-def show(doc: dict, measurements: list[Measurement], found: list[Goal]) -> str:
+def show(doc: dict, measurements: list[Measurement], found: list[Goal], checkouts: dict[str, Checkout]) -> str:
     m, c = doc["machine"], doc["checkouts"]
     lines = [
         f"baseline {c['baseline']['commit']} vs current {c['current']['commit']}",
         f"machine: {m['cpu_model']}, {m['cpus']} cores, CPU flags {' '.join(m['cpu_flags']) or 'none of interest'}; "
         f"load average {doc['loadavg_before_after'][0]} before, {doc['loadavg_before_after'][1]} after",
         "",
-        table(HEADER, rows(measurements)) if measurements else "(nothing measured)",
+        table(HEADER, rows(measurements, checkouts)) if measurements else "(nothing measured)",
         "",
         "CPU s = user + sys of every process the command started (benchmarks/reaper.py); others' CPU s = what the "
         "rest of the machine used meanwhile (wall times are comparable only at similar contention).",
@@ -344,15 +368,15 @@ def compare(args, argv: list[str], echo=print) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     with baseline_worktree(repo, baseline, venv) as path:
         checkouts = {"baseline": Checkout("baseline", path, baseline),
-                     "current": Checkout("current", repo, current_commit(repo))}
+                     "current": Checkout("current", repo, commit_of(repo))}
         for checkout in checkouts.values():
-            checkout.targets = {t for t in TARGETS.values() if has_target(checkout.path, t)}
+            checkout.targets = {t for ts in TARGETS.values() for t in ts if has_target(checkout.path, t)}
         echo(f"compare {args.baseline} ({baseline[:9]}) vs {repo}: {', '.join(args.only)}; logs in {log_dir}")
         measurements = run_plan(checkouts, plan(args.only, args.reps, args.suite_reps), log_dir, args.timeout, echo)
     found = goals(checkouts, measurements, args.only)
     load = [load_before, round(os.getloadavg()[0], 2)]
     doc = document(args, argv, checkouts, measurements, found, started, load)
-    echo(show(doc, measurements, found))
+    echo(show(doc, measurements, found, checkouts))
     out = args.out or DEFAULT_OUT_DIR / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2, default=str) + "\n")

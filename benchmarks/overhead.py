@@ -237,6 +237,8 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         "paths": {"harness_run": asdict(a), "bare_torchtitan": asdict(b)},
         "samples": [asdict(s) for s in samples],
     }
+    section.kept = {"harness_run_cpu_s_per_launch": a.cpu_s, "bare_torchtitan_cpu_s_per_launch": b.cpu_s,
+                    "harness_run_wall_s_per_launch": a.wall_s, "wall_ratio": wall_ratio}
     section.header = ["path", "wall s (median)", "wall s (min-max)", "torchrun part s", "CPU s", "steady s/step", "step-1 loss", "peak RSS GiB"]
     section.rows = [a.row(), b.row()]
     section.goals.append(
