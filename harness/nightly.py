@@ -45,6 +45,12 @@ LOAD_WEIGHTS_MIN = 4.0
 #: warm: a later launch of the same family, or any night after the first (the persistent cache).
 COMPILE_COLD_MIN = 45.0
 COMPILE_WARM_MIN = 5.0
+#: A kernel's first compile (forward and backward) with the ops fused around it, when the rest of its family is
+#: cached: the one-core kernel step's cold estimate. Eager TorchNeuron dispatches ops one at a time and fuses
+#: queued runs of them into single ops by heuristics (aws-neuron/aws-neuron-sdk, the TorchNeuron landing page's
+#: eager-mode FAQ, "Adaptive Eager Execution"), each compiled on first call: swapping RoPE for rope_hf leaves the
+#: experts, attention, loss and optimizer ops of the family's cache as they were.
+KERNEL_COMPILE_COLD_MIN = COMPILE_COLD_MIN / 3
 #: Seconds per step after compilation: 64 x 2048 tokens, eager, 4B dense / 4-layer MoE.
 STEP_S = {"dense": 4.0, "moe": 3.0}
 #: Writing the bf16 HF export (~8 GB) and config.json/tokenizer from rank 0.
@@ -75,9 +81,10 @@ class Estimate:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-def launch_estimate(launch: Launch, first_of_family: bool) -> Estimate:
+def launch_estimate(launch: Launch, first_of_family: bool, new_kernels: int = 0) -> Estimate:
     """The chip's minutes for one launch: start-up, weights, compile, steps, export (the host reference is not
-    the chip's: it runs beside the next launches, :func:`host_reference_minutes`)."""
+    the chip's: it runs beside the next launches, :func:`host_reference_minutes`). ``new_kernels``: overrides
+    whose kernel no earlier launch of the night compiled (each compiles cold beside a cached family)."""
     kind = catalogue.entry(launch.recipe).kind
     parts = {
         "start-up": STARTUP_MIN,
@@ -86,7 +93,7 @@ def launch_estimate(launch: Launch, first_of_family: bool) -> Estimate:
         "export": EXPORT_MIN if launch.export else 0.0,
     }
     fixed = sum(parts.values())
-    cold = COMPILE_COLD_MIN if first_of_family else COMPILE_WARM_MIN
+    cold = COMPILE_COLD_MIN if first_of_family else COMPILE_WARM_MIN + new_kernels * KERNEL_COMPILE_COLD_MIN
     return Estimate(cold=fixed + cold, warm=fixed + COMPILE_WARM_MIN, parts={**parts, "compile (cold)": cold})
 
 
@@ -129,13 +136,16 @@ def steps(night: str = CHANGED) -> list[Step]:
         Step("torchtitan names and hooks against the installed fork", "python -m harness.titan_check --tier trn2",
              1, 0, 0, Estimate(0.5, 0.5)),
         Step("one-core kernel tests (rope_hf, grouped experts) and config 3 fork vs twin", "pytest -m neuron",
-             1, 1, 0, Estimate(COMPILE_COLD_MIN / 3, COMPILE_WARM_MIN)),
+             1, 1, 0, Estimate(KERNEL_COMPILE_COLD_MIN, COMPILE_WARM_MIN)),
     ]  # fmt: skip
     seen: set[str] = set()
+    kernels: set[str] = set()
     scored: set[str] = set()
     for launch in night_launches(night):
-        estimate = launch_estimate(launch, launch.family not in seen)
+        new_kernels = set(launch.overrides) - kernels
+        estimate = launch_estimate(launch, launch.family not in seen, len(new_kernels))
         seen.add(launch.family)
+        kernels |= set(launch.overrides)
         out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate,
                         launch.name, host_reference_minutes(launch, night, scored)))  # fmt: skip
     out.append(Step("guards: require-ran, require-claims, record-inputs, trend", "python -m harness.ci ...",
