@@ -322,12 +322,13 @@ HISTORY = Path(__file__).resolve().parent / "history.jsonl"
 
 
 def commit_of(repo: Path) -> str:
-    """``repo``'s HEAD, with " + uncommitted changes" when tracked files differ from it ("unknown" outside git)."""
+    """``repo``'s HEAD, with " + uncommitted changes" when tracked files other than the history (which each run
+    appends to) differ from it ("unknown" outside git)."""
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            f":!{HISTORY.relative_to(REPO_ROOT)}"], capture_output=True, text=True).stdout.strip()  # fmt: skip
     return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
 
 
