@@ -49,6 +49,8 @@ REAPER = Path(__file__).resolve().parent / "reaper.py"
 #: What each name of ``--only`` measures: make targets of both checkouts, run in order by one make (each checkout
 #: runs those its Makefile has).
 TARGETS = {"fast": ("test-fast",), "suite": ("test",), "repro": ("repro",), "ci": ("rehearse-trn2", "test")}
+#: The long ones (10-25 min a side): repeated ``--suite-reps`` times, the others ``--reps`` times.
+LONG = ("suite", "ci")
 #: What ``--only`` measures unless told: ``ci`` (about 25 min a side) only on request.
 DEFAULT_ONLY = ("suite", "repro", "fast")
 SIDES = ("baseline", "current")
@@ -189,7 +191,7 @@ def plan(only: list[str], reps: int, suite_reps: int) -> list[tuple[str, int, tu
         (name, rep, SIDES if rep % 2 == 0 else SIDES[::-1])
         for name in TARGETS
         if name in only
-        for rep in range(suite_reps if name == "suite" else reps)
+        for rep in range(suite_reps if name in LONG else reps)
     ]
 
 
@@ -305,7 +307,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"commit to compare against (default {DEFAULT_BASELINE})")
     parser.add_argument("--reps", type=int, default=3,
                         help="repetitions of repro and test-fast per checkout (default 3)")
-    parser.add_argument("--suite-reps", type=int, default=1, help="repetitions of make test per checkout (default 1)")
+    parser.add_argument("--suite-reps", type=int, default=1,
+                        help="repetitions of make test (and of ci) per checkout (default 1)")
     parser.add_argument("--only", default=",".join(DEFAULT_ONLY),
                         help=f"comma-separated subset of {','.join(TARGETS)} (default {','.join(DEFAULT_ONLY)})")
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the current checkout (default: this one)")

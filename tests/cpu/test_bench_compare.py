@@ -172,7 +172,7 @@ def test_a_baseline_with_another_lock_is_refused_in_one_line(repo, tmp_path):
 def test_ci_is_the_rehearsal_and_make_test_against_the_baselines_make_test(repo, tmp_path, record_property):
     """Issue 37 goal 2: the baseline has no rehearse-trn2, so its CI is make test (0.1 s + a 0.5 s orphan); the
     current checkout's is its rehearsal (0.2 s) then make test (0.3 s), in one make."""
-    done = run_compare(repo, tmp_path, "--only", "ci", "--reps", "1")
+    done = run_compare(repo, tmp_path, "--only", "ci", "--reps", "3")  # ci repeats --suite-reps (1) times
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((tmp_path / "compare.json").read_text())
     ms = {m["side"]: compare.Measurement(**m) for m in doc["measurements"]}
