@@ -16,11 +16,14 @@ from pathlib import Path
 
 from harness import goldens
 from harness.launch.speed import RUNS_LOG_ENV, git_commit
+from recipes.tiers import REPO_ROOT
 
 #: Lanes whose failure is a report upstream: the tutorial's numbers, their cpu proxies, and exact values.
 REPORTED_LANES = ("published", "proxy", "exact")
 #: Verdicts that are a failure (a rehearsal prefixes "rehearsal, ").
 FAILING = ("regression", "stale golden")
+#: Where ``make bisect`` (harness.bump.bisect.BISECT_REPORTS) writes its reports.
+BISECT_REPORTS = REPO_ROOT / "report" / "bisect"
 #: Golden keys the runs log records per night (harness.launch.speed.run_record: step 1 by init).
 RUNS_LOG_KEYS = {"step1_loss_hf": "hf", "step1_loss_random": "random"}
 
@@ -77,7 +80,27 @@ def first_diverging(references: dict) -> list[str]:
     ]
 
 
-def markdown(row: dict, record: dict, versions: dict, log: Path | None) -> str:
+def release_that_moved(row: dict, bisections: Path | None) -> list[str]:
+    """Each ``make bisect`` report (``report/bisect/*.json``) whose tests hold this claim's test or whose moved
+    values hold this claim: its headline (which package, between which releases). Else how to run one."""
+    claim, found = _claim(row), []
+    for path in sorted(bisections.glob("*.json")) if bisections and bisections.is_dir() else []:
+        try:
+            finding = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # a report cut short: not this section's to judge
+        tests = finding.get("tests") or []
+        moved = [m[0] for m in finding.get("moved") or [] if m]
+        if claim in moved or any(t == row["test"] or t.startswith(row["test"] + "[") for t in tests):
+            found.append(f"- `{path.name}`: {finding.get('headline', 'no headline')}")
+    return found or [
+        f"not bisected: no report in {bisections} names this test; "
+        f"`make bisect BISECT_ARGS=\"--from-bump report/bump/<name>.json\"` after a `make bump`, or "
+        f"`make bisect PKGS=\"name==version\" TEST=\"{row['test']}\"`"
+    ]
+
+
+def markdown(row: dict, record: dict, versions: dict, log: Path | None, bisections: Path | None = None) -> str:
     claim, props = _claim(row), record.get("properties", {})
     expected = row.get("published") if row.get("published") is not None else row.get("golden")
     marker = "neuron" if row["test"].startswith("tests/neuron/") else "cpu"
@@ -116,7 +139,7 @@ def markdown(row: dict, record: dict, versions: dict, log: Path | None) -> str:
         "",
         "## Release that moved it",
         "",
-        "not bisected: `make bump PKGS=...` names the packages a candidate moves; release bisection is not built yet",
+        *release_that_moved(row, bisections),
         "",
         "## First night it moved",
         "",
@@ -126,14 +149,16 @@ def markdown(row: dict, record: dict, versions: dict, log: Path | None) -> str:
     return "\n".join(lines)
 
 
-def write(report_dir: Path, rows: list[dict], records: list[dict], versions: dict) -> list[Path]:
-    """One ``upstream/<claim>.md`` per failing claim row; returns the files written."""
+def write(report_dir: Path, rows: list[dict], records: list[dict], versions: dict,
+          bisections: Path | None = BISECT_REPORTS) -> list[Path]:
+    """One ``upstream/<claim>.md`` per failing claim row; returns the files written. ``bisections``: where
+    ``make bisect`` writes its reports."""
     by_test = {r["test"]: r for r in records}
     log = Path(os.environ[RUNS_LOG_ENV]) if os.environ.get(RUNS_LOG_ENV) else None
     written = []
     for row in filter(failing, rows):
         path = report_dir / "upstream" / f"{_claim(row)}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(markdown(row, by_test.get(row["test"], {}), versions, log))
+        path.write_text(markdown(row, by_test.get(row["test"], {}), versions, log, bisections))
         written.append(path)
     return written

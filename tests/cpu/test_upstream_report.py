@@ -35,7 +35,16 @@ def test_a_failing_claim_gets_a_report_with_every_field_and_a_passing_one_none(t
     ]  # fmt: skip
     records = [{"test": neuron_test, "properties": {"native_qwen3.trn2.step1_loss_hf.inputs": inputs,
                                                     "trn2.config2.as_published.reference": {"verdict": "agrees"}}}]  # fmt: skip
-    written = upstream.write(tmp_path / "report", rows, records, {"torch": "2.14.0", "transformers": "5.16.0"})
+    bisections = tmp_path / "bisect"
+    bisections.mkdir()
+    (bisections / "transformers-5.23.0.json").write_text(json.dumps({
+        "headline": "transformers 5.19.0 → 5.20.0 moves native_qwen3.trn2.step1_loss_hf: 6.54 → 7.2",
+        "tests": [neuron_test], "moved": [["native_qwen3.trn2.step1_loss_hf", 6.54, 7.2]]}))  # fmt: skip
+    (bisections / "torch-2.15.0.json").write_text(json.dumps({
+        "headline": "torch 2.14.0 → 2.14.1 breaks tests/cpu/test_other.py::test_x", "tests": ["tests/cpu/test_other.py::test_x"]}))
+    (bisections / "cut-short.json").write_text("{")
+    written = upstream.write(tmp_path / "report", rows, records, {"torch": "2.14.0", "transformers": "5.16.0"},
+                             bisections)  # fmt: skip
     assert sorted(p.name for p in written) == ["native_qwen3.cpu.loss_curve_100.md", "native_qwen3.trn2.step1_loss_hf.md"]
     text = (tmp_path / "report/upstream/native_qwen3.trn2.step1_loss_hf.md").read_text()
     assert text.startswith("# native_qwen3.trn2.step1_loss_hf moved: rehearsal, regression")
@@ -46,5 +55,9 @@ def test_a_failing_claim_gets_a_report_with_every_field_and_a_passing_one_none(t
     assert '"verdict": "agrees"' in text
     assert "## First diverging layer\n\nnot run for this claim: no host reference here recorded a localization" in text
     assert "night n2 " in text and "step 1 7.2" in text  # n1 was within 0.02 of 6.54
+    assert ("## Release that moved it\n\n- `transformers-5.23.0.json`: transformers 5.19.0 → 5.20.0 moves "
+            "native_qwen3.trn2.step1_loss_hf: 6.54 → 7.2\n\n## First night") in text  # the torch report is another test's
     cpu = (tmp_path / "report/upstream/native_qwen3.cpu.loss_curve_100.md").read_text()
     assert "not in the runs log" in cpu and "-m cpu -p no:xdist" in cpu and "the cpu tier's fixtures" in cpu
+    assert f'not bisected: no report in {bisections} names this test; ' in cpu
+    assert 'TEST="tests/cpu/test_native_qwen3.py::test_step1"' in cpu
