@@ -145,7 +145,7 @@ def steps(night: str = CHANGED) -> list[Step]:
         new_kernels = set(launch.overrides) - kernels
         estimate = launch_estimate(launch, launch.family not in seen, len(new_kernels))
         seen.add(launch.family)
-        kernels |= set(launch.overrides)
+        kernels |= new_kernels
         out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate,
                         launch.name, host_reference_minutes(launch, night, scored)))  # fmt: skip
     out.append(Step("guards: require-ran, require-claims, record-inputs, trend", "python -m harness.ci ...",
