@@ -17,10 +17,12 @@ torch.compile graphs that lower to a Neuron backend, and any number that means "
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
 DEVICE_NAME = "neuron"
 _CPU = torch.device("cpu")
@@ -78,34 +80,59 @@ class NeuronTensor(torch.Tensor):
 
 
 def _unwrap(x):
+    """A neuron tensor's payload, ``neuron`` as the cpu device; lists and tuples (aten's ``Tensor[]``) item by item."""
     if isinstance(x, NeuronTensor):
         return x.payload
-    if isinstance(x, torch.device) and x.type == DEVICE_NAME:
+    kind = type(x)
+    if kind is list or kind is tuple:
+        return kind(_unwrap(item) for item in x)
+    if kind is torch.device and x.type == DEVICE_NAME:
         return _CPU
     return x
 
 
 def _wrap(x):
+    """A cpu tensor an op made, on ``neuron``; lists and tuples item by item."""
+    kind = type(x)
+    if kind is list or kind is tuple:
+        return kind(_wrap(item) for item in x)
     if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor) and x.device.type == "cpu":
         return NeuronTensor(x)
     return x
 
 
-def _aliased_outputs(func, args, kwargs) -> dict[int, object]:
-    """Outputs an op returns as one of its (mutated) inputs: those must come back as the same objects."""
-    schema = func._schema
-    by_set = {}
-    flat = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
-    for arg, value in zip(schema.arguments, flat):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            by_set[frozenset(arg.alias_info.before_set)] = value
-    found = {}
-    for i, ret in enumerate(schema.returns):
+@dataclass(frozen=True)
+class _Schema:
+    """What :func:`run_on_cpu` reads of an op's schema, read once per op (aten's schemas are many and static)."""
+
+    device: tuple[int, str, bool] | None  # the ``device`` argument: (position, name, keyword-only)
+    aliased: tuple[tuple[int, int, str], ...]  # (return index, argument position, name): a mutated input returned
+    returns: int
+    generator: tuple[int, str] | None  # a seeded random op's ``generator`` argument
+
+    def argument(self, at: tuple, args, kwargs, keyword_only: bool = False):
+        position, name = at[0], at[1]
+        return args[position] if position < len(args) and not keyword_only else kwargs.get(name)
+
+
+@functools.cache
+def _schema(func) -> _Schema:
+    arguments = func._schema.arguments
+    device = next(((i, a.name, a.kwarg_only) for i, a in enumerate(arguments) if a.name == "device"), None)
+    written = {
+        frozenset(a.alias_info.before_set): (i, a.name)
+        for i, a in enumerate(arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    }
+    aliased = []
+    for r, ret in enumerate(func._schema.returns):
         if ret.alias_info is not None and ret.alias_info.is_write:
             key = frozenset(ret.alias_info.before_set)
-            if key in by_set:
-                found[i] = by_set[key]
-    return found
+            if key in written:
+                aliased.append((r, *written[key]))
+    seeded = torch.Tag.nondeterministic_seeded in func.tags
+    generator = next(((i, a.name) for i, a in enumerate(arguments) if a.name == "generator"), None) if seeded else None
+    return _Schema(device, tuple(aliased), len(func._schema.returns), generator)
 
 
 def _custom_op_body(func):
@@ -118,14 +145,6 @@ def _custom_op_body(func):
     if opdef is None:
         return None
     return opdef._backend_fns.get(DEVICE_NAME) or opdef._backend_fns.get(None)
-
-
-def _target_device(func, args, kwargs):
-    """The op's ``device`` argument (positional or keyword), or None."""
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.name == "device":
-            return args[i] if i < len(args) and not arg.kwarg_only else kwargs.get("device")
-    return None
 
 
 #: The switch (rehearsal/settings.py SWITCHES): "1" random ops on ``neuron`` draw from the device's own
@@ -150,14 +169,10 @@ def _with_device_generator(func, args, kwargs):
     numbers and torch 2.14's ``trunc_normal_`` rejection loop never ends (seen in the rehearsal: rank 0 and 1
     spinning in ``_no_grad_trunc_normal_``). Which one the released 2.14.3 does is not public: a switch.
     """
-    if os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or torch.Tag.nondeterministic_seeded not in func.tags:
+    at = _schema(func).generator
+    if at is None or os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or _schema(func).argument(at, args, kwargs) is not None:
         return args, kwargs, None
-    names = [a.name for a in func._schema.arguments]
-    if "generator" not in names:
-        return args, kwargs, None
-    i = names.index("generator")
-    if (args[i] if i < len(args) else kwargs.get("generator")) is not None:
-        return args, kwargs, None
+    i = at[0]
     from torch_neuronx import neuron
 
     state = neuron._generator()
@@ -179,19 +194,21 @@ def run_on_cpu(func, args, kwargs):
         # neuron tensors, as on the device, so it takes its device branch (autograd already ran above).
         return body(*args, **kwargs)
     args, kwargs, device_state = _with_device_generator(func, args, kwargs)
-    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    out = func(*_unwrap(args), **{name: _unwrap(value) for name, value in kwargs.items()})
     if device_state is not None:  # advance the offset by the draws, rounded up to 4 as a Philox generator does
         drawn = next((t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
         device_state.offset += (drawn + 3) // 4 * 4
-    target = _target_device(func, args, kwargs)
-    if target is not None and not _is_neuron(target):
-        return out  # .cpu() / .to("cpu") (_to_copy, or to.* below autograd): a plain tensor leaves the device
-    aliased = _aliased_outputs(func, args, kwargs)
-    if aliased:
-        if len(func._schema.returns) == 1:
+    schema = _schema(func)
+    if schema.device is not None:
+        target = schema.argument(schema.device, args, kwargs, keyword_only=schema.device[2])
+        if target is not None and not _is_neuron(target):
+            return out  # .cpu() / .to("cpu") (_to_copy, or to.* below autograd): a plain tensor leaves the device
+    if schema.aliased:
+        aliased = {r: schema.argument((i, name), args, kwargs) for r, i, name in schema.aliased}
+        if schema.returns == 1:
             return aliased[0]
         return tuple(aliased.get(i, _wrap(o)) for i, o in enumerate(out))
-    return tree_map(_wrap, out)
+    return _wrap(out)
 
 
 #: Factory functions: called with device="neuron" they reach PrivateUse1 with no tensor argument.
@@ -207,7 +224,7 @@ def _factory(op):
         kwargs = {**kwargs, "device": _CPU}
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
-        return tree_map(_wrap, op(*args, **kwargs))
+        return _wrap(op(*args, **kwargs))
 
     return impl
 
