@@ -12,7 +12,10 @@ Signatures and behaviour the suite relies on are copied from the public developm
   has ``register_autograd`` like any ``CustomOpDef``.
 
 The stand-in runs the kernel eagerly: it calls ``nki_kernel`` (the stand-in ``nki.jit`` object, whose
-body computes with torch) with the launch grid set, instead of tracing it to a NEFF.
+body computes with torch) with the launch grid set, instead of tracing it to a NEFF. As a kernel reads
+and writes device memory directly, the body gets the neuron tensors' CPU payloads (no per-op dispatch
+through the stand-in device); what it returns is handed back on ``neuron``, an output argument it wrote
+and returned as the very tensor the caller passed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import torch
 from torch._library.custom_ops import custom_op
 from torch._library.infer_schema import infer_schema
 
@@ -73,7 +77,26 @@ class NKIHOPCaller:
             if not hasattr(value, "shape"):
                 hash(value)  # the real caller hashes every constant into the kernel's cache key
         kernel = _kernels[self.kernel_idx]
-        return kernel[self.grid](**combined)
+        return _on_device_memory(kernel[self.grid], combined)
+
+
+def _on_device_memory(launch: Callable, arguments: dict[str, Any]) -> Any:
+    """``launch(**arguments)`` on the payloads of its neuron tensors; its tensors back on ``neuron``."""
+    from torch_neuronx._cpu_device import NeuronTensor
+
+    passed = {id(v.payload): v for v in arguments.values() if isinstance(v, NeuronTensor)}
+    if not passed:
+        return launch(**arguments)
+    out = launch(**{k: v.payload if isinstance(v, NeuronTensor) else v for k, v in arguments.items()})
+
+    def on_device(value):
+        if isinstance(value, (tuple, list)):
+            return type(value)(on_device(item) for item in value)
+        if isinstance(value, torch.Tensor):
+            return passed[id(value)] if id(value) in passed else NeuronTensor(value)
+        return value
+
+    return on_device(out)
 
 
 def wrap_nki(nki_kernel, **kwargs) -> Any:
