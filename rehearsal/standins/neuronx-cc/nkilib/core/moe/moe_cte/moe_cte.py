@@ -7,7 +7,8 @@ Layouts per the docstring: hidden ``[T+1, H]``, affinities ``[(T+1)*E, 1]``, gat
 ``[E, H, 2, I]`` (0 gate, 1 up), down ``[E, I, H]``, token ids ``[N*B]`` (pad id T), block_to_expert
 ``[N, 1]``. For each block of expert e: ``gu = x @ gate_up[e]`` (pre-activation, checkpointed
 transposed as ``[2, I, B]``), ``d = (silu(gate) * up) @ down[e]`` (checkpointed ``[B, H]``), and
-``out[token] += affinity[token, e] * d`` (POST_SCALE). Matmuls in fp32 from the input dtype.
+``out[token] += affinity[token, e] * d`` (POST_SCALE). Matmuls in fp32 from the input dtype, on a
+block's token rows only: its padding slots all hold row T, whose result is computed once per expert.
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def _blocks(token_position_to_id, block_to_expert, block_size):
     return list(zip(block_to_expert.long().reshape(-1).tolist(), ids.unbind(0)))
 
 
+def _expert_mlp(x, gate_up, down):
+    """``(x @ gate_up, (silu(gate) * up) @ down)`` in fp32 for the rows ``x`` of one expert."""
+    gu = torch.einsum("bh,hgi->bgi", x, gate_up.float())
+    gate, up = (gu[:, 1], gu[:, 0]) if faulty("moe_cte") else (gu[:, 0], gu[:, 1])
+    return gu, (F.silu(gate) * up) @ down.float()
+
+
 @nki.jit(mode="trace")
 def moe_cte(
     hidden_states: nl.ndarray,
@@ -131,15 +139,22 @@ def moe_cte(
         raise NotImplementedError(f"the moe_cte stand-in computes shard_on_i + checkpointing + POST_SCALE only, got {spec}")
     hidden_dim = hidden_states.shape[1]
     num_experts = gate_up_proj_weight.shape[0]
+    pad_id = hidden_states.shape[0] - 1
     x_all = hidden_states.float()
     affinity = expert_affinities_masked.float().reshape(-1, num_experts)
     out = torch.zeros_like(x_all)
     gate_up_T, down_act = [], []
+    pad_rows = {}  # expert -> its MLP of the padding row: computed once, as every padding slot holds the same row
     for expert, ids in _blocks(token_position_to_id, block_to_expert, block_size):
-        x = x_all.index_select(0, ids)
-        gu = torch.einsum("bh,hgi->bgi", x, gate_up_proj_weight[expert].float())
-        gate, up = (gu[:, 1], gu[:, 0]) if faulty("moe_cte") else (gu[:, 0], gu[:, 1])
-        d = (F.silu(gate) * up) @ down_proj_weight[expert].float()
+        real = ids != pad_id
+        gu = x_all.new_empty(block_size, 2, gate_up_proj_weight.shape[-1])
+        d = x_all.new_empty(block_size, hidden_dim)
+        if real.any():
+            gu[real], d[real] = _expert_mlp(x_all.index_select(0, ids[real]), gate_up_proj_weight[expert], down_proj_weight[expert])
+        if not real.all():
+            if expert not in pad_rows:
+                pad_rows[expert] = _expert_mlp(x_all[pad_id:], gate_up_proj_weight[expert], down_proj_weight[expert])
+            gu[~real], d[~real] = pad_rows[expert]
         out.index_add_(0, ids, d * affinity[ids, expert].unsqueeze(1))
         gate_up_T.append(gu.permute(1, 2, 0))
         down_act.append(d)

@@ -82,14 +82,22 @@ def blockwise_mm_bwd(
     d_gate_up = torch.zeros_like(gate_up_proj_weight, dtype=torch.float32)
     d_down = torch.zeros_like(down_proj_weight, dtype=torch.float32)
     ids_per_block = token_position_to_id.long().reshape(-1, block_size)
+    pad_id = hidden_states.shape[0] - 1
+    # Padding slots (row T) add exactly nothing when row T's output gradient is zero, as it is when the caller
+    # drops that row: then only a block's token rows are computed.
+    pad_adds_nothing = not grad_out[pad_id].any()
     for n, expert in enumerate(block_to_expert.long().reshape(-1).tolist()):
         ids = ids_per_block[n]
+        rows = ids != pad_id if pad_adds_nothing else torch.ones_like(ids, dtype=torch.bool)
+        if not rows.any():
+            continue
+        ids = ids[rows]
         x = x_all.index_select(0, ids)
         g_out = grad_out.index_select(0, ids)
         a = affinity[ids, expert].unsqueeze(1)
-        gate = gate_up_proj_act_checkpoint_T[n, 0].float().t()  # [B, I]
-        up = gate_up_proj_act_checkpoint_T[n, 1].float().t()
-        d = down_proj_act_checkpoint[n].float()  # [B, H]
+        gate = gate_up_proj_act_checkpoint_T[n, 0].float().t()[rows]  # [B, I]
+        up = gate_up_proj_act_checkpoint_T[n, 1].float().t()[rows]
+        d = down_proj_act_checkpoint[n].float()[rows]  # [B, H]
         d_aff[ids, expert] += (g_out * d).sum(dim=1)
         g_d = g_out * a
         sig = torch.sigmoid(gate)
