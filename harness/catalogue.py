@@ -26,7 +26,7 @@ from pathlib import Path
 
 from harness.lanes import Lane
 from harness.options import RunOptions
-from recipes.tiers import TRN2
+from recipes.tiers import TRN2, launch_seq_len
 
 #: Steps of a lane run: the band's length (harness.band.BAND_STEPS), so the run is the band's run.
 LANE_STEPS = 20
@@ -116,7 +116,7 @@ class Launch:
 
     def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
         """The run's options as ``python -m harness run`` resolves them on trn2."""
-        extra = {"seq_len": self.seq_len} if self.seq_len else {}
+        extra = {"seq_len": launch_seq_len(self.seq_len)} if self.seq_len else {}
         return LANES[self.lane].options(
             checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
             overrides=list(self.overrides), nproc=TRN2.nproc, **extra,

@@ -245,6 +245,13 @@ def rehearsed(tier: Tier) -> Tier:
     )
 
 
+def launch_seq_len(seq_len: int | None) -> int | None:
+    """A night's launch's own sequence length (``harness.catalogue.Launch.seq_len``); in a rehearsal the seam's,
+    as every launch there runs at tiny sizes (config 3's rope_hf launch pins trn2's 2048, which the stand-in
+    device would take 3x longer over than the seam's 256; both are multiples of 128 x LNC)."""
+    return TRN2.seq_len if seq_len and rehearsal_settings() is not None else seq_len
+
+
 #: Each tier as published, before any rehearsal shrinks it: what the tutorial's own calls build (meta-only
 #: descriptions such as config 3's fork-vs-twin comparison), whatever sizes the launches take.
 AS_PUBLISHED = {t.name: t for t in (CPU, TRN2)}

@@ -78,11 +78,13 @@ def test_device_nodes_come_from_the_settings_only_when_named(tmp_path, monkeypat
 
 def test_the_rehearsed_trn2_tier_takes_the_seams_ranks_and_tiny_sizes(tmp_path):
     """Under the seam the night's launches run at its rank count on the fixture-sized models (the MoE at the
-    smallest hidden size nkilib's MoE kernels take); without it, the trn2 tier is the real one."""
+    smallest hidden size nkilib's MoE kernels take, a launch that pins its sequence length at the seam's);
+    without it, the trn2 tier is the real one."""
     code = ("import json; from recipes.tiers import TRN2; from harness import nightly; from recipes import nki_moe; "
             "opts = nightly.LAUNCHES['config3-as_published'].options(); "
+            "rope_hf = nightly.LAUNCHES['config3-rope_hf']; "
             "print(json.dumps([TRN2.nproc, TRN2.full_size_models, TRN2.seq_len, opts.nproc, "
-            "nki_moe.moe_dims('trn2', 4, 64, 4).hidden_size]))")  # fmt: skip
+            "nki_moe.moe_dims('trn2', 4, 64, 4).hidden_size, rope_hf.seq_len, rope_hf.options().seq_len]))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "QWEN3_REHEARSAL_SETTINGS"}
     seen = {}
     for name, extra in (("real", {}), ("rehearsed", {"QWEN3_REHEARSAL_SETTINGS": str(write_settings(tmp_path, ranks=2))})):
@@ -90,7 +92,7 @@ def test_the_rehearsed_trn2_tier_takes_the_seams_ranks_and_tiny_sizes(tmp_path):
                              text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
         seen[name] = json.loads(out.stdout.splitlines()[-1])
-    assert seen == {"real": [64, True, 2048, 64, 2048], "rehearsed": [2, False, 256, 2, 512]}
+    assert seen == {"real": [64, True, 2048, 64, 2048, 2048, 2048], "rehearsed": [2, False, 256, 2, 512, 2048, 256]}
 
 
 def test_standin_neuron_ls_counts_the_settings_cores(tmp_path):
