@@ -106,6 +106,28 @@ def test_device_computes_what_the_cpu_computes():
     }  # fmt: skip
 
 
+def test_a_wrap_nki_kernel_reads_payloads_and_hands_back_its_output_arguments():
+    """A ``wrap_nki`` kernel body gets the CPU payloads (a kernel reads device memory; no per-op dispatch inside
+    it), an output argument it writes and returns is the very tensor the caller passed, and a tensor it makes
+    comes back on ``neuron``."""
+    measured = run_child("""
+        import json, torch, torch_neuronx, nki
+        from torch_neuronx.nki_hop import wrap_nki
+        seen = []
+        @nki.jit
+        def kernel(x, out):
+            seen.append([x.device.type, out.device.type])
+            out.copy_(x * 2)
+            return out, x + 1
+        x, out = torch.arange(4.0, device="neuron"), torch.zeros(4, device="neuron")
+        got_out, made = wrap_nki(kernel)[(1,)](x, out)
+        print(json.dumps({"seen": seen, "same_out": got_out is out, "out": out.cpu().tolist(),
+                          "made": [made.device.type, made.cpu().tolist()]}))
+    """)
+    assert measured == {"seen": [["cpu", "cpu"]], "same_out": True, "out": [0.0, 2.0, 4.0, 6.0],
+                        "made": ["neuron", [1.0, 2.0, 3.0, 4.0]]}  # fmt: skip
+
+
 def run_body(module: str, body: str, **env: str) -> dict:
     """A ``@neuron_core_body`` of tests/neuron, run as ``on_neuron_cores`` runs it (its child), on the stand-ins."""
     result = Path(env.pop("result"))
