@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -101,38 +102,44 @@ def _wrap(x):
     return x
 
 
+class _Argument(NamedTuple):
+    """One argument of an op's schema, found by position or by name as the dispatcher passes it."""
+
+    position: int
+    name: str
+    keyword_only: bool = False
+
+    def of(self, args, kwargs):
+        return args[self.position] if self.position < len(args) and not self.keyword_only else kwargs.get(self.name)
+
+
 @dataclass(frozen=True)
 class _Schema:
     """What :func:`run_on_cpu` reads of an op's schema, read once per op (aten's schemas are many and static)."""
 
-    device: tuple[int, str, bool] | None  # the ``device`` argument: (position, name, keyword-only)
-    aliased: tuple[tuple[int, int, str], ...]  # (return index, argument position, name): a mutated input returned
+    device: _Argument | None
+    aliased: tuple[tuple[int, _Argument], ...]  # (return index, the mutated input it returns)
     returns: int
-    generator: tuple[int, str] | None  # a seeded random op's ``generator`` argument
-
-    def argument(self, at: tuple, args, kwargs, keyword_only: bool = False):
-        position, name = at[0], at[1]
-        return args[position] if position < len(args) and not keyword_only else kwargs.get(name)
+    generator: _Argument | None  # a seeded random op's ``generator``
 
 
 @functools.cache
 def _schema(func) -> _Schema:
-    arguments = func._schema.arguments
-    device = next(((i, a.name, a.kwarg_only) for i, a in enumerate(arguments) if a.name == "device"), None)
+    arguments = [_Argument(i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)]
+    by_name = {argument.name: argument for argument in arguments}
     written = {
-        frozenset(a.alias_info.before_set): (i, a.name)
-        for i, a in enumerate(arguments)
+        frozenset(a.alias_info.before_set): argument
+        for a, argument in zip(func._schema.arguments, arguments)
         if a.alias_info is not None and a.alias_info.is_write
     }
-    aliased = []
-    for r, ret in enumerate(func._schema.returns):
-        if ret.alias_info is not None and ret.alias_info.is_write:
-            key = frozenset(ret.alias_info.before_set)
-            if key in written:
-                aliased.append((r, *written[key]))
+    aliased = tuple(
+        (r, written[frozenset(ret.alias_info.before_set)])
+        for r, ret in enumerate(func._schema.returns)
+        if ret.alias_info is not None and ret.alias_info.is_write and frozenset(ret.alias_info.before_set) in written
+    )
     seeded = torch.Tag.nondeterministic_seeded in func.tags
-    generator = next(((i, a.name) for i, a in enumerate(arguments) if a.name == "generator"), None) if seeded else None
-    return _Schema(device, tuple(aliased), len(func._schema.returns), generator)
+    generator = by_name.get("generator") if seeded else None
+    return _Schema(by_name.get("device"), aliased, len(func._schema.returns), generator)
 
 
 def _custom_op_body(func):
@@ -169,10 +176,10 @@ def _with_device_generator(func, args, kwargs):
     numbers and torch 2.14's ``trunc_normal_`` rejection loop never ends (seen in the rehearsal: rank 0 and 1
     spinning in ``_no_grad_trunc_normal_``). Which one the released 2.14.3 does is not public: a switch.
     """
-    at = _schema(func).generator
-    if at is None or os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or _schema(func).argument(at, args, kwargs) is not None:
+    argument = _schema(func).generator
+    if argument is None or os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or argument.of(args, kwargs) is not None:
         return args, kwargs, None
-    i = at[0]
+    i = argument.position
     from torch_neuronx import neuron
 
     state = neuron._generator()
@@ -200,11 +207,11 @@ def run_on_cpu(func, args, kwargs):
         device_state.offset += (drawn + 3) // 4 * 4
     schema = _schema(func)
     if schema.device is not None:
-        target = schema.argument(schema.device, args, kwargs, keyword_only=schema.device[2])
+        target = schema.device.of(args, kwargs)
         if target is not None and not _is_neuron(target):
             return out  # .cpu() / .to("cpu") (_to_copy, or to.* below autograd): a plain tensor leaves the device
     if schema.aliased:
-        aliased = {r: schema.argument((i, name), args, kwargs) for r, i, name in schema.aliased}
+        aliased = {r: argument.of(args, kwargs) for r, argument in schema.aliased}
         if schema.returns == 1:
             return aliased[0]
         return tuple(aliased.get(i, _wrap(o)) for i, o in enumerate(out))
