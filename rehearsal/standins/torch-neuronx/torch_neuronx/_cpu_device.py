@@ -92,11 +92,14 @@ def _unwrap(x):
     return x
 
 
-def _wrap(x):
-    """A cpu tensor an op made, on ``neuron``; lists and tuples item by item."""
+def _wrap(x, passed: dict[int, NeuronTensor] | None = None):
+    """A cpu tensor an op made, on ``neuron``; lists and tuples item by item. ``passed``: payload id -> the neuron
+    tensor it is the payload of, handed back as that very tensor (a kernel's output argument)."""
     kind = type(x)
     if kind is list or kind is tuple:
-        return kind(_wrap(item) for item in x)
+        return kind(_wrap(item, passed) for item in x)
+    if passed and id(x) in passed:
+        return passed[id(x)]
     if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor) and x.device.type == "cpu":
         return NeuronTensor(x)
     return x
@@ -164,7 +167,7 @@ def _mix(seed: int, offset: int) -> int:
     return (seed ^ ((offset + 1) * 0x9E3779B97F4A7C15)) % 2**64
 
 
-def _with_device_generator(func, args, kwargs):
+def _with_device_generator(func, schema: _Schema, args, kwargs):
     """``(args, kwargs, generator)`` with a CPU generator drawn from the device's [seed, offset] for a random op
     called without a generator, or ``None`` as the generator when the op is not one (or the switch is off).
 
@@ -176,7 +179,7 @@ def _with_device_generator(func, args, kwargs):
     numbers and torch 2.14's ``trunc_normal_`` rejection loop never ends (seen in the rehearsal: rank 0 and 1
     spinning in ``_no_grad_trunc_normal_``). Which one the released 2.14.3 does is not public: a switch.
     """
-    argument = _schema(func).generator
+    argument = schema.generator
     if argument is None or os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or argument.of(args, kwargs) is not None:
         return args, kwargs, None
     i = argument.position
@@ -200,12 +203,12 @@ def run_on_cpu(func, args, kwargs):
         # A torch.library.custom_op (the suite's kernels, ``qwen3_trn_repro::*``): its body must see
         # neuron tensors, as on the device, so it takes its device branch (autograd already ran above).
         return body(*args, **kwargs)
-    args, kwargs, device_state = _with_device_generator(func, args, kwargs)
+    schema = _schema(func)
+    args, kwargs, device_state = _with_device_generator(func, schema, args, kwargs)
     out = func(*_unwrap(args), **{name: _unwrap(value) for name, value in kwargs.items()})
     if device_state is not None:  # advance the offset by the draws, rounded up to 4 as a Philox generator does
         drawn = next((t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
         device_state.offset += (drawn + 3) // 4 * 4
-    schema = _schema(func)
     if schema.device is not None:
         target = schema.device.of(args, kwargs)
         if target is not None and not _is_neuron(target):

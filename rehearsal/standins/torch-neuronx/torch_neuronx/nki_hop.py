@@ -25,7 +25,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import torch
 from torch._library.custom_ops import custom_op
 from torch._library.infer_schema import infer_schema
 
@@ -82,21 +81,13 @@ class NKIHOPCaller:
 
 def _on_device_memory(launch: Callable, arguments: dict[str, Any]) -> Any:
     """``launch(**arguments)`` on the payloads of its neuron tensors; its tensors back on ``neuron``."""
-    from torch_neuronx._cpu_device import NeuronTensor
+    from torch_neuronx._cpu_device import NeuronTensor, _wrap
 
     passed = {id(v.payload): v for v in arguments.values() if isinstance(v, NeuronTensor)}
     if not passed:
         return launch(**arguments)
     out = launch(**{k: v.payload if isinstance(v, NeuronTensor) else v for k, v in arguments.items()})
-
-    def on_device(value):
-        if isinstance(value, (tuple, list)):
-            return type(value)(on_device(item) for item in value)
-        if isinstance(value, torch.Tensor):
-            return passed[id(value)] if id(value) in passed else NeuronTensor(value)
-        return value
-
-    return on_device(out)
+    return _wrap(out, passed)
 
 
 def wrap_nki(nki_kernel, **kwargs) -> Any:
