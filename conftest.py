@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from harness.pytest_tiers import selectable_tiers
+from harness.pytest_plugins.tiers import selectable_tiers
 from recipes.platform import OFFLINE_ENV
 
 for _key, _value in OFFLINE_ENV.items():
@@ -52,7 +52,7 @@ def import_torch_without_device_backends() -> None:
 
 import_torch_without_device_backends()
 
-pytest_plugins = ["harness.pytest_report"]
+pytest_plugins = ["harness.pytest_plugins.report"]
 
 TIER_MARKERS = ("cpu", "neuron")
 #: The tier (recipes.tiers) a test of each marker runs on: its goldens are the only ones it may judge.
@@ -67,7 +67,7 @@ def pytest_configure(config):
     """
     from recipes.platform import neuron
 
-    from harness import pytest_groups
+    from harness.pytest_plugins import groups as pytest_groups
 
     pytest_groups.register(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
@@ -146,9 +146,9 @@ def recipe_run(shared_dir):
     ``cli_overrides=[...]``: torchtitan's own options on top of the recipe's config
     (``["--checkpoint.interval", "50"]``), as ``python -m harness run`` passes them.
     """
-    from harness.launch import LaunchError, launch
-    from harness.options import RunOptions
-    from harness.checks import preflight
+    from harness.launch.lifecycle import LaunchError, launch
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
 
     def run(name: str, cli_overrides: list[str] = (), **options) -> dict:
         run_dir = shared_dir / name
@@ -213,7 +213,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if not config.getoption("--update-goldens") or hasattr(config, "workerinput"):
         return
-    from harness import goldens
+    from harness.judge import goldens
 
     path = _proposals_file(config)
     proposals = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -241,13 +241,13 @@ def golden(request, record_property):
     another environment (measured, stated where the test calls this); the goldens file records
     it and must agree with the test.
     """
-    from harness import goldens, verdicts
+    from harness.judge import goldens, verdicts
 
     under_test = next(TIER_OF_MARKER[m] for m in TIER_MARKERS if request.node.get_closest_marker(m))
 
     def check(recipe: str, tier: str, key: str, measured, reason: str = "", portable_rtol: float | None = None,
               inputs: dict | None = None):  # fmt: skip
-        """``inputs``: the run's input key (harness.provenance.input_key) for goldens keyed by inputs."""
+        """``inputs``: the run's input key (harness.config.provenance.input_key) for goldens keyed by inputs."""
         if tier != under_test:
             pytest.fail(
                 f"golden({recipe!r}, {tier!r}, {key!r}) in a {under_test} test ({request.node.nodeid}): a test "
@@ -277,7 +277,7 @@ def golden(request, record_property):
             )  # fmt: skip
         verdict = verdicts.compare(key, measured, values, metadata, inputs=inputs)
         record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
-        # "unmeasured" / "inputs differ": neither pass nor fail here; harness.ci require-claims
+        # "unmeasured" / "inputs differ": neither pass nor fail here; harness.night.ci require-claims
         # fails the nightly for a published claim left so.
         assert verdict.passed is not False, verdict.message()
 

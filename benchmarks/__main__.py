@@ -2,7 +2,7 @@
 
     compare   issue 27's goals: make test, test-fast, repro here vs a baseline commit (benchmarks/compare.py);
               issue 37's CI ratio with --only ci --baseline 327d3b6
-    plan      the trn2 night's plan (harness/nightly.py): its totals against issue 37's goals (seconds to run)
+    plan      the trn2 night's plan (harness/night/plan.py): its totals against issue 37's goals (seconds to run)
     overhead  `python -m harness run` vs a bare `torchrun -m torchtitan.train` of the same config
     recipes   per recipe: step time, tokens/s, peak memory (trn2: MFU, compile cold vs warm)
     suite     wall time of `pytest -m cpu -n auto`, per test (several minutes)
@@ -78,7 +78,7 @@ def run_section(name: str, args) -> Section:
 
 
 def document(args, argv: list[str], date: str, sections: list[Section]) -> dict:
-    from harness.environment import versions
+    from harness.base.environment import versions
 
     goals = [{"benchmark": s.name, **asdict(g)} for s in sections for g in s.goals]
     measured = [g["met"] for g in goals if g["met"] is not None]

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.environment import KERNEL_ISA_FLAGS, cpu_model
+from harness.base.environment import KERNEL_ISA_FLAGS, cpu_model
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "report" / "bench"
@@ -123,7 +123,7 @@ def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s:
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:  # Ctrl-C does not reach a child in its own session: stop it here
-            from harness.launch import end_run
+            from harness.launch.lifecycle import end_run
 
             end_run(proc)
             raise
@@ -198,7 +198,7 @@ def parse_titan_steps(text: str) -> list[TitanStep]:
 
 
 def titan_train_command(module: str, config: str, nproc: int, log_dir: Path, *overrides: str) -> list[str]:
-    """torchtitan's own entry on a config function, under the torchrun options ``harness.launch`` uses.
+    """torchtitan's own entry on a config function, under the torchrun options ``harness.launch.lifecycle`` uses.
 
     ``torchrun --standalone --nproc_per_node=N -m torchtitan.train --module M --config F [overrides]``:
     the README's way to run a recipe without the harness; rank logs go to ``log_dir``.

@@ -326,7 +326,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def document(args, argv: list[str], checkouts, measurements, found: list[Goal], started: str, load) -> dict:
-    from harness.environment import versions
+    from harness.base.environment import versions
 
     judged_goals = [g.met for g in found if g.met is not None]
     return {

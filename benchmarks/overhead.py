@@ -3,7 +3,7 @@
 Both paths take the same torchrun options (``--standalone``, same nproc, log dir
 and redirects) and environment. They differ in the launcher (``harness run``: its
 preflight, ``build_config`` in the parent, progress polling, reference loss,
-report), the rank entry (``harness.train`` vs ``torchtitan.train`` with
+report), the rank entry (``harness.rank.train`` vs ``torchtitan.train`` with
 ``benchmarks.titan_entry``), and how ranks start on the cpu tier: the bare path
 is the tutorial's ``torchrun`` (each rank a fresh interpreter), ``harness run``
 uses the tier's ``rank_start`` ("preloaded": ``harness.launch.elastic``, torchrun's
@@ -37,9 +37,9 @@ from benchmarks.common import (
     run_timed,
     titan_train_command,
 )
-from harness.launch import child_env, read_steps
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.launch.lifecycle import child_env, read_steps
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 
 GOAL_RATIO = 1.10  # issue 17: python -m harness run within 1.10x a bare torchtitan launch
 RECIPE = "native_qwen3"
@@ -64,7 +64,7 @@ class Sample:
     peak_rss_gib: float
     steady_step_s: float | None
     losses: list[str] = field(default_factory=list)
-    #: harness-run only: seconds inside ``harness.launch.launch`` (torchrun start to exit).
+    #: harness-run only: seconds inside ``harness.launch.lifecycle.launch`` (torchrun start to exit).
     launch_wall_s: float | None = None
     error: str | None = None
 
@@ -95,7 +95,7 @@ def harness_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
 
 
 def bare_torchrun_command(opts: RunOptions) -> list[str]:
-    """torchtitan's own entry under the same torchrun options ``harness.launch`` uses."""
+    """torchtitan's own entry under the same torchrun options ``harness.launch.lifecycle`` uses."""
     return titan_train_command("benchmarks.titan_entry", "bench_config", opts.nproc, opts.run_dir / "logs")
 
 
@@ -259,13 +259,13 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         f"ratios harness-run/bare: wall {fmt(f['wall_ratio'])} (per rep: {', '.join(fmt(r) for r in pairs) or '–'}), CPU {fmt(f['cpu_ratio'])}, "
         f"torchrun part {fmt(f['torchrun_part_ratio'])}, steady step {fmt(f['steady_step_ratio'])}; "
         f"harness-run parent process {fmt(f['harness_run_parent_s'], 1)} s.",
-        "torchrun part = time inside harness.launch.launch; the rest of harness-run's wall is its parent process "
+        "torchrun part = time inside harness.launch.lifecycle.launch; the rest of harness-run's wall is its parent process "
         "(imports of torch/torchtitan, preflight, build_config, reference, report), side by side with the "
         "forkserver's imports on a \"preloaded\" tier. CPU s = user+sys of all processes "
         "(less sensitive to other users than wall). Steady s/step excludes step 1.",
         f"others' CPU during these launches: {f['others_cpu_s_total']:.0f} CPU s (0 = the machine was ours).",
         "torchtitan.train also starts torchtitan's structured per-rank trace logger (debug.enable_structured_logging, "
-        "default on; harness.train never initialises it), so the bare path's steps do a little more work.",
+        "default on; harness.rank.train never initialises it), so the bare path's steps do a little more work.",
         f"init {INIT}: `python -m harness run native_qwen3 --init random` on cpu would add the full-width 4B run.",
     ]
     for s in samples:

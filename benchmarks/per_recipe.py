@@ -1,8 +1,8 @@
 """Per-recipe figures: step time, tokens/s, peak memory; on trn2 also MFU and compile time cold vs warm.
 
 Each recipe is launched the way ``python -m harness run`` launches it
-(``harness.launch.torchrun_command`` and ``child_env``), with the rank module
-``benchmarks.train_logged`` (``harness.train`` plus torchtitan's step log, which
+(``harness.launch.lifecycle.torchrun_command`` and ``child_env``), with the rank module
+``benchmarks.train_logged`` (``harness.rank.train`` plus torchtitan's step log, which
 carries torchtitan's MFU). Step time and tokens/s come from the run's
 steps.jsonl (torchtitan's own metrics), step 1 excluded from the means.
 
@@ -32,9 +32,9 @@ from benchmarks.common import (
     run_timed,
 )
 from recipes.errors import RecipeError
-from harness.launch import child_env, read_steps, torchrun_command, write_run_file
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.launch.lifecycle import child_env, read_steps, torchrun_command, write_run_file
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 
 TRAIN_LOGGED = "benchmarks.train_logged"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
@@ -111,9 +111,9 @@ def recipe_options(name: str, args, run_dir: Path) -> RunOptions:
 
 
 def train_logged_command(opts: RunOptions) -> list[str]:
-    """``harness.launch``'s torchrun command with ``benchmarks.train_logged`` as the rank module."""
+    """``harness.launch.lifecycle``'s torchrun command with ``benchmarks.train_logged`` as the rank module."""
     cmd = torchrun_command(opts)
-    i = cmd.index("harness.train")
+    i = cmd.index("harness.rank.train")
     if cmd[i - 1] != "-m":
         raise RuntimeError(f"unexpected torchrun command shape: {cmd}")
     return cmd[:i] + [TRAIN_LOGGED] + cmd[i + 1 :]
@@ -143,7 +143,7 @@ def figures_from(proc, steps: list[dict], titan: list, opts: RunOptions) -> Laun
     steady = steps[1:] or steps
     steady_titan = [s for s in titan if s.step > 1]
     tps = mean([s["tokens_per_s"] for s in steady])
-    # steps.jsonl carries MFU if harness.train ever records it; otherwise torchtitan's printed line.
+    # steps.jsonl carries MFU if harness.rank.train ever records it; otherwise torchtitan's printed line.
     mfu = [s["mfu_pct"] for s in steady if s.get("mfu_pct") is not None] or [
         s.mfu_pct for s in steady_titan if s.mfu_pct is not None
     ]

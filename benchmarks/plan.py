@@ -1,15 +1,15 @@
 """The trn2 night's plan against issue 37's goals: its totals, kept commit over commit.
 
-The figures are the plan's estimates (harness/nightly.py, each constant with its basis), not a
+The figures are the plan's estimates (harness/night/plan.py, each constant with its basis), not a
 night's measurements: what a change to the catalogue or the estimates does to the night shows
 here, in benchmarks/history.jsonl, before a chip is booked. The real night's measured minutes
-sit beside these estimates in its own report (``harness.nightly.measured_lines``).
+sit beside these estimates in its own report (``harness.night.plan.measured_lines``).
 """
 
 from __future__ import annotations
 
 from benchmarks.common import Goal, Section
-from harness import nightly
+from harness.night import plan as nightly
 
 #: Issue 37 goal 1, in minutes (launches for the last).
 STABLE_WARM_MAX = 100
@@ -53,6 +53,6 @@ def bench_plan(args) -> Section:
     section.notes = [
         f"first published verdict after {first}: {at.warm:.0f} min warm, {at.cold:.0f} cold; workflow "
         f"timeout-minutes {timeout}.",
-        "estimates, not measurements: harness/nightly.py says what each constant is based on.",
+        "estimates, not measurements: harness/night/plan.py says what each constant is based on.",
     ]
     return section

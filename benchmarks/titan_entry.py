@@ -4,7 +4,7 @@
 
 torchtitan's ConfigManager imports ``--module`` and calls ``--config`` with no
 arguments, so the run's resolved ``RunOptions`` arrive as JSON in
-``$QWEN3_BENCH_RUN_OPTIONS``. The config is exactly ``harness.config.build_config``
+``$QWEN3_BENCH_RUN_OPTIONS``. The config is exactly ``harness.config.build.build_config``
 of those options: the baseline differs from ``python -m harness run`` only in
 the launcher and the rank entry, which is what the overhead benchmark measures.
 """
@@ -15,7 +15,7 @@ import os
 
 from benchmarks.common import OPTIONS_ENV
 from recipes import platform
-from harness.options import RunOptions
+from harness.options.run_options import RunOptions
 
 
 def run_options() -> RunOptions:
@@ -31,7 +31,7 @@ platform.install(run_options().tier)
 
 
 def bench_config():
-    """The recipe's Trainer.Config, built by the same function ``harness.train`` uses."""
-    from harness.config import build_config
+    """The recipe's Trainer.Config, built by the same function ``harness.rank.train`` uses."""
+    from harness.config.build import build_config
 
     return build_config(run_options())

@@ -1,9 +1,9 @@
-"""The rank module of the per-recipe figures: ``harness.train`` with torchtitan's logger switched on.
+"""The rank module of the per-recipe figures: ``harness.rank.train`` with torchtitan's logger switched on.
 
-``harness.train`` leaves torchtitan's logger unconfigured, so torchtitan's own
+``harness.rank.train`` leaves torchtitan's logger unconfigured, so torchtitan's own
 per-step line (loss, tps, tflops, **mfu** from its peak-FLOPS table, memory) is
 never printed. This entry initialises it exactly as ``torchtitan.train`` does and
-then runs ``harness.train.main`` unchanged, so MFU is torchtitan's number.
+then runs ``harness.rank.train.main`` unchanged, so MFU is torchtitan's number.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 def main() -> int:
     from recipes.titan import init_logger
 
-    from harness.train import main as recipes_train_main
+    from harness.rank.train import main as recipes_train_main
 
     init_logger()
     return recipes_train_main()

@@ -1,6 +1,6 @@
 """``python -m harness list | run RECIPE|all``: the suite's main job.
 
-``run`` launches each recipe under torchrun (``harness.train``), prints progress,
+``run`` launches each recipe under torchrun (``harness.rank.train``), prints progress,
 and writes the report (results.json + results.md) to ``--report-dir``.
 """
 
@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import catalogue
-from harness import run_dir as run_dir_mod
+from harness.declare import catalogue
+from harness.base import run_dir as run_dir_mod
 from harness.launch.child import exit_now
-from harness.options import RunCommand, RunOptions, absolute_titan_paths, parse_run_command
-from harness.verdicts import FULL_WIDTH_RANDOM_INIT, golden_key, judge, reference_of  # noqa: F401
+from harness.options.run_options import RunCommand, RunOptions, absolute_titan_paths, parse_run_command
+from harness.judge.verdicts import FULL_WIDTH_RANDOM_INIT, golden_key, judge, reference_of  # noqa: F401
 from recipes.errors import RecipeError
 from recipes.tiers import TIERS
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
@@ -53,7 +53,7 @@ def cmd_list(args) -> int:
 
 
 def run_dir_for(args: RunCommand, name: str, claim: bool) -> Path:
-    """``REPORT_DIR/runs/NAME-YYYYMMDD-HHMMSS``; ``claim``: made now, exclusively (``harness.run_dir.claim``),
+    """``REPORT_DIR/runs/NAME-YYYYMMDD-HHMMSS``; ``claim``: made now, exclusively (``harness.base.run_dir.claim``),
     so two launches in the same second never share one. The dry run names it and makes nothing."""
     runs, name = args.report_dir / "runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return run_dir_mod.claim(runs, name) if claim else runs / name
@@ -75,8 +75,8 @@ def _runs_for(args: RunCommand, recipe: str, claim: bool = False) -> list[RunOpt
 
 
 def _full_width_random_init(args, recipe: str, claim: bool = False) -> RunOptions:
-    """The full-width random-init preset of ``recipe`` (its catalogue entry's proxy, harness.catalogue)."""
-    from harness.step1_forward import proxy_options
+    """The full-width random-init preset of ``recipe`` (its catalogue entry's proxy, harness.declare.catalogue)."""
+    from harness.judge.proxy import proxy_options
 
     return proxy_options(
         recipe, seed=args.seed, run_dir=run_dir_for(args, f"{recipe}-cpu-random-4B-width", claim),
@@ -102,7 +102,7 @@ def import_for_the_report(runs: list[RunOptions]) -> threading.Thread:
     matplotlib for the loss plots, and transformers' model classes for the reference loss of a
     weights-loaded run: ~3 s of CPU this process would otherwise spend after the last step.
     """
-    from harness.report import import_plotting
+    from harness.report.results import import_plotting
 
     def imports() -> None:
         import_plotting()
@@ -145,7 +145,7 @@ def _name(opts: RunOptions) -> str:
 
 def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
     """The command under ``stop_signals_raise``: whatever stage a stop signal finds, what was measured is reported."""
-    from harness.launch import Interrupted, stop_signals_raise
+    from harness.launch.lifecycle import Interrupted, stop_signals_raise
 
     progress = Progress()
     with stop_signals_raise():
@@ -159,7 +159,7 @@ def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
 def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
     """Write what was measured, the run and the report marked interrupted (every later signal is ignored
     by then: ``harness.launch.stop``); 128 + the signal's number."""
-    from harness import report as report_mod
+    from harness.report import results as report_mod
 
     name = signal.Signals(stop.signum).name
     run = None
@@ -188,9 +188,9 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
 
 
 def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: Progress) -> int:
-    from harness import report as report_mod
+    from harness.report import results as report_mod
     from recipes.errors import RecipeError
-    from harness.launch import LaunchError, deferred, launch, prestart
+    from harness.launch.lifecycle import LaunchError, deferred, launch, prestart
 
     names = _recipe_names(args.recipe)
     plan += [opts for name in names for opts in _runs_for(args, name, claim=True)]
@@ -198,7 +198,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
     # does): its forkserver's imports overlap this process's checks. Preflight first would start
     # nothing for a refusal from the options, but cost a good run 2.5-3.4 s to step 1 (issue 27, n=3).
     prestarted = prestart(plan[0]) if plan else None
-    from harness.config import as_configured, checked_config
+    from harness.config.build import as_configured, checked_config
 
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
@@ -272,8 +272,8 @@ def _recipe_names(recipe: str) -> list[str]:
 
 
 def cmd_dry_run(args, cli_overrides: list[str]) -> int:
-    """``run --dry-run``: every planned run checked and described, none started (harness.dry_run)."""
-    from harness import dry_run
+    """``run --dry-run``: every planned run checked and described, none started (harness.night.dry_run)."""
+    from harness.night import dry_run
     from recipes.registry import RECIPES
 
     names = list(RECIPES) if args.recipe == "all" else [args.recipe]
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "list":
         return cmd_list(None)
     if command == "history":
-        from harness.history import main as history_main
+        from harness.report.history import main as history_main
 
         return history_main(rest)
     if command in (None, "-h", "--help"):

@@ -12,7 +12,7 @@ stopped before its end keeps its folder, so relaunching it (or torchrun's own re
 resumes from its last full DCP step, as torchtitan's fault tolerance intends.
 
 The folder is chosen from what is on disk, not created exclusively (as
-``harness.run_dir.claim`` does for ``python -m harness run``): every rank calls the config
+``harness.base.run_dir.claim`` does for ``python -m harness run``): every rank calls the config
 function, and again on each torchrun restart, and all must reach the same folder. Only a
 finished run changes the answer, and no run finishes before all its ranks have started.
 """

@@ -18,7 +18,7 @@ ran torchtitan's backend as shipped. To report both, a run can keep a defect:
   Reproduce it with ``--tokenizer-dir <torchtitan checkout>/tests/assets/tokenizer
   --allow-mismatch tokenizer`` (provenance then records it as an allowed mismatch).
 
-The first-batch record (``harness.reference``) stores which defects a run kept.
+The first-batch record (``harness.reference.diagnosis``) stores which defects a run kept.
 """
 
 from __future__ import annotations

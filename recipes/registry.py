@@ -89,7 +89,7 @@ RECIPES = {
 }
 
 
-#: The recipe a run names when it names none (``harness.options.RunOptions``): tutorial config 2.
+#: The recipe a run names when it names none (``harness.options.run_options.RunOptions``): tutorial config 2.
 DEFAULT_RECIPE = "native_qwen3"
 
 

@@ -83,7 +83,7 @@ class Tier:
     deterministic: bool
     #: FSDP mixed-precision parameter dtype: fp32 on cpu keeps 1- and 2-process runs and HF parity exact.
     param_dtype: str
-    #: Wall-clock limit of one launch (harness.launch) and of a shared test run (conftest).
+    #: Wall-clock limit of one launch (harness.launch.lifecycle) and of a shared test run (conftest).
     launch_timeout_s: float
     #: The tutorial's full-size models (4B, 30B-A3B shrunk to 4 layers); else the tiny fixture dims.
     full_size_models: bool
@@ -246,7 +246,7 @@ def rehearsed(tier: Tier) -> Tier:
 
 
 def launch_seq_len(seq_len: int | None) -> int | None:
-    """A night's launch's own sequence length (``harness.catalogue.Launch.seq_len``); in a rehearsal the seam's,
+    """A night's launch's own sequence length (``harness.declare.catalogue.Launch.seq_len``); in a rehearsal the seam's,
     as every launch there runs at tiny sizes (config 3's rope_hf launch pins trn2's 2048, which the stand-in
     device would take 3x longer over than the seam's 256; both are multiples of 128 x LNC)."""
     return TRN2.seq_len if seq_len and rehearsal_settings() is not None else seq_len

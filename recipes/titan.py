@@ -5,7 +5,7 @@ release-2.33, a fork installed with ``pip install -e .`` as the distribution ``t
 0.2.2+neuron.1 (Neuron docs: training/torchtitan/get-started/setup-torchtitan-neuron). Each
 name is declared once in :data:`NAMES` with its module, why the suite needs it and who uses
 it, so a torchtitan that lacks one is refused in one line before any rank starts: the
-harness's checks refuse a run whose names are :func:`missing`, ``python -m harness.titan_check``
+harness's checks refuse a run whose names are :func:`missing`, ``python -m harness.checks.titan``
 lists them as the nightly's first step and in the dry run (every name, each missing one with its files).
 
 Hooks too: attributes the harness replaces on a built trainer (``batch_generator``,
@@ -75,7 +75,7 @@ class TitanName:
     """False: absent is a finding the report shows, not a refusal (the fork's own config 3)."""
     files: tuple[str, ...] = ()
     """Product files relying on it without importing it; importers, and the harness's own files, are found
-    by harness.titan_check."""
+    by harness.checks.titan."""
 
     @property
     def qualified(self) -> str:

@@ -4,7 +4,7 @@ A recipe picks its model; ``tutorial_settings`` makes the rest of the
 ``Trainer.Config`` the tutorial's launch on a tier, so the recipes differ only
 where the tutorial's configs differ. Nothing here knows about runs, goldens or
 reports: the harness (``harness/``) applies a run's own steps, seq_len, seed and
-paths on top (``harness.options.apply_run_options``).
+paths on top (``harness.options.run_options.apply_run_options``).
 """
 
 from __future__ import annotations

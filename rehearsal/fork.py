@@ -17,7 +17,7 @@ distributions change. (Under the stand-in, ``importlib.metadata.version("torchti
 Its ``qwen3_nki_moe_config`` builds config 3 from stock torchtitan classes (``qwen3_30b_a3b``,
 ``_build_qwen3_moe_layers``, ``CosSinRoPE``, ``ScaledDotProductAttention``), never from the suite's
 twin in recipes/nki_moe.py, so a suite that only agrees with itself shows here. The checkout holds
-``tests/assets/c4_test`` (the fixture corpus) and ``tests/assets/tokenizer`` (harness/lanes.py TITAN_DATASET,
+``tests/assets/c4_test`` (the fixture corpus) and ``tests/assets/tokenizer`` (harness/options/lanes.py TITAN_DATASET,
 TITAN_TOKENIZER): a BPE that is not the weights', as torchtitan's test tokenizer is not Qwen3's
 (:func:`test_tokenizer`).
 """
@@ -85,7 +85,7 @@ def qwen3_nki_moe_config(flavor="30B-A3B", n_layers=4, num_experts=64, top_k=4):
 
 
 #: Ids of the stand-in's test tokenizer. torchtitan's tests/assets/tokenizer is a 2,020-id BPE, not the weights'
-#: (harness/lanes.py TITAN_TOKENIZER; recipes/hf_as_published.py), and config 1's as-published lane tokenizes
+#: (harness/options/lanes.py TITAN_TOKENIZER; recipes/hf_as_published.py), and config 1's as-published lane tokenizes
 #: with it: the stand-in's is likewise another BPE, with fewer ids than the tiny model's 1,024 embedding rows
 #: as 2,020 is fewer than Qwen3's 151,936.
 TEST_BPE_IDS = 512

@@ -270,7 +270,7 @@ def launches_in(scratch: Path) -> int:
 
 def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
     """(neuron tests executed, neuron tests skipped, launches): report/tests.json and the launches in scratch."""
-    from harness.ci import executed
+    from harness.night.ci import executed
 
     report = workspace / "report/tests.json"
     tests = json.loads(report.read_text())["tests"] if report.is_file() else []

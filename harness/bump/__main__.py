@@ -19,7 +19,7 @@ from harness.bump.plan import BASELINE_VENV, BUMP_REPORTS, EXIT_CANNOT_REHEARSE,
 from harness.bump.report import versions_line, write_refusal, write_report
 from harness.bump.results import load_run
 from harness.bump.tier import BASELINE_MAX_AGE_H, TierRun, baseline_is_current, run_tier
-from harness.environment import pins
+from harness.base.environment import pins
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

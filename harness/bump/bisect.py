@@ -38,13 +38,13 @@ from harness.bump.layer import Layer, installed
 from harness.bump.plan import BASELINE_VENV, LOCK, BumpError, Pin, rel, sha256
 from harness.bump.results import load_run
 from harness.bump.tier import run_tier
-from harness import upstream
-from harness.environment import pins
+from harness.night import upstream
+from harness.base.environment import pins
 from recipes.tiers import REPO_ROOT
 
 #: Each point runs the tests this many times; a test whose outcomes differ is "flaky" there.
 RUNS = 2
-BISECT_REPORTS = upstream.BISECT_REPORTS  # read back by every upstream report (harness/upstream.py)
+BISECT_REPORTS = upstream.BISECT_REPORTS  # read back by every upstream report (harness/night/upstream.py)
 EXIT_NAMED, EXIT_NOT_NAMED, EXIT_CANNOT = 0, 1, 2
 
 

@@ -19,7 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 
 from harness.bump.plan import BumpError, Pin, Plan, rel
-from harness.environment import normalize
+from harness.base.environment import normalize
 
 #: pip-compile as ``make lock`` runs it.
 PIP_COMPILE_ARGS = (

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from harness.bump.candidate import Move
 from harness.bump.plan import EXIT_OK, EXIT_PUBLISHED_BROKEN
 from harness.bump.results import Result, first_line, shape_line
-from harness.environment import normalize
+from harness.base.environment import normalize
 from recipes.upstream_shape import MARKER
 
 #: Canaries: a test that passes while an upstream defect a workaround exists for is still there.

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from harness.bump.plan import BumpError, rel
-from harness.environment import normalize
+from harness.base.environment import normalize
 
 BASE_PTH = "_qwen3_base_layer.pth"
 STATE = "layer.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from harness.environment import normalize, pins
+from harness.base.environment import normalize, pins
 from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 

@@ -1,6 +1,6 @@
 """Reading one run of the cpu tier back: each test's outcome, failure text and recorded values.
 
-``tests.json`` (harness.pytest_report) has the outcomes, goldens and versions; the failure
+``tests.json`` (harness.pytest_plugins.report) has the outcomes, goldens and versions; the failure
 text comes from pytest's ``junit.xml``, and :func:`first_line` picks the one line of it that
 says what went wrong, for the report's table.
 """

@@ -1,6 +1,6 @@
 """One run of the cpu tier in a given venv, as ``make test`` runs it, into its own report dir.
 
-Each run leaves ``tests.json`` (harness.pytest_report), ``junit.xml`` for the failure messages,
+Each run leaves ``tests.json`` (harness.pytest_plugins.report), ``junit.xml`` for the failure messages,
 ``pytest.log`` and ``run.json`` (this module's :class:`TierRun`), so that a baseline on the lock
 can be reused while the lock and the code it ran are unchanged and it is recent.
 """

@@ -1,6 +1,6 @@
 """The built config's refusals: inputs against the model, compile on the tier (kernel shapes: ``kernels.py``).
 
-Run by the launcher (:func:`harness.config.checked_config`) and the dry run, once, before
+Run by the launcher (:func:`harness.config.build.checked_config`) and the dry run, once, before
 any rank starts. Each takes the ``Trainer.Config`` the ranks will build; none builds it.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.checks.errors import PreflightError
-from harness.options import RunOptions
+from harness.options.run_options import RunOptions
 
 
 def check_inputs(opts: RunOptions, config) -> None:
     """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
-    from harness.checks import check_checkpoint_tensors
+    from harness.checks.preflight import check_checkpoint_tensors
     from harness.checks.mismatch import check as check_mismatches
 
     check_layers(opts, config)

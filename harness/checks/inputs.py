@@ -3,7 +3,7 @@
 Each refusal is one line naming the path, what is wrong with it and the fix. Each file
 is read with the library the run itself reads it with (``json``, ``safetensors``
 headers, ``tokenizers``, ``datasets``' own choice of data files), so what passes here
-loads on every rank. A leaf of the harness: ``harness.checks`` maps a run's options
+loads on every rank. A leaf of the harness: ``harness.checks.preflight`` maps a run's options
 to paths and calls these; nothing here imports the harness but its error type (``harness.checks.errors``).
 """
 

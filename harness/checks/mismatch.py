@@ -3,7 +3,7 @@
 A step-1 loss is only comparable when the tokenizer, the weights and the model hyper-parameters are the
 ones the user believes. ``check`` refuses a run whose pieces disagree before any rank starts, unless the
 user names the mismatch with ``--allow-mismatch NAME``; then it is a warning, and the rank's provenance
-(harness/provenance.py, which records and refuses nothing) repeats it in the report.
+(harness/config/provenance.py, which records and refuses nothing) repeats it in the report.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.options import RunOptions
+from harness.options.run_options import RunOptions
 from recipes.errors import RecipeError
 from recipes.specs import read_hf_dims
 

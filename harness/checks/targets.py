@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from harness.checks.errors import PreflightError
-from harness.options import RunOptions
+from harness.options.run_options import RunOptions
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 
@@ -57,7 +57,7 @@ def running_run_dirs() -> dict[Path, int]:
     harness.launch.elastic, which carries the planned run's marker) are not another run.
     A fresh look each time (a run may start between two checks): 10-50 ms of /proc.
     """
-    from harness.launch.processes import descendants_of, table  # the one finder of a run's processes
+    from harness.base.processes import descendants_of, table  # the one finder of a run's processes
 
     procs = table()
     own = {os.getpid(), *descendants_of(os.getpid(), procs)}

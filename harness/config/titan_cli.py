@@ -21,9 +21,9 @@ import io
 import sys
 
 from harness.checks.errors import PreflightError
-from harness.tyro_events import ParseRefused as _Refused
-from harness.tyro_events import _spelling, describe
-from harness.tyro_events import refuse as _refuse
+from harness.base.tyro_events import ParseRefused as _Refused
+from harness.base.tyro_events import _spelling, describe
+from harness.base.tyro_events import refuse as _refuse
 
 _staged = None
 

@@ -6,7 +6,7 @@ gather-free one or the experts NKI's. :func:`config_tree` keeps both: every conf
 node becomes ``{"_class": "<module>.<Class>.Config", <fields>...}``; functions and
 classes in the tree (a ``ModelSpec``'s ``parallelize_fn``, ``state_dict_adapter``) are
 named by their qualified name. :func:`differences` lists, field by field, where two
-such trees disagree (``harness.config3_fork``: config 3 from the fork's function vs the suite's twin).
+such trees disagree (``harness.night.config3_fork``: config 3 from the fork's function vs the suite's twin).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 torchrun, the preloading forkserver and every rank set a parent-death signal
 (prctl(2) ``PR_SET_PDEATHSIG``): the kernel, not a poll, ends an orphan, so a killed
 launcher leaves nothing running. Used by the launch (torchrun's child), the
-forkserver, and the rank entry (``harness.train``).
+forkserver, and the rank entry (``harness.rank.train``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import ctypes
 import os
 import signal
 import sys
+
+from harness.base.processes import RANK_NAME
 
 #: ``PR_SET_PDEATHSIG`` from <linux/prctl.h>; see prctl(2).
 PR_SET_PDEATHSIG = 1
@@ -22,10 +24,6 @@ RANK_DEATH_SIGNAL = signal.SIGKILL
 
 #: ``PR_SET_NAME`` from <linux/prctl.h>: the thread's name, /proc/PID/comm and ``ps``'s COMM (at most 15 bytes).
 PR_SET_NAME = 15
-#: What a rank forked from the preloading forkserver calls itself (``name_this_rank``). It keeps the
-#: forkserver's command line, and so does any child the forkserver forks before that child execs (an
-#: import that runs ``ldconfig -p``), so only this name says which forkserver child is a rank.
-RANK_NAME = "qwen3-rank"
 
 _PRCTL = None
 
@@ -55,7 +53,7 @@ def die_with_parent(sig: int, parent: int | None = None) -> None:
 
 
 def name_this_rank() -> None:
-    """Name this process ``RANK_NAME`` (prctl(2) ``PR_SET_NAME``); harness.launch.processes.role reads it. No-op off Linux."""
+    """Name this process ``RANK_NAME`` (prctl(2) ``PR_SET_NAME``); harness.base.processes.role reads it. No-op off Linux."""
     if sys.platform.startswith("linux") and _prctl()(PR_SET_NAME, RANK_NAME.encode(), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NAME) failed")
 

@@ -1,12 +1,12 @@
 """torchrun whose ranks start already imported: torch elastic with a preloading forkserver.
 
-    python -m harness.launch.elastic --preload torchtitan.train,harness.train,recipes.<recipe>
+    python -m harness.launch.elastic --preload torchtitan.train,harness.rank.train,recipes.<recipe>
     then on stdin one JSON line: {"argv": torchrun's arguments, "console": FILE, "env": {NAME: VALUE}}
-    argv: [--standalone, --nproc_per_node=2, ..., -m, harness.train, --run-dir, DIR, (torchtitan options)]
+    argv: [--standalone, --nproc_per_node=2, ..., -m, harness.rank.train, --run-dir, DIR, (torchtitan options)]
 
 Exactly what ``torchrun`` does (its own parser and launch config,
 ``torch.distributed.run.parse_args`` / ``config_from_args``, then torch elastic's
-``elastic_launch``), with one difference: each rank is ``harness.train.main``
+``elastic_launch``), with one difference: each rank is ``harness.rank.train.main``
 called in a process forked from a multiprocessing forkserver that imported
 ``--preload`` once, instead of a fresh interpreter that imports torch and
 torchtitan itself (~9 s of CPU per rank on the cpu tier, paid nproc times).
@@ -52,12 +52,12 @@ def start_forkserver(modules: list[str]) -> None:
 
 
 def run_forked_rank(module: str, argv: list[str]) -> None:
-    """One rank: ``<module>.main(argv)`` (``harness.train``, named by torchrun's ``-m``), ending as a torchrun-started rank would.
+    """One rank: ``<module>.main(argv)`` (``harness.rank.train``, named by torchrun's ``-m``), ending as a torchrun-started rank would.
 
     A function entrypoint's return value is not its exit code in torch elastic (it is
     queued to the agent), so a non-zero return (2: a refusal) is raised as
     ``SystemExit``. An exception was already recorded, with this rank's number, in
-    the rank's error file by harness.train; torch elastic's own ``record`` around
+    the rank's error file by harness.rank.train; torch elastic's own ``record`` around
     this function would record it again over that file, so it leaves as exit 1 with
     its traceback printed by ``sys.excepthook``, as the interpreter would print it.
     """
@@ -65,7 +65,7 @@ def run_forked_rank(module: str, argv: list[str]) -> None:
 
     from harness.launch.child import name_this_rank
 
-    name_this_rank()  # first: from here on harness.launch.processes tells this rank from other forkserver children
+    name_this_rank()  # first: from here on harness.base.processes tells this rank from other forkserver children
     try:
         code = importlib.import_module(module).main(argv)
     except Exception:
@@ -88,14 +88,14 @@ def launch_args(argv: list[str]):
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
-    if not args.module or args.training_script != "harness.train":
-        raise SystemExit(f"harness.launch.elastic: runs `-m harness.train` only, got {args.training_script!r}")
+    if not args.module or args.training_script != "harness.rank.train":
+        raise SystemExit(f"harness.launch.elastic: runs `-m harness.rank.train` only, got {args.training_script!r}")
     args.start_method = START_METHOD
     return args
 
 
 def run(argv: list[str]) -> None:
-    """Launch ``harness.train`` with torchrun's options in ``argv`` (blocks until every rank ends)."""
+    """Launch ``harness.rank.train`` with torchrun's options in ``argv`` (blocks until every rank ends)."""
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args
 
@@ -106,7 +106,7 @@ def run(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness.launch.elastic", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preload", default="harness.train", help="comma-separated modules the forkserver imports")
+    parser.add_argument("--preload", default="harness.rank.train", help="comma-separated modules the forkserver imports")
     args = parser.parse_args(argv)
     start_forkserver([m for m in args.preload.split(",") if m])  # first: nothing here has imported torch yet
     from torch.distributed.elastic.multiprocessing.errors import record  # torchrun's import, while the launcher checks

@@ -4,7 +4,7 @@ The forkserver (multiprocessing's, started by harness.launch.elastic) imports to
 torchtitan for ~10 s before it looks at the pipe that tells it its parent is gone;
 a launcher killed meanwhile would leave it running until then. Linux's parent-death
 signal ends it at once instead. Processes forked from it (the ranks) do not inherit
-the setting (prctl(2)); they set their own (harness.train).
+the setting (prctl(2)); they set their own (harness.rank.train).
 """
 
 import os

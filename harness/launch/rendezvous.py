@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.options import RunOptions
-from harness.run_dir import LOGS_DIR
+from harness.options.run_options import RunOptions
+from harness.base.run_dir import LOGS_DIR
 
 #: Seconds between two "waiting for the other nodes" lines.
 WAIT_NOTE_S = 15.0

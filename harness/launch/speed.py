@@ -177,7 +177,7 @@ def git_commit() -> str | None:
 
 def run_label(run_dir: str) -> str:
     """A run's name across nights: its directory name without the launcher's -YYYYMMDD-HHMMSS stamp
-    (and the -N that ``harness.run_dir.claim`` adds when two launches share a second)."""
+    (and the -N that ``harness.base.run_dir.claim`` adds when two launches share a second)."""
     name = Path(run_dir).name
     match = re.fullmatch(r"(.+)-\d{8}-\d{6}(?:-\d+)?", name)
     return match.group(1) if match else name
@@ -185,8 +185,8 @@ def run_label(run_dir: str) -> str:
 
 def run_record(result: dict, versions: dict | None = None, night: str | None = None) -> dict:
     """The runs-log line of one finished run (``RunResult.to_dict()``): what it measured and how fast."""
-    from harness.published import CLAIMS
-    from harness.environment import versions as installed_versions
+    from harness.declare.published import CLAIMS
+    from harness.base.environment import versions as installed_versions
 
     now = time.gmtime()
     losses = result.get("losses") or [s.get("loss") for s in result.get("steps") or []]
@@ -216,7 +216,7 @@ def append_record(path: Path, record: dict) -> None:
 
 
 def record_run(result) -> None:
-    """Fill ``result.speed`` (a ``harness.launch.RunResult``) and append it to ``$QWEN3_RUNS_LOG`` if set."""
+    """Fill ``result.speed`` (a ``harness.launch.lifecycle.RunResult``) and append it to ``$QWEN3_RUNS_LOG`` if set."""
     result.speed = asdict(run_speed(result.steps, result.tier, result.nproc, result.started_unix_s))
     log = os.environ.get(RUNS_LOG_ENV)
     if not log:

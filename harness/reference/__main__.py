@@ -1,7 +1,7 @@
-"""``python -m harness.reference RUN_DIR | cost``."""
+"""``python -m harness.reference.diagnosis RUN_DIR | cost``."""
 
 import sys
 
-from harness.reference import main
+from harness.reference.diagnosis import main
 
 sys.exit(main())

@@ -26,7 +26,7 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from harness.environment import cpu_model
+    from harness.base.environment import cpu_model
 
     if threads:
         torch.set_num_threads(threads)
@@ -81,9 +81,9 @@ def measure_localize_cost(
     import torch
     from transformers import AutoConfig
 
-    from harness import catalogue
-    from harness.config import build_config
-    from harness.options import RunOptions
+    from harness.declare import catalogue
+    from harness.config.build import build_config
+    from harness.options.run_options import RunOptions
     from harness.reference.localize import localize, titan_model
 
     if threads:

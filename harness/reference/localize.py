@@ -2,7 +2,7 @@
 
 When step 1 disagrees with the host reference (or a run asks with ``--localize``), the
 same recorded tokens go through the run's own torchtitan model (its config from
-``harness.config.build_config``, built on the host in fp32, the weights loaded through
+``harness.config.build.build_config``, built on the host in fp32, the weights loaded through
 the spec's own ``state_dict_adapter``) and through transformers' model of the weights,
 and every mapped module's output is compared in forward order: the embedding; per
 block the attention norm, q/k/v projections, q/k norms, RoPE'd q and k, the attention
@@ -29,7 +29,7 @@ computes (an NKI kernel, bf16 rounding on trn2) shows in the reference check, no
 Memory: at Qwen3-4B one module's output for a 64-rank batch is ~1 GB; only a subset
 is compared (``rows`` sequences of rank 0's first batch, their first ``tokens``
 positions: with causal attention a prefix's outputs do not depend on what follows).
-Measured (``python -m harness.reference cost --localize``, one thread, random weights at the
+Measured (``python -m harness.reference.diagnosis cost --localize``, one thread, random weights at the
 real 4B width, 1 and 2 layers, 256 tokens; two runs on a shared 2-core machine): 5.8-6.7 CPU-s
 fixed + 0.9-1.5 CPU-s per layer (building torchtitan's model dominates), so ~40-60 CPU-s for
 Qwen3-4B's 36 layers, plus reading the checkpoint (not measured); the debugger writes 325 MB +
@@ -260,7 +260,7 @@ def titan_model(opts, state: dict | None = None):
     import torch
     from safetensors.torch import load_file
 
-    from harness.config import build_config
+    from harness.config.build import build_config
     from recipes.titan import set_default_dtype
 
     spec = build_config(opts).model_spec
@@ -289,8 +289,8 @@ def first_rows(record, rows: int = ROWS, tokens: int = TOKENS):
 
 
 def localize_run(run, record, hf, rows: int = ROWS, tokens: int = TOKENS) -> Localization:
-    """The run's first divergence (``run``: ``harness.reference.RunInfo`` with its options)."""
-    from harness import catalogue
+    """The run's first divergence (``run``: ``harness.reference.diagnosis.RunInfo`` with its options)."""
+    from harness.declare import catalogue
 
     if run.options is None:
         raise LocalizeError("the run directory has no run.json: its torchtitan model cannot be rebuilt")

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from harness.first_batch import ATTENTIONS, IGNORE_INDEX
+from harness.rank.first_batch import ATTENTIONS, IGNORE_INDEX
 
 #: Positions whose logits are formed at once: bounds host memory at the 4B vocab
 #: (256 × 151,936 fp32 logits = 156 MB) instead of a whole 2048-token row (1.2 GB).
@@ -261,8 +261,8 @@ class ReferenceCheck:
 
 
 def tolerance_for(tier: str, model_dir: Path, recipe: str) -> Tolerance:
-    """The tier's tolerance; a MoE model of a recipe whose experts compute in bf16 (harness.catalogue) gets the wider one."""
-    from harness import catalogue
+    """The tier's tolerance; a MoE model of a recipe whose experts compute in bf16 (harness.declare.catalogue) gets the wider one."""
+    from harness.declare import catalogue
     from recipes.specs import read_hf_config
 
     hf = read_hf_config(model_dir)

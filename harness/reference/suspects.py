@@ -11,19 +11,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.first_batch import IncompleteRecord, Record, ReferenceError
-from harness.reference.scoring import (
-    PLAUSIBLE_FRACTION,
-    ReferenceCheck,
-    Suspect,
-    batch_loss,
-    batch_loss_sums,
-    computed_inv_freq,
-    set_inv_freq,
-)
+from harness.rank.first_batch import IncompleteRecord, Record, ReferenceError
+from harness.reference.scoring import PLAUSIBLE_FRACTION, ReferenceCheck, Suspect, batch_loss, batch_loss_sums, computed_inv_freq, set_inv_freq
 
 def _file_sha(directory: Path) -> str | None:
-    from harness.provenance import sha256_of
+    from harness.config.provenance import sha256_of
 
     files = [p for p in (directory / "tokenizer.json", directory / "tokenizer_config.json") if p.is_file()]
     return sha256_of(files) if (directory / "tokenizer.json").is_file() else None
@@ -55,7 +47,7 @@ def rebuilt_batches(opts, tokenizer_dir: Path, per_rank: int) -> list[dict]:
     """The run's step-1 batches, re-packed from the same corpus with ``tokenizer_dir`` (torchtitan's loader)."""
     import dataclasses
 
-    from harness.config import build_config
+    from harness.config.build import build_config
 
     opts = dataclasses.replace(opts, tokenizer_dir=Path(tokenizer_dir), allow_mismatch=[*opts.allow_mismatch, "tokenizer"])
     config = build_config(opts)
@@ -159,8 +151,8 @@ class RunInfo:
     def from_run_dir(cls, run_dir: Path, allow_no_step: bool = False) -> "RunInfo":
         """``allow_no_step``: a run that died in step 1 (torchtitan stops on a non-finite loss
         before logging it) is measured as NaN, so its record can still be diagnosed."""
-        from harness.options import RunOptions
-        from harness.run_dir import RUN_FILE, provenance_state, read_provenance, read_steps
+        from harness.options.run_options import RunOptions
+        from harness.base.run_dir import RUN_FILE, provenance_state, read_provenance, read_steps
 
         run_dir = Path(run_dir)
         provenance = read_provenance(run_dir)

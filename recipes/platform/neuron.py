@@ -222,7 +222,7 @@ def install() -> None:
     and the "neuron" process-group backend, which torchtitan then picks up as its device type.
     A public development copy also sets NEURON_RT_VISIBLE_CORES to LOCAL_RANK when unset, at the process
     group's creation (parmoham-aws/test-repo-parmoham torch_neuronx/distributed/backend.py,
-    ``_set_rt_visible_cores``); the released 2.14.3 is not public (harness.checks.check_visible_cores).
+    ``_set_rt_visible_cores``); the released 2.14.3 is not public (harness.checks.preflight.check_visible_cores).
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
     import torch_neuronx  # noqa: F401

@@ -235,7 +235,7 @@ def digests(*roots: Path) -> dict[str, str]:
 def in_process(argv: list[str]) -> tuple[subprocess.CompletedProcess, str]:
     """``main(argv)`` here; the stage it stopped at: "options" (the parser) or "checks" (``cmd_run``'s checks).
 
-    ``harness.launch.launch`` raises instead of starting torchrun: a check that stops refusing
+    ``harness.launch.lifecycle.launch`` raises instead of starting torchrun: a check that stops refusing
     fails its row at once, with no run started.
     """
     import harness.__main__ as entry
@@ -250,7 +250,7 @@ def in_process(argv: list[str]) -> tuple[subprocess.CompletedProcess, str]:
     def launch(opts, *args, **kwargs):
         raise AssertionError(f"passed every check and would launch {opts.recipe}: the row's refusal is gone")
 
-    with mock.patch.object(entry, "cmd_run", cmd_run), mock.patch("harness.launch.launch", launch):
+    with mock.patch.object(entry, "cmd_run", cmd_run), mock.patch("harness.launch.lifecycle.launch", launch):
         out = main_in_process(argv)
     return out, stages[-1]
 

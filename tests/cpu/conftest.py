@@ -42,7 +42,7 @@ def no_host_neuron():
 def rank_start(request, monkeypatch) -> str:
     """Run a lifecycle or fault test once per way ranks start: "exec" (trn2's) and "preloaded" (the cpu tier's).
 
-    In this process (``harness.launch.launch``) through the cpu tier itself; in a
+    In this process (``harness.launch.lifecycle.launch``) through the cpu tier itself; in a
     ``python -m harness run`` child through ``$QWEN3_RANK_START`` (recipes.tiers).
     """
     monkeypatch.setenv(RANK_START_ENV, request.param)
@@ -112,13 +112,13 @@ def hf_backend_random_run(recipe_run):
 def random_init_proxy(shared_dir):
     """``random_init_proxy(recipe)`` → the 4B-width random-init proxy's step 1, scored forward-only.
 
-    The main job's full-width preset (harness.verdicts.FULL_WIDTH_RANDOM_INIT: real Qwen3-4B
+    The main job's full-width preset (harness.judge.verdicts.FULL_WIDTH_RANDOM_INIT: real Qwen3-4B
     width and vocab, ONE layer, 2048 tokens, one process, seed 0), built and initialised by the
-    trainer and scored without a backward pass or optimizer (harness.step1_forward, bitwise the
+    trainer and scored without a backward pass or optimizer (harness.rank.step1_forward, bitwise the
     trainer's step 1: tests/cpu/test_step1_forward.py). Once per session per recipe; about
     50 s / 7 GB (native) and 75 s / 9.5 GB (HF backend) on the shared 2-core machine.
     """
-    from harness import step1_forward
+    from harness.judge import proxy
 
     def score(recipe: str) -> dict:
         name = f"random-init-proxy-{recipe}"
@@ -128,8 +128,8 @@ def random_init_proxy(shared_dir):
                 # recipe_run's real-width lock (conftest.py at the root): one real-width process at a time.
                 with FileLock(str(shared_dir / "real-width.lock")):
                     try:
-                        result = step1_forward.run(step1_forward.proxy_options(recipe, 0, shared_dir / name))
-                    except step1_forward.Step1ForwardError as e:
+                        result = proxy.run(proxy.proxy_options(recipe, 0, shared_dir / name))
+                    except proxy.Step1ForwardError as e:
                         result = {"error": str(e)}
                 done.write_text(json.dumps(result))
         result = json.loads(done.read_text())

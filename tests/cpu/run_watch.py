@@ -2,7 +2,7 @@
 
 A finder that finds nothing (a rank forked from harness.launch.elastic's forkserver names its
 run in its environment only, not on its command line) makes "none left" hold whatever
-is still running. ``RunWatch`` samples ``harness.launch.processes.of_run`` in a thread from
+is still running. ``RunWatch`` samples ``harness.base.processes.of_run`` in a thread from
 before the launch; ``saw`` fails unless the launcher and every rank were seen alive,
 and ``left`` counts what is alive now among everything ever seen, plus what the
 finder finds now.
@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from harness.launch import processes
+from harness.base import processes
 
 
 class RunWatch:
@@ -102,10 +102,10 @@ class RunWatch:
         return left
 
     def rank_starts(self) -> set[str]:
-        """How the ranks it saw were started: "exec" (``python -m harness.train``, torchrun's exec) or
+        """How the ranks it saw were started: "exec" (``python -m harness.rank.train``, torchrun's exec) or
         "preloaded" (forked from harness.launch.elastic's forkserver, named by run_forked_rank)."""
         return {
-            "exec" if "harness.train" in proc.argv else "preloaded"
+            "exec" if "harness.rank.train" in proc.argv else "preloaded"
             for key, proc in self.seen.items()
             if self.roles.get(key) == "rank"
         }

@@ -405,7 +405,7 @@ ELSEWHERE = [
 @pytest.fixture(scope="module")
 def previous_report(tmp_path_factory) -> Path:
     """A report dir as a run whose ranks died before provenance.json left it: the issue's poisoner."""
-    from harness import report
+    from harness.report import results as report
     from test_report_safety import failed_before_provenance
 
     path = tmp_path_factory.mktemp("previous") / "report"
@@ -420,7 +420,7 @@ def going_run(tmp_path):
     Started detached (``sh`` exits, its ``sleep`` is re-parented), as a run from another terminal is:
     not a descendant of this process. Ended here by its pid.
     """
-    from harness import run_dir
+    from harness.base import run_dir
 
     live = tmp_path / "elsewhere" / "runs" / "going"
     live.mkdir(parents=True)
@@ -506,7 +506,8 @@ def test_every_row_elsewhere_is_a_test_there():
 def test_after_the_failing_rows_a_second_run_into_the_same_report_dir_succeeds(tmp_path, request, monkeypatch):
     """Every in-process row that writes into the report dir it is given, into one report dir; then a run whose
     ranks die before provenance.json (the issue's case); then a good run there, which must succeed."""
-    from harness import report, run_dir
+    from harness.report import results as report
+    from harness.base import run_dir
 
     shared = tmp_path / "shared-report"
     live = request.getfixturevalue("going_run")

@@ -1,4 +1,4 @@
-"""``python -m harness.band``: the trn2 curve band's statistics and files, on synthetic runs.
+"""``python -m harness.judge.band``: the trn2 curve band's statistics and files, on synthetic runs.
 
 The band is made on trn2 from N repeated 64-rank runs; here its logic runs on made-up
 curves (and a fake launcher), so a wrong mean, std, floor or file is caught on every push.
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import band, goldens, verdicts
+from harness.judge import band, goldens, verdicts
 
 
 RUNS = [
@@ -25,7 +25,7 @@ RUNS = [
 
 
 def fake_run(run_dir: Path, losses: list[float], **options) -> Path:
-    """A finished run directory as harness.launch leaves it: steps.jsonl and run.json."""
+    """A finished run directory as harness.launch.lifecycle leaves it: steps.jsonl and run.json."""
     run_dir.mkdir(parents=True)
     (run_dir / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "loss": x}) + "\n" for i, x in enumerate(losses)))
     opts = {"recipe": "native_qwen3", "tier": "trn2", "steps": len(losses), "seed": 0, "run_dir": str(run_dir), **options}
@@ -85,7 +85,7 @@ def test_compute_writes_a_band_the_goldens_loader_takes_and_judges(tmp_path, gol
     assert g.tolerance == pytest.approx([0.08, 0.005, 0.12])
     made = g.band
     assert (made["n"], made["k"], made["min_halfwidth"], made["runs"]) == (3, 4.0, 0.005, RUNS)
-    assert made["command"].startswith("python -m harness.band compute native_qwen3")
+    assert made["command"].startswith("python -m harness.judge.band compute native_qwen3")
     assert made["options"] == {"recipe": "native_qwen3", "tier": "trn2", "steps": 3, "seed": 0}
     assert made["environment"] == goldens.environment_metadata()
     assert "over 3 repeated runs" in g.reason and "the floor set 1 of 3 steps" in g.reason
@@ -131,15 +131,15 @@ def test_record_launches_n_runs_of_the_band_options_then_writes_their_band(tmp_p
     dirs = band.record("native_qwen3", "cpu", 3, 3, [0, 1], tmp_path / "work", launch=launch)
     assert [o.seed for o in launched] == [0, 1, 0]  # seeds cycle over the runs
     assert all(o.steps == 3 and o.nproc == 2 and o.init == "hf" and not o.export for o in launched)
-    path = band.make_band("native_qwen3", "cpu", dirs, 4.0, 0.005, "python -m harness.band record native_qwen3")
+    path = band.make_band("native_qwen3", "cpu", dirs, 4.0, 0.005, "python -m harness.judge.band record native_qwen3")
     g = goldens.load("native_qwen3", "cpu-band", path)[1]["loss_curve_3"]
     assert g.band["seeds"] == [0, 1, 0] and g.band["options"]["recipe"] == "native_qwen3"
     assert "seed" not in g.band["options"]  # it differs between the runs, so it is not a shared option
 
 
 def test_band_options_are_the_nightlys_band_lane_runs():
-    """On trn2 the band is made of, and judges, the night's lane run of each recipe (harness.nightly.BAND_LAUNCH)."""
-    from harness import nightly
+    """On trn2 the band is made of, and judges, the night's lane run of each recipe (harness.night.plan.BAND_LAUNCH)."""
+    from harness.night import plan as nightly
 
     native, backend, moe = (band.band_options(r, "trn2") for r in ("native_qwen3", "hf_backend", "nki_moe"))
     assert (native.nproc, native.steps, native.init, native.export) == (64, band.BAND_STEPS, "hf", False)
@@ -158,7 +158,7 @@ def test_a_band_never_recorded_is_recorded_not_judged_with_the_values(goldens_di
     curve = [6.5, 6.4, 6.3]
     verdict = band.judge_curve("native_qwen3", "trn2", curve)
     assert (verdict.kind, verdict.passed, verdict.measured) == (goldens.NOT_JUDGED, None, curve)
-    assert "python -m harness.band record native_qwen3" in verdict.message()
+    assert "python -m harness.judge.band record native_qwen3" in verdict.message()
     assert "unmeasured: loss_curve_3 measured [6.5, 6.4, 6.3]" in verdict.message()
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from benchmarks import __main__ as bench
 from benchmarks.common import commit_of
-from harness import catalogue, nightly
+from harness.declare import catalogue
+from harness.night import plan as nightly
 from recipes.tiers import REPO_ROOT
 
 

@@ -20,7 +20,7 @@ from harness.bump.__main__ import main
 from harness.bump.bisect import EXIT_CANNOT, EXIT_NAMED, EXIT_NOT_NAMED, Point, between, from_bump
 from harness.bump.layer import installed
 from harness.bump.plan import LOCK, BumpError
-from harness.goldens import environment_metadata
+from harness.judge.goldens import environment_metadata
 
 VALUE_TEST = "tests/cpu/bisect_probe.py::test_probe_value"
 FLAKY_TEST = "tests/cpu/bisect_probe.py::test_probe_flaky"

@@ -21,7 +21,7 @@ from harness.bump.plan import EXIT_CANNOT_REHEARSE, EXIT_OK, EXIT_PUBLISHED_BROK
 from harness.bump.report import _golden_cell
 from harness.bump.results import Result, first_line, junit_key, load_run
 from harness.bump.tier import TierRun, baseline_is_current, code_sha256, tier_env
-from harness.environment import pins
+from harness.base.environment import pins
 from recipes.tiers import REPO_ROOT
 from recipes.upstream_shape import shape_message
 
@@ -144,7 +144,7 @@ def golden_row(key, lane, measured, verdict, test, published=None, golden=None):
 
 def write_run(directory: Path, outcomes: dict[str, str], goldens: list[dict], failures: dict[str, str] = {},
               properties: dict[str, dict] = {}, versions: dict | None = None) -> Path:
-    """A report dir as harness.pytest_report and pytest's --junitxml write it."""
+    """A report dir as harness.pytest_plugins.report and pytest's --junitxml write it."""
     directory.mkdir(parents=True)
     tests = [{"test": t, "outcome": o, "duration_s": 1.0, "properties": properties.get(t, {})} for t, o in outcomes.items()]
     data = {"versions": versions or {"torch": "2.14.0", "transformers": "5.16.0", "torchtitan": "0.3.0"},

@@ -1,4 +1,4 @@
-"""The catalogue (harness/catalogue.py): a recipe declares itself once, and the harness follows (issue 36 point 1).
+"""The catalogue (harness/declare/catalogue.py): a recipe declares itself once, and the harness follows (issue 36 point 1).
 
 Every registered recipe has a complete entry, no other harness module names a recipe, and a fourth
 recipe declared only in recipes/, the goldens and the catalogue's entries (added here, in the test) is
@@ -14,7 +14,9 @@ import shutil
 
 import pytest
 
-from harness import catalogue, goldens, nightly
+from harness.declare import catalogue
+from harness.judge import goldens
+from harness.night import plan as nightly
 from recipes.registry import RECIPES, Recipe
 from recipes.tiers import REPO_ROOT
 
@@ -31,7 +33,7 @@ def test_missing_names_each_part_a_recipe_lacks(monkeypatch):
     """Seen to fail: each broken entry below is named by the part it lacks."""
     monkeypatch.setitem(RECIPES, "qwen3_unlisted", Recipe("qwen3_unlisted", "recipes.native_qwen3", "native_qwen3", ""))
     assert catalogue.missing("qwen3_unlisted") == [
-        "an Entry in harness/catalogue.py ENTRIES (every part: lanes, launches, claims, upstream, proxy, band)"]
+        "an Entry in harness/declare/catalogue.py ENTRIES (every part: lanes, launches, claims, upstream, proxy, band)"]
     native = catalogue.ENTRIES["native_qwen3"]
     broken = {
         "lanes": dataclasses.replace(native, lanes=()),
@@ -43,8 +45,11 @@ def test_missing_names_each_part_a_recipe_lacks(monkeypatch):
         "launches": dataclasses.replace(native, launches=(), band_launch=""),
         "a band launch among its launches (not 'config1-corrected')": dataclasses.replace(
             native, band_launch="config1-corrected"),
-        "a judge of each published trn2 claim (none for ['native_qwen3.trn2.step1_loss_hf'])": dataclasses.replace(
-            native, claims=tuple(j for j in native.claims if not j.claim.endswith("step1_loss_hf"))),
+        "a judge of each published trn2 claim it must reproduce (none declared)": dataclasses.replace(
+            native, claims=()),
+        "judges of claims named <recipe>.<tier>.<key of harness.declare.published.CLAIMS> "
+        "(not ['native_qwen3.trn2.step1_loss_typo'])": dataclasses.replace(
+            native, claims=native.claims[:1] + (dataclasses.replace(native.claims[0], claim="native_qwen3.trn2.step1_loss_typo"),)),
     }
     for part, entry in broken.items():
         with catalogue.added(entry):
@@ -52,18 +57,39 @@ def test_missing_names_each_part_a_recipe_lacks(monkeypatch):
     assert catalogue.missing("native_qwen3") == []
 
 
+def test_a_claim_dropped_from_the_declaration_or_its_goldens_file_fails_the_gate_by_name(tmp_path):
+    """The claims a night must judge are declared in code; the goldens files must agree with them, both ways."""
+    import shutil
+
+    from harness.judge import goldens
+
+    native = catalogue.ENTRIES["native_qwen3"]
+    assert goldens.disagreements("trn2") == []
+    dropped = dataclasses.replace(native, claims=tuple(j for j in native.claims if not j.claim.endswith("step1_loss_hf")))
+    with catalogue.added(dropped):
+        assert goldens.disagreements("trn2") == [
+            f"{goldens.GOLDENS_DIR}/native_qwen3/trn2.json: published golden native_qwen3.trn2.step1_loss_hf "
+            "has no judge declared in harness/declare/catalogue.py"]
+    copy = tmp_path / "goldens"
+    shutil.copytree(goldens.GOLDENS_DIR, copy)
+    (copy / "nki_moe" / "trn2.json").unlink()
+    lines = goldens.disagreements("trn2", copy)
+    assert [line.split(": ")[0] for line in lines] == [str(copy / "nki_moe" / "trn2.json")] * 3, lines
+    assert "nki_moe.trn2.rope_q_max_abs_diff" in lines[1] and "nki_moe.trn2.rope_k_max_abs_diff" in lines[2]
+
+
 def recipe_names(text: str) -> list[str]:
     return [name for name in RECIPES if re.search(rf"{name}", text)]
 
 
 def test_no_other_harness_module_names_a_recipe():
-    """``grep -rn 'hf_backend|native_qwen3|nki_moe' harness/`` finds harness/catalogue.py only (its docs too)."""
+    """``grep -rn 'hf_backend|native_qwen3|nki_moe' harness/`` finds harness/declare/catalogue.py only (its docs too)."""
     found = {
         str(path.relative_to(REPO_ROOT)): recipe_names(path.read_text())
-        for path in sorted(HARNESS.rglob("*.py")) if path != HARNESS / "catalogue.py"
+        for path in sorted(HARNESS.rglob("*.py")) if path != HARNESS / "declare" / "catalogue.py"
     }  # fmt: skip
     assert {path: names for path, names in found.items() if names} == {}
-    assert recipe_names((HARNESS / "catalogue.py").read_text()) == list(RECIPES)
+    assert recipe_names((HARNESS / "declare" / "catalogue.py").read_text()) == list(RECIPES)
 
 
 # --- a fourth recipe, declared only where a recipe is declared ---------------------------------------
@@ -118,7 +144,7 @@ def test_a_fourth_recipe_is_picked_up_by_lanes_plan_band_and_checks(fourth_recip
     text = "\n".join(nightly.claim_lines())
     assert f"| {VARIANT}.trn2.step1_loss_hf | 6.54 | variant-as_published ({VARIANT}/as_published" in text
     # The band: its trn2 band is its band launch's run; elsewhere, its band init and as-published acceptance.
-    from harness.band import band_options
+    from harness.judge.band import band_options
 
     trn2 = band_options(VARIANT, "trn2")
     assert (trn2.recipe, trn2.init, trn2.steps, trn2.export) == (VARIANT, "hf", 20, False)
@@ -126,8 +152,8 @@ def test_a_fourth_recipe_is_picked_up_by_lanes_plan_band_and_checks(fourth_recip
     cpu = band_options(VARIANT, "cpu")
     assert (cpu.recipe, cpu.init, cpu.allow_mismatch) == (VARIANT, "hf", ["rope_theta"])
     # The checks and the 4B-width proxy.
-    from harness.checks import OPTION_CHECKS
-    from harness.step1_forward import proxy_options
+    from harness.checks.preflight import OPTION_CHECKS
+    from harness.judge.proxy import proxy_options
 
     for check in OPTION_CHECKS:
         check(trn2)
@@ -137,8 +163,8 @@ def test_a_fourth_recipe_is_picked_up_by_lanes_plan_band_and_checks(fourth_recip
 
 def test_a_fourth_recipe_is_dry_run_against_its_upstream(fourth_recipe, tmp_path):
     """The dry run builds the variant's 4B model on meta and compares it with its declared upstream."""
-    from harness import dry_run
-    from harness.options import RunOptions
+    from harness.night import dry_run
+    from harness.options.run_options import RunOptions
 
     plan = dry_run.plan_run(RunOptions(recipe=VARIANT, tier="trn2", init="random", run_dir=tmp_path / "run"))
     result = dry_run.dry_run(plan, [])

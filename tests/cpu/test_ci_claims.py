@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import ci, goldens, published
+from harness.night import ci
+from harness.judge import goldens
+from harness.declare import published
 from recipes.tiers import REPO_ROOT
 
 
@@ -53,10 +56,11 @@ def write_report(tmp_path: Path, tests: list[dict]) -> Path:
     return path
 
 
-def require_claims(report: Path) -> subprocess.CompletedProcess:
+def require_claims(report: Path, goldens_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **({"QWEN3_GOLDENS_DIR": str(goldens_dir)} if goldens_dir else {})}
     return subprocess.run(
-        [sys.executable, "-m", "harness.ci", "require-claims", str(report), "--tier", "trn2"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+        [sys.executable, "-m", "harness.night.ci", "require-claims", str(report), "--tier", "trn2"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, env=env,
     )  # fmt: skip
 
 
@@ -79,6 +83,22 @@ def test_one_missing_claim_fails_and_is_named(tmp_path):
     assert f"1 of {len(names)} published trn2 claims were not measured" in out.stderr
     assert f"NOT MEASURED  {dropped} (published 6.54)" in out.stderr
     assert out.stderr.count("NOT MEASURED") == 1
+
+
+def test_a_deleted_goldens_file_fails_the_gate_naming_the_file_and_its_claims(tmp_path):
+    """The claims come from the catalogue, not from whichever goldens files exist: with one recipe's trn2
+    goldens deleted, a night that judged every other claim still fails, and says which file and claims."""
+    from harness.judge.goldens import GOLDENS_DIR
+
+    copy = tmp_path / "goldens"
+    shutil.copytree(GOLDENS_DIR, copy)
+    (copy / "hf_backend" / "trn2.json").unlink()
+    names = claim_names()
+    report = write_report(tmp_path, [judged(n) for n in names if not n.startswith("hf_backend.")])
+    out = require_claims(report, copy)
+    assert out.returncode == 1, out.stdout
+    assert f"{copy / 'hf_backend' / 'trn2.json'}: published claim hf_backend.trn2.step1_loss_hf" in out.stderr
+    assert "all" not in out.stdout
 
 
 def test_a_skipped_test_counts_as_not_measured(tmp_path):
@@ -152,7 +172,7 @@ def test_with_the_switch_missing_requirements_fail_and_no_claim_counts(tmp_path)
     assert "NOT MEASURED  native_qwen3.trn2.step1_loss_hf" in guard.stderr
     # Issue 25 point 6: a test that failed in setup ran nothing; the zero-tests guard says so.
     ran = subprocess.run(
-        [sys.executable, "-m", "harness.ci", "require-ran", str(tmp_path / "tests.json"), "--marker", "neuron"],
+        [sys.executable, "-m", "harness.night.ci", "require-ran", str(tmp_path / "tests.json"), "--marker", "neuron"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
     )  # fmt: skip
     assert ran.returncode == 1, ran.stdout + ran.stderr
@@ -185,7 +205,7 @@ def test_nightly_checks_every_torchtitan_name_before_any_test():
     runs = [s.get("run", "").strip() for s in nightly_steps()]
     install = runs.index("make neuron-venv")
     first_after = next(r for r in runs[install + 1 :] if r)
-    assert first_after == "$NEURON_VENV_DIR/bin/python -m harness.titan_check --tier trn2"
+    assert first_after == "$NEURON_VENV_DIR/bin/python -m harness.checks.titan --tier trn2"
     assert runs.index(first_after) < min(i for i, r in enumerate(runs) if "-m pytest" in r)
 
 
@@ -206,8 +226,8 @@ def test_the_nights_venv_survives_checkout_and_one_variable_names_it_everywhere(
 
 
 def test_nightly_timeout_follows_from_the_plan():
-    """Issue 24 point 12: the job's timeout is the plan's cold total with its margin (harness/nightly.py)."""
-    from harness import nightly
+    """Issue 24 point 12: the job's timeout is the plan's cold total with its margin (harness/night/plan.py)."""
+    from harness.night import plan as nightly
 
     job = yaml.safe_load(NIGHTLY.read_text())["jobs"]["neuron"]
     assert job["timeout-minutes"] == nightly.workflow_timeout_minutes()
@@ -217,7 +237,7 @@ def test_nightly_timeout_follows_from_the_plan():
 def test_nightly_records_the_inputs_of_its_first_night():
     """The first night records the input keys (report/goldens-recorded, uploaded); later nights judge on them."""
     steps = nightly_steps()
-    (record,) = [s for s in steps if "harness.ci record-inputs" in s.get("run", "")]
+    (record,) = [s for s in steps if "harness.night.ci record-inputs" in s.get("run", "")]
     assert record.get("if") == "always()"
 
 
@@ -229,7 +249,7 @@ def test_nightly_runs_every_neuron_test_then_both_guards_whatever_happened():
     tests = steps[pytest_steps[0]]
     assert "-m neuron" in tests["run"] and "tests/neuron/" not in tests["run"]  # the whole marker, nothing selected out
     assert tests.get("if") == "${{ !cancelled() }}"
-    for guard in ("harness.ci require-ran", "harness.ci require-claims report/tests.json --tier trn2"):
+    for guard in ("harness.night.ci require-ran", "harness.night.ci require-claims report/tests.json --tier trn2"):
         (index,) = [i for i, r in enumerate(runs) if guard in r]
         assert index > pytest_steps[0] and steps[index].get("if") == "always()", guard
 

@@ -2,7 +2,7 @@
 
 aws-neuron/aws-neuron-sdk training/torchtitan/about-torchtitan-neuron.rst: "--compile.enable
 --compile.backend neuron". Checked on the trn2 dry run, which builds the config exactly as
-the launcher and every rank do (harness.config.finish_config), on any machine.
+the launcher and every rank do (harness.config.build.finish_config), on any machine.
 """
 
 from __future__ import annotations

@@ -52,10 +52,10 @@ def _described(config) -> str:
 def test_torchtitans_config_manager_builds_what_the_harness_builds(module, function, recipe, tier, init, tmp_path,
                                                                    monkeypatch):
     """The same config but the dump folder: the entry's own per config and run, the harness's its run dir."""
-    from harness.options import RunOptions
-    from harness.checks import preflight
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
     from recipes.titan import ConfigManager
-    from harness.config import build_config
+    from harness.config.build import build_config
 
     monkeypatch.chdir(tmp_path)  # no earlier run in ./outputs
     cli = ["--training.steps", "3"]
@@ -83,7 +83,7 @@ def test_trn2_config_functions_refuse_in_one_line_without_a_device(module, funct
 def test_torchtitan_train_runs_config_2_to_the_golden_step1_loss(tmp_path, record_property):
     """torchtitan's own entry, no harness launcher or rank entry: the same step-1 loss as the golden."""
     from benchmarks.common import run_titan_train
-    from harness import goldens
+    from harness.judge import goldens
 
     steps = run_titan_train(
         "recipes.native_qwen3", "native_qwen3_cpu", 2, tmp_path, "--training.steps", "1", timeout_s=600
@@ -112,7 +112,7 @@ def test_the_readme_command_trains_again_and_after_another_recipe(tmp_path, monk
     ``./outputs/checkpoint/step-1`` for a DCP checkpoint and died (``metadata is None``).
     """
     from benchmarks.common import parse_titan_steps, run_bound, titan_train_command
-    from harness import goldens
+    from harness.judge import goldens
     from recipes.entry_folder import HF_INDEX
 
     work = tmp_path / "work"

@@ -1,6 +1,6 @@
 """Curves in the goldens files: a list value is judged step by step, in every lane that holds one.
 
-No launches: the rules of harness.goldens on made-up curves (the real curves are
+No launches: the rules of harness.judge.goldens on made-up curves (the real curves are
 asserted in tests/cpu/test_curves.py).
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import goldens, verdicts
+from harness.judge import goldens, verdicts
 
 
 CURVE = [2.0, 1.5, 1.25, 1.0]
@@ -23,7 +23,7 @@ BAND = {
     "reason": "repeated runs",
     "band": {
         "n": 2, "k": 3.0, "min_halfwidth": 0.1, "std": [0.0, 0.0, 0.05, 0.05], "runs": [CURVE, CURVE],
-        "command": "python -m harness.band ...", "environment": {"versions": {"torch": "x"}},
+        "command": "python -m harness.judge.band ...", "environment": {"versions": {"torch": "x"}},
     },
 }  # fmt: skip
 
@@ -139,7 +139,7 @@ def test_make_goldens_lists_a_changed_curve_by_steps_and_keeps_its_portable_rtol
     _, values = goldens.load("r", "t")
     assert values["curve"].value == new_curve and values["curve"].portable_rtol == 1e-5  # kept
     assert values["fresh"].portable_rtol == 2e-2 and values["band"].lane == "band"  # the band untouched
-    with pytest.raises(goldens.GoldenError, match="only `python -m harness.band` writes it"):
+    with pytest.raises(goldens.GoldenError, match="only `python -m harness.judge.band` writes it"):
         goldens.update_exact("r", "t", {"band": CURVE}, {"band": "x"})
 
 

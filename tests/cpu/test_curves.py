@@ -163,9 +163,9 @@ def test_one_and_two_processes_give_the_same_curve(same_batch, record_property):
 
 def optimizer_relevant_config(recipe: str) -> dict:
     """Everything of a recipe's cpu Trainer.Config that steers the optimization, flattened."""
-    from harness.options import RunOptions
-    from harness.checks import preflight
-    from harness.config import build_config
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.config.build import build_config
 
     opts = preflight(RunOptions(recipe=recipe, tier="cpu", nproc=1, steps=STEPS, init="hf", export=False))
     config = build_config(opts)

@@ -50,8 +50,8 @@ GAP_RESIDUAL_ATOL = 0.02
 
 def recipe_options():
     """The options of the shared native run (tests/cpu/conftest.py: native_hf_run), minus its outputs."""
-    from harness.options import RunOptions
-    from harness.checks import preflight
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
 
     return preflight(RunOptions(recipe="native_qwen3", tier="cpu", nproc=2, init="hf", model_dir=MODEL_DIR, seed=0))
 
@@ -64,7 +64,7 @@ def first_batches(opts) -> list[dict[str, torch.Tensor]]:
     seq_len, local_batch_size)``. The recipe sets ``data_parallel_shard_degree=-1`` and
     every other degree to 1, so the batch mesh is all ``nproc × nnodes`` ranks.
     """
-    from harness.config import build_config
+    from harness.config.build import build_config
 
     config = build_config(opts)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
@@ -200,7 +200,7 @@ def test_loader_batch_layout(batches, eos_id, record_property):
 
 def test_transformers_loss_on_first_batch_equals_step1_golden(batches, hf_model, record_property):
     """transformers on torchtitan's first batches, seen as torchtitan's SDPA sees them, is the golden."""
-    from harness import goldens
+    from harness.judge import goldens
 
     _, values = goldens.load("native_qwen3", "cpu")
     golden = values["step1_loss_hf"].value
@@ -235,7 +235,7 @@ def test_per_document_positions_explain_the_gap_to_the_eval_loss(batches, hf_mod
     right after an EOS (mean CE 3.27, the next document's unpredictable first
     token), which the loader never asks for.
     """
-    from harness import goldens
+    from harness.judge import goldens
 
     recorded_eval = json.loads((MODEL_DIR / "TRAINING.json").read_text())["eval_loss"]
     step1 = goldens.load("native_qwen3", "cpu")[1]["step1_loss_hf"].value
@@ -269,12 +269,12 @@ def test_per_document_positions_explain_the_gap_to_the_eval_loss(batches, hf_mod
 
 
 def test_reference_module_scores_both_attentions_as_this_module_does(batches, hf_model):
-    """harness.reference (the main job's reference loss) computes these views, row by row with chunked logits.
+    """harness.reference.diagnosis (the main job's reference loss) computes these views, row by row with chunked logits.
 
     "causal" is what torchtitan's SDPA computes (all-ones mask, per-document positions);
     "document" is a Flex/Varlen document mask (transformers' packed-sequence detection).
     """
-    from harness import reference
+    from harness.reference import diagnosis as reference
 
     model = reference.load_reference_model(MODEL_DIR)
     for attention, view in (("causal", "torchtitan"), ("document", "document")):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 
-from harness.options import RunOptions
-from harness.checks import preflight
-from harness.provenance import dataset_info, provenance
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
+from harness.config.provenance import dataset_info, provenance
 from recipes.tiers import FIXTURES
-from harness.config import build_config
+from harness.config.build import build_config
 
 
 CORPUS = FIXTURES / "corpus"

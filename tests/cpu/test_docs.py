@@ -4,7 +4,7 @@ Read from README.md, docs/*.md and the other READMEs, inside `code spans` and fe
 architecture's picture). A path that starts at a top-level folder of the repository must match the tree
 (``<recipe>`` and ``*`` match anything); a path inside a package (``checks/kernels.py``) must end some
 tracked path; a bare file name must be some tracked file's name; ``python -m NAME`` must be an importable
-module; a dotted name of the suite (``harness.verdicts.compare``, or ``verdicts.compare`` for a module of
+module; a dotted name of the suite (``harness.judge.verdicts.compare``, or ``verdicts.compare`` for a module of
 harness/ or recipes/) must import and resolve, so a renamed file, module or function fails here.
 """
 
@@ -29,7 +29,7 @@ GENERATED = {"report", "runs", "outputs"}
 ELSEWHERE = {
     "tests/assets/c4_test": "torchtitan's own test assets, in a TorchTitan (Neuron) checkout",
     "tests/assets/tokenizer": "torchtitan's own test assets, in a TorchTitan (Neuron) checkout",
-    "fixtures/goldens/<recipe>/trn2-band.json": "written by `python -m harness.band record` on a trn2 night",
+    "fixtures/goldens/<recipe>/trn2-band.json": "written by `python -m harness.judge.band record` on a trn2 night",
 }
 FILE_NAME = re.compile(r"^[\w.-]+\.(py|md|yml|yaml|json|jsonl|sh|txt|toml|ini)$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
@@ -55,13 +55,19 @@ def spans(text: str) -> list[str]:
 
 @functools.cache
 def submodules() -> frozenset[str]:
-    """First-level module names of harness/ and recipes/ (``verdicts``, ``checks``, ``titan``, ...)."""
-    found = set()
+    """Every module and package name inside harness/ and recipes/ (``verdicts``, ``checks``, ``titan``, ...)."""
+    return frozenset(short_names())
+
+
+@functools.cache
+def short_names() -> dict[str, tuple[str, ...]]:
+    """Each module or package name inside harness/ and recipes/ -> the dotted modules of that name."""
+    found: dict[str, set[str]] = {}
     for path in tracked():
-        parts = path.removesuffix(".py").split("/")
+        parts = path.removesuffix(".py").removesuffix("/__init__").split("/")
         if parts[0] in ("harness", "recipes") and path.endswith(".py") and len(parts) > 1:
-            found.add(parts[1] if parts[1] != "__init__" else parts[0])
-    return frozenset(found - {"harness", "recipes"})
+            found.setdefault(parts[-1], set()).add(".".join(parts))
+    return {name: tuple(sorted(mods)) for name, mods in found.items()}
 
 
 def mentions(text: str) -> tuple[set[str], set[str], set[str], set[str], set[str]]:
@@ -100,10 +106,11 @@ def ends_a_tracked_path(path: str) -> bool:
 
 
 def resolves(name: str) -> bool:
-    """``name`` (``harness.verdicts.compare``, or ``verdicts.compare`` inside harness/ or recipes/) imports and
+    """``name`` (``harness.judge.verdicts.compare``, or ``verdicts.compare`` inside harness/ or recipes/) imports and
     resolves: the longest importable module prefix, then attributes."""
     first = name.split(".")[0]
-    candidates = [name] if first in PACKAGES else [f"harness.{name}", f"recipes.{name}"]
+    rest = name[len(first) :]
+    candidates = [name] if first in PACKAGES else [m + rest for m in short_names().get(first, ())]
     for candidate in candidates:
         parts = candidate.split(".")
         for i in range(len(parts), 0, -1):
@@ -164,5 +171,5 @@ def test_the_check_sees_renamed_modules_functions_and_package_paths():
                       "goldens.compare", "harness.config.tree.config3_comparison"}  # fmt: skip
     assert not any(resolves(d) for d in dotted)
     renamed = ["harness.checks.built_config.check_compile", "harness.launch.elastic.run_forked_rank",
-               "verdicts.compare", "harness.config3_fork.config3_comparison", "recipes.tutorial.tutorial_settings"]  # fmt: skip
+               "verdicts.compare", "harness.night.config3_fork.config3_comparison", "recipes.tutorial.tutorial_settings"]  # fmt: skip
     assert all(resolves(d) for d in renamed) and ends_a_tracked_path("checks/built_config.py")

@@ -17,7 +17,7 @@ import pytest
 #: One xdist worker takes this module: its two module dry runs (a subprocess each) run once, on one worker.
 pytestmark = pytest.mark.xdist_group("dry-run")
 
-from harness.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
+from harness.night.dry_run import DRY_RUN_DIR, QWEN3_4B_SIZES
 from recipes.tiers import REPO_ROOT
 
 
@@ -115,7 +115,7 @@ def test_command_is_the_tutorials_64_rank_data_parallel_launch(all_recipes, name
     assert result["torchrun"].startswith("torchrun --standalone --nproc_per_node=64 ")
     assert result["argv"][1:3] == ["-m", "torch.distributed.run"]
     run_dir = result["run_json"]["run_dir"]
-    assert result["argv"][-4:] == ["-m", "harness.train", "--run-dir", run_dir]
+    assert result["argv"][-4:] == ["-m", "harness.rank.train", "--run-dir", run_dir]
     run_json = result["run_json"]
     assert (run_json["nproc"], run_json["init"]) == (64, init)
     assert (run_json["model_dir"], run_json["dataset_dir"]) == ("$QWEN3_4B_DIR", "$QWEN3_DATASET_DIR")
@@ -166,7 +166,7 @@ def test_the_dry_run_checks_the_torchtitan_names_first(all_recipes):
     assert {h: v["status"] for h, v in hooks.items()} == {
         "Trainer.batch_generator": "ok", "Trainer.train_step": "ok", "MetricsProcessor.logger": "ok",
     }  # fmt: skip
-    assert hooks["Trainer.batch_generator"]["files"] == ["harness/first_batch.py"]
+    assert hooks["Trainer.batch_generator"]["files"] == ["harness/rank/first_batch.py"]
 
 
 def test_the_dry_run_says_where_config_3_comes_from(all_recipes):
@@ -178,7 +178,7 @@ def test_the_dry_run_says_where_config_3_comes_from(all_recipes):
 
 
 def test_the_dry_run_prints_the_nightly_in_order_with_its_budget(all_recipes):
-    from harness import nightly
+    from harness.night import plan as nightly
 
     proc, report_dir = all_recipes
     out = proc.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.published import CLAIMS
+from harness.declare.published import CLAIMS
 from recipes.tiers import FIXTURES
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
@@ -103,23 +103,24 @@ def nki_moe_initial_state(nki_moe_run, tmp_path_factory) -> dict[str, str]:
     """What config 3's ranks held before step 1 (random init: no source checkpoint), in the export's names.
 
     The run's options, built by the trainer in 2 new ranks and hashed after init
-    (harness.step1_forward --initial-state). That it is the run's own init is checked, not
+    (harness.rank.step1_forward --initial-state). That it is the run's own init is checked, not
     assumed: the same weights on the same first batch must score the run's step-1 loss.
     """
-    from harness import step1_forward
-    from harness.options import RunOptions
+    from harness.judge import proxy
+    from harness.base.run_dir import INITIAL_STATE_FILE
+    from harness.options.run_options import RunOptions
 
     run_dir = tmp_path_factory.mktemp("nki-moe-initial")
-    scored = step1_forward.run(RunOptions(run_dir=run_dir, **NKI_MOE_RUN), initial_state=True)
+    scored = proxy.run(RunOptions(run_dir=run_dir, **NKI_MOE_RUN), initial_state=True)
     assert scored["loss"] == nki_moe_run["losses"][0], (scored["loss"], nki_moe_run["losses"][0])
-    return json.loads((run_dir / step1_forward.INITIAL_STATE_FILE).read_text())
+    return json.loads((run_dir / INITIAL_STATE_FILE).read_text())
 
 
 def safetensors_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every tensor in ``directory``'s safetensors files, by name (harness.export.tensor_sha256)."""
+    """sha256 of every tensor in ``directory``'s safetensors files, by name (harness.rank.export.tensor_sha256)."""
     from safetensors import safe_open
 
-    from harness.export import tensor_sha256
+    from harness.rank.export import tensor_sha256
 
     hashes = {}
     for path in sorted(directory.glob("*.safetensors")):
@@ -143,7 +144,7 @@ EXPORTING_RUNS = {
 def test_export_holds_the_trained_weights(case, request, record_property):
     """Every exported tensor is bit for bit what rank 0 held after the last step, and training
     moved at least one away from the weights it started from (an export of those would fail)."""
-    from harness.export import EXPORT_DIR_NAME, FINAL_STATE_FILE
+    from harness.rank.export import EXPORT_DIR_NAME, FINAL_STATE_FILE
 
     run_fixture, source_dir = EXPORTING_RUNS[case]
     run = request.getfixturevalue(run_fixture)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from harness import export
+from harness.rank import export
 from recipes.tiers import REPO_ROOT
 
 

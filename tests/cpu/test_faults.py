@@ -1,7 +1,7 @@
 """Faults end a run within a bounded time, with the failing rank's log lines, and leave no process behind.
 
 Each test asserts what the failing rank itself wrote (its exception or the line
-``harness/faults.py`` prints before it acts), found in that rank's section of the
+``harness/rank/faults.py`` prints before it acts), found in that rank's section of the
 failure message, not the harness's own headers ("--- rank N: ...") or summary.
 Each runs on both ways ranks start (the ``rank_start`` fixture: "exec", trn2's
 torchrun, and "preloaded", the cpu tier's harness.launch.elastic), and a watch of the
@@ -17,16 +17,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.faults import ENV
-from harness.launch import GRACE_S, LaunchError, launch
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.rank.faults import ENV
+from harness.launch.lifecycle import GRACE_S, LaunchError, launch
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 from run_watch import RunWatch, describe, run_roles
 
 NPROC = 2
 
 
-#: The header harness.launch.rank_log_tails puts before each rank's log tail.
+#: The header harness.launch.lifecycle.rank_log_tails puts before each rank's log tail.
 RANK_HEADER = re.compile(r"^--- rank (\S+): last \d+ lines of .*$", re.MULTILINE)
 
 

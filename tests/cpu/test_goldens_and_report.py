@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import goldens, verdicts
+from harness.judge import goldens, verdicts
 from recipes.tiers import REPO_ROOT
 
 
@@ -34,8 +34,8 @@ def test_every_shipped_goldens_file_loads():
 
 def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
     """Published and proxy entries carry no number of their own: each names a claim of
-    harness.published (the one place the tutorial's numbers are written) and states why."""
-    from harness.published import CLAIMS
+    harness.declare.published (the one place the tutorial's numbers are written) and states why."""
+    from harness.declare.published import CLAIMS
 
     seen = set()
     for path in sorted(goldens.GOLDENS_DIR.glob("*/*.json")):
@@ -68,7 +68,7 @@ def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
         ({**ENTRY, "colour": "red"}, "unknown field(s) ['colour']"),
         ({**ENTRY, "lane": "vibes"}, "lane 'vibes'"),
         ({**ENTRY, "tolerance": -1}, "tolerance -1"),
-        ({**ENTRY, "lane": "published"}, "written only in harness/published.py"),
+        ({**ENTRY, "lane": "published"}, "written only in harness/declare/published.py"),
         ({"claim": "step1_loss_hf", "tolerance": 0.1, "lane": "published", "reason": "r", "value": 6.5}, "own 'value'"),
         ({"claim": "step1_loss_zz", "tolerance": 0.1, "lane": "proxy", "reason": "r"}, "claim 'step1_loss_zz'"),
         ({**ENTRY, "claim": "step1_loss_hf"}, "cannot name a claim"),
@@ -165,7 +165,7 @@ def test_update_writes_only_what_this_run_measured(tmp_path, monkeypatch):
 
 def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_report", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugins.report", "-p", "no:cacheprovider", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -240,7 +240,7 @@ def test_zero_tests_guard_fails_when_every_neuron_test_skipped(tmp_path):
     assert data["tests"] and all(t["outcome"] == "skipped" for t in data["tests"])
     assert all("no Neuron device" in t["properties"]["skip_reason"] for t in data["tests"])
     guard = subprocess.run(
-        [sys.executable, "-m", "harness.ci", "require-ran", str(report / "tests.json"), "--marker", "neuron"],
+        [sys.executable, "-m", "harness.night.ci", "require-ran", str(report / "tests.json"), "--marker", "neuron"],
         capture_output=True, text=True, cwd=REPO_ROOT,
     )  # fmt: skip
     assert guard.returncode == 1
@@ -258,7 +258,7 @@ def test_workflows_parse_and_call_the_readme_commands():
     assert job["runs-on"] == ["self-hosted", "trn2"]
     assert "schedule" in nightly[True] or "schedule" in nightly.get("on", {})  # YAML 1.1 reads `on` as True
     nightly_steps = " ".join(step.get("run", "") for step in job["steps"])
-    for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.ci require-ran", "harness.ci trend"):
+    for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.night.ci require-ran", "harness.night.ci trend"):
         assert needed in nightly_steps, needed
     ci_run = (REPO_ROOT / ".ci/run").read_text()
     assert "make rehearse-trn2" in ci_run and ci_run.rstrip().endswith("make test")  # pytest's summary closes CI
@@ -267,7 +267,7 @@ def test_workflows_parse_and_call_the_readme_commands():
 
 def test_the_golden_fixture_refuses_a_tier_other_than_the_one_under_test(golden):
     """A cpu test cannot judge (or record) a trn2 golden, even one whose value it would match."""
-    from harness.published import CLAIMS
+    from harness.declare.published import CLAIMS
 
     with pytest.raises(pytest.fail.Exception, match=r"in a cpu test .* only its own tier's goldens \('cpu'\)"):
         golden("native_qwen3", "trn2", "step1_loss_hf", CLAIMS["step1_loss_hf"].value)

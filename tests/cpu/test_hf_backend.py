@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.options import RunOptions
-from harness.checks import PreflightError, preflight
-from harness.published import CLAIMS
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import PreflightError, preflight
+from harness.declare.published import CLAIMS
 from recipes.tiers import CPU, FIXTURES, REPO_ROOT
 
 
@@ -112,7 +112,7 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 
 
 #: One rank of the recipe, in a process of its own: build the trainer exactly
-#: as harness.train does, train, and report whether embedding and head are one tensor.
+#: as harness.rank.train does, train, and report whether embedding and head are one tensor.
 TRAINER_PROBE = r"""
 import json, os, socket, sys
 with socket.socket() as s:
@@ -123,10 +123,10 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"
 from recipes import platform
 platform.install("cpu")
 import torch
-from harness.options import RunOptions
-from harness.config import build_config
-from harness.run_dir import STEPS_FILE
-from harness.train import record_steps
+from harness.options.run_options import RunOptions
+from harness.config.build import build_config
+from harness.base.run_dir import STEPS_FILE
+from harness.rank.train import record_steps
 
 opts = RunOptions.from_json(sys.argv[1])
 opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def moe_run(hf_backend_moe_run):
 @pytest.fixture(scope="module")
 def random_init_probe(tmp_path_factory) -> dict:
     """One rank from random init, one optimizer step, inside the trainer."""
-    from harness.launch import child_env
+    from harness.launch.lifecycle import child_env
 
     opts = preflight(RunOptions(
         recipe="hf_backend", tier="cpu", nproc=1, steps=1, init="random", model_dir=DENSE_DIR,
@@ -389,7 +389,7 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     Measured: step 1 of the Transformers backend from its own random init (tied head, std
     d^-1/2 truncated at 3 sigma) built from Qwen3-4B-Instruct-2507's config.json in fixtures/
     (no weights) with ONE layer, by the trainer from the recipe's own config function, scored
-    forward-only (harness.step1_forward, bitwise the trainer's step 1). Assumed, so that this
+    forward-only (harness.rank.step1_forward, bitwise the trainer's step 1). Assumed, so that this
     number stands for the tutorial's:
 
     * depth does not matter: one layer, not 36 (a final RMSNorm gives ‖h‖² = d at any depth,
@@ -406,7 +406,7 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     sigma 0.0561; the reason states it). It tells 12.43 from ln V = 11.93 (a zero head), not
     12.418 from 12.43.
     """
-    from harness import goldens
+    from harness.judge import goldens
 
     # The control, before the cost: a zero head scores ln V, which the tolerance must reject.
     entry = goldens.load("hf_backend", "cpu")[1]["step1_loss_random_4b_width"]
@@ -539,7 +539,7 @@ def test_hub_id_is_refused_offline():
 
 
 def test_no_model_dir_means_the_hub_id_and_is_refused_offline():
-    from harness.checks import check_hf_model
+    from harness.checks.preflight import check_hf_model
     from recipes.hf_backend import HUB_ID
 
     opts = RunOptions(recipe="hf_backend", tier="trn2", model_dir=None)  # trn2 without QWEN3_4B_DIR

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
-from harness.launch import GRACE_S
-from harness.run_dir import RUN_FILE, STEPS_FILE
+from harness.report import results as report
+from harness.launch.lifecycle import GRACE_S
+from harness.base.run_dir import RUN_FILE, STEPS_FILE
 from recipes.tiers import REPO_ROOT
 from run_watch import RunWatch, describe
 
@@ -302,7 +302,7 @@ def test_the_first_stop_signal_waits_out_a_deferred_block_and_the_next_are_ignor
 def test_an_interrupt_before_torchrun_started_names_that_run_not_started(tmp_path):
     """A launch stopped before it started torchrun has no result: its run is listed as never started."""
     from harness.__main__ import Progress, report_interrupt
-    from harness.launch import Interrupted
+    from harness.launch.lifecycle import Interrupted
 
     planned = ["native_qwen3/cpu/init=hf", "hf_backend/cpu/init=hf"]
     progress = Progress(stage="rank start", planned=planned, launched=1)

@@ -40,12 +40,12 @@ def test_the_product_imports_nothing_from_the_harness():
 
 def test_the_check_finds_an_import_of_the_harness(tmp_path):
     """The scan sees imports inside functions, as the product's lazy imports are."""
-    (tmp_path / "leaky.py").write_text("def build():\n    from harness.options import RunOptions\n")
+    (tmp_path / "leaky.py").write_text("def build():\n    from harness.options.run_options import RunOptions\n")
     found = [module for _, module in imported_modules(tmp_path / "leaky.py")]
-    assert found == ["harness.options"]
+    assert found == ["harness.options.run_options"]
 
 
-#: A harness file named by path (``harness/train.py``): a rename there would leave the product's text stale.
+#: A harness file named by path (``harness/rank/train.py``): a rename there would leave the product's text stale.
 HARNESS_FILE = re.compile(r"\b(?:harness|benchmarks)/[\w/]*\.py\b")
 
 
@@ -59,13 +59,13 @@ def harness_files_named(root) -> list[str]:
 
 
 def test_the_product_names_no_harness_file():
-    """Which harness file relies on a torchtitan name is the harness's to say (harness.titan_check)."""
+    """Which harness file relies on a torchtitan name is the harness's to say (harness.checks.titan)."""
     assert harness_files_named(REPO_ROOT / "recipes") == []
 
 
 def test_the_check_finds_a_named_harness_file(tmp_path):
-    (tmp_path / "stale.py").write_text('NAMES = (TitanName("x", files=("harness/train.py",)),)\n')
-    assert harness_files_named(tmp_path) == ["stale.py:1: names harness/train.py"]
+    (tmp_path / "stale.py").write_text('NAMES = (TitanName("x", files=("harness/rank/train.py",)),)\n')
+    assert harness_files_named(tmp_path) == ["stale.py:1: names harness/rank/train.py"]
 
 
 @pytest.mark.slow

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
-from harness.run_dir import RUN_FILE
-from harness.launch import GRACE_S
+from harness.report import results as report
+from harness.base.run_dir import RUN_FILE
+from harness.launch.lifecycle import GRACE_S
 from recipes.tiers import FIXTURES, RANK_START_ENV, REPO_ROOT
 from run_watch import RunWatch, describe, run_roles
 
@@ -134,7 +134,7 @@ def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, monkeypat
             assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
             time.sleep(0.05)
         watch.saw(launcher=1, torchrun=1, forkserver=1)
-        # The run directory is claimed before the checks (harness.run_dir.claim); run.json is written at launch.
+        # The run directory is claimed before the checks (harness.base.run_dir.claim); run.json is written at launch.
         launched = sorted(report_dir.glob(f"runs/*/{RUN_FILE}"))
         assert not launched, f"the checks had already passed ({launched}): this test needs the launcher still checking"
         parent.kill()
@@ -178,9 +178,9 @@ def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path, ran
 
 def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
     from recipes.errors import RecipeError
-    from harness.options import RunOptions
-    from harness.checks import preflight
-    from harness.config import build_config
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.config.build import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     with pytest.raises(RecipeError, match=r"torchtitan option refused: .*--training\.steps"):
@@ -189,11 +189,11 @@ def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
 
 def test_goldens_are_judged_on_what_the_config_really_holds():
     """``--training.seq_len 64`` through torchtitan's CLI is not the default launch: no golden applies."""
-    from harness.config import as_configured
-    from harness.verdicts import golden_key
-    from harness.options import RunOptions
-    from harness.checks import preflight
-    from harness.config import build_config
+    from harness.config.build import as_configured
+    from harness.judge.verdicts import golden_key
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.config.build import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     assert golden_key(as_configured(opts, build_config(opts))) == "step1_loss_random"

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from harness.options import RunOptions
-from harness.reference import RunInfo, batch_loss, check, load_reference_model, summary
+from harness.options.run_options import RunOptions
+from harness.reference.diagnosis import RunInfo, batch_loss, check, load_reference_model, summary
 from harness.reference.localize import localize, titan_model
-from harness.first_batch import Record
-from harness.provenance import sha256_of
+from harness.rank.first_batch import Record
+from harness.config.provenance import sha256_of
 from recipes.tiers import CPU
 
 MODEL_DIR = CPU.model_dir
@@ -126,7 +126,7 @@ def _run(measured: float) -> RunInfo:
 
 
 def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
-    """harness.reference.check: no localization when step 1 agrees, one when it does not or on --localize."""
+    """harness.reference.diagnosis.check: no localization when step 1 agrees, one when it does not or on --localize."""
     batch = {"input": ids, "positions": None, "labels": torch.roll(ids, -1, 1)}
     record = Record(batches=[batch], attention="causal", inv_freq=None, ranks=1)
     reference = batch_loss(hf, [batch], "causal")
@@ -142,7 +142,8 @@ def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
 
 def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
     """results.md gets a "First divergence, by layer" section; upstream/<claim>.md fills its section from it."""
-    from harness import report, upstream
+    from harness.report import results as report
+    from harness.night import upstream
 
     loc = localize(titan_model(options(rope_theta=5e6))[0], hf, ids).to_dict()
     run = {"recipe": "native_qwen3", "tier": "cpu", "reference": {"verdict": "measured is 0.01 above", "localization": loc}}

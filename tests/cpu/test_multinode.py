@@ -13,9 +13,9 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import curve_runs
-from harness.launch import launch
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.launch.lifecycle import launch
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 
 
 def free_port() -> int:

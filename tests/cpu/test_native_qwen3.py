@@ -79,9 +79,9 @@ def test_init_scheme_matches_first_principles(record_property):
     In-process: the recipe's model spec, built and initialised as the trainer does
     (meta build, ``to_empty``, ``init_weights``), for several seeds.
     """
-    from harness.options import RunOptions
-    from harness.checks import preflight
-    from harness.config import build_config
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.config.build import build_config
 
     spec = build_config(preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))).model_spec
     tokens = torch.randint(TINY_DENSE.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0))
@@ -119,7 +119,7 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
 
     Measured: step 1 of config 2 from torchtitan's random init (tied head, std 0.02) at the real
     Qwen3-4B width and vocab, built and initialised by the trainer from the recipe's own config
-    function and scored forward-only (harness.step1_forward, bitwise the trainer's step 1).
+    function and scored forward-only (harness.rank.step1_forward, bitwise the trainer's step 1).
     Assumed, so that this number stands for the tutorial's:
 
     * depth does not matter: ONE layer, not 36. A final RMSNorm gives ‖h‖² = d at any depth, so
@@ -134,7 +134,7 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     sigma 0.0603; the reason states it). It tells 12.43 from ln V = 11.93 (a zero head), not
     12.443 from 12.43.
     """
-    from harness import goldens
+    from harness.judge import goldens
 
     # The control, before the cost: a zero head scores ln V, which the tolerance must reject.
     entry = goldens.load("native_qwen3", "cpu")[1]["step1_loss_random_4b_width"]

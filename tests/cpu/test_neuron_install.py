@@ -426,14 +426,14 @@ def test_readme_command_lines_use_only_real_subcommands_and_flags():
     for rest in readme_commands("scripts/neuron_venv.sh"):
         for flag in _FLAG.findall(rest):
             assert f"{flag})" in script, f"README: scripts/neuron_venv.sh {flag}: the script has no such option"
-    ci_uses = readme_commands("harness.ci ")
+    ci_uses = readme_commands("harness.night.ci ")
     assert any(rest.startswith("require-claims") for rest in ci_uses)
     for rest in ci_uses:
         command = rest.split()[0]
-        text = help_text("-m", "harness.ci", command)
+        text = help_text("-m", "harness.night.ci", command)
         missing = [flag for flag in _FLAG.findall(rest) if flag not in text]
-        assert not missing, f"README: harness.ci {command} {missing}: not options of that command"
-    for marker, argv in (("python -m harness run", ("-m", "harness", "run")), ("-m harness.train", ("-m", "harness.train"))):
+        assert not missing, f"README: harness.night.ci {command} {missing}: not options of that command"
+    for marker, argv in (("python -m harness run", ("-m", "harness", "run")), ("-m harness.rank.train", ("-m", "harness.rank.train"))):
         uses = readme_commands(marker)
         assert uses, marker
         text = help_text(*argv)

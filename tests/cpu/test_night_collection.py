@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.pytest_tiers import selectable_tiers
+from harness.pytest_plugins.tiers import selectable_tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 NEURON_TESTS = ROOT / "tests" / "neuron"
@@ -118,7 +118,7 @@ def lane_run_literals(path: Path) -> dict[str, set[str] | None]:
 
 
 def test_the_night_runs_cheap_checks_first_then_its_launches_in_the_plans_order(tmp_path):
-    from harness.nightly import LAUNCHES
+    from harness.night.plan import LAUNCHES
 
     order = night_order(tmp_path)
     assert len(order) == len(neuron_test_ids("\n".join(t["id"] for t in order))) > 0

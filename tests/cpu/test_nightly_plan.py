@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import catalogue, ci, lanes, nightly
-from harness.lanes import Lane
-from harness.report import lane_summary, lanes_section
+from harness.declare import catalogue
+from harness.night import ci, plan as nightly
+from harness.options import lanes
+from harness.options.lanes import Lane
+from harness.report.results import lane_summary, lanes_section
 from recipes.tiers import REPO_ROOT
 
 NEURON = REPO_ROOT / "tests" / "neuron"
@@ -62,7 +64,7 @@ def test_the_export_judge_names_every_difference_of_its_lane():
 
 
 def test_the_night_makes_each_recipes_launches_each_used_by_a_test_that_names_it():
-    """The night's launches are the catalogue entries' (harness.catalogue), every-night ones first, each used by a
+    """The night's launches are the catalogue entries' (harness.declare.catalogue), every-night ones first, each used by a
     neuron test; one lane run serves step 1, export, band and reference at once (16 launches became 11, then 8 a
     stable night: the on-change ones run only when what they explain may have moved)."""
     declared = [x.name for when in (catalogue.EVERY_NIGHT, catalogue.ON_CHANGE) for e in catalogue.ENTRIES.values()
@@ -79,7 +81,7 @@ def test_the_night_makes_each_recipes_launches_each_used_by_a_test_that_names_it
 
 
 def test_tests_named_trains_assert_a_fall_beyond_noise():
-    """A test named "trains" must assert more than a finite loss (harness.band.loss_fall)."""
+    """A test named "trains" must assert more than a finite loss (harness.judge.band.loss_fall)."""
     for path in NEURON.glob("test_*_neuron.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -118,7 +120,7 @@ def test_the_checkout_is_found_from_an_editable_torchtitan(tmp_path):
     (checkout / "torchtitan" / "__init__.py").write_text("")
     for sub in ("tests/assets/c4_test", "tests/assets/tokenizer"):
         (checkout / sub).mkdir(parents=True)
-    code = "from harness.lanes import titan_checkout; print(titan_checkout())"
+    code = "from harness.options.lanes import titan_checkout; print(titan_checkout())"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": f"{checkout}:{REPO_ROOT}"})  # fmt: skip
     assert out.stdout.strip() == repr((checkout, "")), out.stderr
@@ -200,7 +202,7 @@ def test_a_config_row_names_the_cause_of_each_difference():
 
 
 def test_the_test_report_shows_the_config_rows(tmp_path):
-    from harness.pytest_report import lane_summaries, markdown
+    from harness.pytest_plugins.report import lane_summaries, markdown
 
     row = lane_summary("hf_backend", 6.54, 0.02, check(6.55, 2.4, ["tokenizer"]), check(2.43, 2.41))
     records = [{"test": "tests/neuron/test_reference_neuron.py::t", "outcome": "passed", "duration_s": 1.0,
@@ -234,7 +236,7 @@ def test_config3_is_built_from_the_forks_function_when_it_exists_and_every_diffe
     (package / "config_registry.py").write_text(FAKE_FORK)
     code = textwrap.dedent("""
         import json
-        from harness.config3_fork import config3_comparison
+        from harness.night.config3_fork import config3_comparison
         from recipes import nki_moe
         from recipes.specs import QWEN3_4B_INSTRUCT_2507 as sizes
         from recipes.tutorial import RecipeInputs
@@ -256,7 +258,7 @@ def test_config3_is_built_from_the_forks_function_when_it_exists_and_every_diffe
 
 
 def test_without_the_fork_config3_is_the_twin_and_the_absence_is_a_finding():
-    from harness.config3_fork import config3_comparison
+    from harness.night.config3_fork import config3_comparison
     from recipes import nki_moe
     from recipes.specs import QWEN3_4B_INSTRUCT_2507 as sizes
     from recipes.tutorial import RecipeInputs
@@ -325,7 +327,7 @@ def test_a_batch_is_scored_once_a_night_and_diagnosis_only_when_due():
 
 def test_every_claim_is_judged_every_night_and_the_plan_meets_the_nights_budget():
     """Issue 37's goals, by the plan's own estimates: a stable night <= 8 launches and <= 100 min warm, a changed
-    night <= 150 min warm, a cold cache <= 300 min on a stable night (a compiler bump: harness.standing leaves the
+    night <= 150 min warm, a cold cache <= 300 min on a stable night (a compiler bump: harness.night.standing leaves the
     compiler out of what the on-change launches depend on) and on a changed one (the first night), the first
     published verdict <= 30 min."""
     judging = {j.launch for j in nightly.CLAIM_JUDGES.values() if j.launch}

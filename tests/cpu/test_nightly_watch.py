@@ -1,4 +1,4 @@
-"""The nightly is watched: an alarm when the trn2 nightly stops judging (harness/nightly_watch.py).
+"""The nightly is watched: an alarm when the trn2 nightly stops judging (harness/night/watch.py).
 
 The runs are shaped as ``gh run view ID --json databaseId,createdAt,status,conclusion,url,jobs`` prints
 them; the judging step's name is read from the real nightly-trn2.yml, so renaming it there is noticed.
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from harness import nightly_watch
+from harness.night import watch as nightly_watch
 
 NOW = dt.datetime(2026, 12, 6, 12, 0, tzinfo=dt.timezone.utc)
 STEP = nightly_watch.judging_step()

@@ -110,9 +110,9 @@ def test_config3_without_rope_hf_takes_any_seq_len():
 
 
 def build(recipe: str, **options):
-    from harness.options import RunOptions
-    from harness.checks import preflight
-    from harness.config import build_config
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.config.build import build_config
 
     return build_config(preflight(RunOptions(recipe=recipe, tier="cpu", init="random", **options)))
 

@@ -1,4 +1,4 @@
-"""Each run option is declared once (``harness.options.RunOptions``): the CLI, run.json and the ranks follow it."""
+"""Each run option is declared once (``harness.options.run_options.RunOptions``): the CLI, run.json and the ranks follow it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.options import RunCommand, parse_run_command
-from harness.options import RunOptions, command_line, flag
-from harness.run_dir import RUN_FILE
-from harness.options import read_run_options
+from harness.options.run_options import RunCommand, parse_run_command
+from harness.options.run_options import RunOptions, command_line, flag
+from harness.base.run_dir import RUN_FILE
+from harness.options.run_options import read_run_options
 from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 
@@ -91,7 +91,7 @@ def test_the_rank_reads_run_json_and_this_launchs_world(tmp_path, monkeypatch):
 
 
 def test_a_rank_without_run_json_is_refused_in_one_line(tmp_path):
-    with pytest.raises(RecipeError, match=r"run\.json does not exist: harness\.train runs the options") as refusal:
+    with pytest.raises(RecipeError, match=r"run\.json does not exist: harness\.rank\.train runs the options") as refusal:
         read_run_options(tmp_path)
     assert "\n" not in str(refusal.value)
 
@@ -120,7 +120,7 @@ def test_listing_into_a_pipe_that_closes_early_is_quiet():
 @pytest.mark.parametrize("changes", [dict(steps=5, export=False), dict(steps=1, export=True)])
 def test_a_forward_only_run_that_would_train_or_export_is_refused(changes):
     """Seen failing with check_forward_only left out of OPTION_CHECKS: preflight passed."""
-    from harness.checks import PreflightError, preflight
+    from harness.checks.preflight import PreflightError, preflight
 
     with pytest.raises(PreflightError, match=r"a forward-only run scores step 1 only") as refusal:
         preflight(RunOptions(forward_only=True, **changes))
@@ -128,7 +128,7 @@ def test_a_forward_only_run_that_would_train_or_export_is_refused(changes):
 
 
 def test_threads_must_be_positive():
-    from harness.checks import PreflightError, preflight
+    from harness.checks.preflight import PreflightError, preflight
 
     with pytest.raises(PreflightError, match=r"^RunOptions\.threads \(set by the harness\) must be a positive integer, got 0$"):
         preflight(RunOptions(threads=0))  # a field, not a flag: there is no --threads

@@ -161,7 +161,7 @@ def test_xdist_workers_get_disjoint_neuron_cores():
 
 def test_a_user_set_visible_cores_is_refused_for_every_multi_rank_job():
     """torchrun hands each rank the same NEURON_RT_VISIBLE_CORES: every rank would claim the same cores."""
-    from harness.checks import PreflightError, check_visible_cores
+    from harness.checks.preflight import PreflightError, check_visible_cores
 
     check_visible_cores(64, None)
     check_visible_cores(1, "5")
@@ -176,13 +176,13 @@ def test_a_user_set_visible_cores_is_refused_for_every_multi_rank_job():
 
 
 def test_trn2_without_a_dataset_is_refused_before_launch(monkeypatch, tmp_path):
-    from harness.options import RunOptions
-    from harness.checks import PreflightError, check_trn2_dataset, preflight
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import PreflightError, check_trn2_dataset, preflight
     from recipes.tiers import TRN2
 
     check_trn2_dataset(RunOptions(recipe="native_qwen3", tier="trn2", dataset_dir=tmp_path))
     opts = RunOptions(recipe="native_qwen3", tier="trn2", init="random")
-    monkeypatch.setattr("harness.checks.check_tier", lambda opts: None)  # as on a trn2 with its device
+    monkeypatch.setattr("harness.checks.preflight.check_tier", lambda opts: None)  # as on a trn2 with its device
     if TRN2.dataset_path is None:  # QWEN3_DATASET_DIR unset when recipes.tiers was imported
         with pytest.raises(PreflightError, match="--tier trn2 needs a dataset and has no fallback: set QWEN3_DATASET_DIR"):
             preflight(opts)
@@ -211,9 +211,9 @@ def test_launch_timeout_comes_from_the_tier(monkeypatch, tmp_path):
     """A launch without timeout_s ends at its tier's launch_timeout_s (patched short here)."""
     import dataclasses
 
-    from harness import launch as launch_module
-    from harness import options
-    from harness.launch import LaunchError
+    from harness.launch import lifecycle as launch_module
+    from harness.options import run_options as options
+    from harness.launch.lifecycle import LaunchError
     from recipes.tiers import CPU, TRN2
 
     assert TRN2.launch_timeout_s >= 4 * CPU.launch_timeout_s  # cold NEFF compiles of 64 ranks

@@ -1,4 +1,4 @@
-"""The suite's one process finder (harness.launch.processes) and the watch the no-orphan tests rely on.
+"""The suite's one process finder (harness.base.processes) and the watch the no-orphan tests rely on.
 
 A real process tree, no launch: a parent that names its run only in its environment
 (as a forked rank does), a child that cleared its environment (found through the
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from harness.launch import processes
-from harness.launch.child import RANK_NAME
-from harness.launch.processes import RUN_DIR_ENV, Process
+from harness.base import processes
+from harness.base.processes import RANK_NAME
+from harness.base.processes import RUN_DIR_ENV, Process
 from recipes.tiers import REPO_ROOT
 from run_watch import RunWatch
 
@@ -90,10 +90,10 @@ FORKSERVER = ("python", "-B", "-c", "from multiprocessing.forkserver import main
     "argv, ppid, name, role",
     [
         (("python", "-m", "harness", "run", "native_qwen3", "--report-dir", "/r"), 1, "python", "launcher"),
-        (("python", "-m", "torch.distributed.run", "--standalone", "-m", "harness.train"), 2, "python", "torchrun"),
-        (("/venv/bin/torchrun", "--nproc_per_node=2", "-m", "harness.train"), 2, "torchrun", "torchrun"),
-        (("python", "-m", "harness.launch.elastic", "--preload", "harness.train"), 2, "python", "torchrun"),
-        (("python", "-u", "-m", "harness.train", "--run-dir", "/r"), 3, "python", "rank"),
+        (("python", "-m", "torch.distributed.run", "--standalone", "-m", "harness.rank.train"), 2, "python", "torchrun"),
+        (("/venv/bin/torchrun", "--nproc_per_node=2", "-m", "harness.rank.train"), 2, "torchrun", "torchrun"),
+        (("python", "-m", "harness.launch.elastic", "--preload", "harness.rank.train"), 2, "python", "torchrun"),
+        (("python", "-u", "-m", "harness.rank.train", "--run-dir", "/r"), 3, "python", "rank"),
         (FORKSERVER, 3, "python", "forkserver"),
         (FORKSERVER, 4, RANK_NAME, "rank"),  # forked from the forkserver: its command line, its own name
         # Forked from the forkserver and not (yet) exec'd: cuda.pathfinder's `ldconfig -p` while torch imports.
@@ -137,7 +137,7 @@ print(straggler.pid, flush=True)
 def test_end_run_leaves_nothing_that_carries_the_run_marker(given_run_dir, tmp_path, monkeypatch):
     """The CI failure of 2026-12-06: a resource tracker outlived its SIGKILLed harness.launch.elastic; end_run
     with the run's directory waits a grace, then SIGKILLs; without it (the control) the straggler stays."""
-    import harness.launch as launch_mod
+    import harness.launch.lifecycle as launch_mod
 
     monkeypatch.setattr(launch_mod, "GRACE_S", 0.5)
     run = tmp_path / "run"

@@ -8,12 +8,12 @@ import shutil
 
 import pytest
 
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 from harness.checks.mismatch import MismatchError, mismatches
-from harness.provenance import dataset_info
+from harness.config.provenance import dataset_info
 from recipes.tiers import FIXTURES
-from harness.config import build_config, checked_config
+from harness.config.build import build_config, checked_config
 
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
@@ -21,7 +21,7 @@ BASELINE = dict(recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", 
 
 
 def build(**options):
-    """The config as the launcher checks it: every refusal before launch, then the build (harness.config.checked_config)."""
+    """The config as the launcher checks it: every refusal before launch, then the build (harness.config.build.checked_config)."""
     return checked_config(RunOptions(**options))[1]
 
 
@@ -86,7 +86,7 @@ def test_seq_len_above_max_position_embeddings_is_refused(tmp_path):
 
 
 def test_allowed_mismatch_is_a_warning_the_provenance_repeats(capsys):
-    from harness import provenance
+    from harness.config import provenance
 
     opts, config = checked_config(RunOptions(init="hf", rope_theta=10000.0, allow_mismatch=["rope_theta"]))
     assert "warning: allowed mismatch rope_theta" in capsys.readouterr().err
@@ -120,7 +120,7 @@ def test_provenance_fields_of_a_real_run(recipe_run):
 
 @pytest.mark.parametrize("recipe, init", [("hf_backend", "hf"), ("nki_moe", "random")])
 def test_provenance_fields_for_the_other_recipes(recipe, init):
-    from harness import provenance
+    from harness.config import provenance
 
     opts = preflight(RunOptions(recipe=recipe, tier="cpu", init=init))
     record = provenance.provenance(opts, build_config(opts))

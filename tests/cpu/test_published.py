@@ -1,11 +1,11 @@
-"""The suite installs the tutorial's versions: its pins agree with harness.published.PINS."""
+"""The suite installs the tutorial's versions: its pins agree with harness.declare.published.PINS."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness import published
-from harness.environment import CPU_LOCK
+from harness.declare import published
+from harness.base.environment import CPU_LOCK
 from recipes.platform.neuron_versions import REQUIREMENTS
 
 

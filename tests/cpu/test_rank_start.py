@@ -12,9 +12,9 @@ import pytest
 
 import dataclasses
 
-from harness.launch import launch
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.launch.lifecycle import launch
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 from recipes.tiers import CPU, TIERS
 from run_watch import RunWatch, describe
 
@@ -44,11 +44,11 @@ def test_a_refused_run_leaves_no_prestarted_process(tmp_path, monkeypatch):
     observed, not replaced): a refusal from the options alone can end it within one sample of
     the process watch, so the watch only proves that no rank started and nothing is left.
     """
-    import harness.launch
+    import harness.launch.lifecycle
     from harness.__main__ import main
 
     monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="preloaded"))
-    real_prestart, started = harness.launch.prestart, []
+    real_prestart, started = harness.launch.lifecycle.prestart, []
 
     def observed_prestart(opts):
         prestarted = real_prestart(opts)
@@ -57,7 +57,7 @@ def test_a_refused_run_leaves_no_prestarted_process(tmp_path, monkeypatch):
                         prestarted is not None and prestarted.proc.pid in found))  # fmt: skip
         return prestarted
 
-    monkeypatch.setattr(harness.launch, "prestart", observed_prestart)
+    monkeypatch.setattr(harness.launch.lifecycle, "prestart", observed_prestart)
     report_dir = tmp_path / "report"
     with RunWatch(report_dir) as watch:
         code = main(["run", "native_qwen3", "--tier", "cpu", "--report-dir", str(report_dir), "--override", "nosuch"])

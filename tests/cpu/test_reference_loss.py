@@ -1,7 +1,7 @@
 """Every weights-loaded step-1 loss against transformers on the same batch, and a diagnosis per crafted fault.
 
 The shared runs (tests/cpu/conftest.py) record their first global batch on every rank
-(``harness.reference.install``, called from harness/train.py); the reference scores it
+(``harness.reference.diagnosis.install``, called from harness/rank/train.py); the reference scores it
 with ``AutoModelForCausalLM`` in fp32 here, on the host, outside torchtitan.
 
 The suspect tests craft each fault on the fixture in this process: the recipe's own
@@ -26,9 +26,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import reference
-from harness.options import RunOptions
-from harness.checks import preflight
+from harness.reference import diagnosis as reference
+from harness.options.run_options import RunOptions
+from harness.checks.preflight import preflight
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 
@@ -86,8 +86,8 @@ def titan_loss(model, batches) -> float:
 
 def step1_in_process(opts: RunOptions, before_init=None):
     """(RunInfo, Record, torchtitan model) of ``opts``'s step 1, computed here instead of launched."""
-    from harness import provenance
-    from harness.config import build_config
+    from harness.config import provenance
+    from harness.config.build import build_config
 
     config = build_config(opts)
     batches = reference.rebuilt_batches(opts, opts.tokenizer_dir, per_rank=1)
@@ -172,7 +172,7 @@ def test_attention_is_read_from_the_model_the_run_built():
     """SDPA (the tutorial's attn_backend) is causal over the window; Flex builds per-document masks."""
     from torchtitan.models.common.attention import FlexAttention
 
-    from harness.config import build_config
+    from harness.config.build import build_config
 
     config = build_config(options())
     with torch.device("meta"):
@@ -307,7 +307,7 @@ def test_a_gap_no_suspect_made_stays_unexplained(healthy, reference_model):
 def test_a_carried_diagnosis_scores_no_suspect_and_a_known_batch_is_not_scored_again(healthy, reference_model,
                                                                                      monkeypatch):  # fmt: skip
     """The night's plan (issue 37): a batch already scored tonight reuses its reference loss, and a stable night
-    carries the standing diagnosis (harness.standing) instead of scoring the suspects again."""
+    carries the standing diagnosis (harness.night.standing) instead of scoring the suspects again."""
     run, record, checked = healthy
     shifted = dataclasses.replace(run, measured=run.measured + UNEXPLAINED_SHIFT)
     diagnosed = reference.check(shifted, record, model=reference_model)
@@ -324,7 +324,7 @@ def test_a_carried_diagnosis_scores_no_suspect_and_a_known_batch_is_not_scored_a
 
 def test_a_partial_record_is_refused_not_scored(tmp_path, healthy, reference_model):
     """One node's run dir of a 2-node run holds half the global batch: named, never averaged as the whole."""
-    from harness.report import reference_section
+    from harness.report.results import reference_section
 
     _, record, _ = healthy
     batch = record.batches[0]
@@ -357,7 +357,7 @@ def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch
     each rank's rows with the frequencies that rank held (recorded per rank). A step-1 loss
     that is not finite stops torchtitan before it logs (measured as NaN, still diagnosed).
     """
-    from harness.launch import LaunchError, launch
+    from harness.launch.lifecycle import LaunchError, launch
 
     monkeypatch.setenv("QWEN3_HF_KEEP_DEFECTS", "inv_freq")
     opts = options("hf_backend", run_dir=tmp_path / "run", steps=1, export=False)
@@ -397,7 +397,7 @@ def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
 
 
 def test_cost_estimate_extrapolates_from_two_depths():
-    """``python -m harness.reference cost`` (run at the real 4B width by hand; here on the fixture's config)."""
+    """``python -m harness.reference.diagnosis cost`` (run at the real 4B width by hand; here on the fixture's config)."""
     cost = reference.measure_cost(MODEL_DIR, layers=(1, 2), seq_len=64, threads=1)
     assert cost["full_layers"] == 2 and cost["trn2_global_batch_rows"] == 64
     assert cost["per_row_full_model_cpu_s"] == pytest.approx(

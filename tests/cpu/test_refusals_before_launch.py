@@ -22,8 +22,8 @@ def test_a_run_on_other_inputs_is_not_judged_against_the_tiers_golden(where, tmp
     Today: a run on a copy of the fixture with config.json's rms_norm_eps changed (allowed) was judged
     against `step1_loss_hf`, whose stale-golden message advises accepting the run's value.
     """
-    from harness.options import RunOptions
-    from harness.verdicts import golden_key
+    from harness.options.run_options import RunOptions
+    from harness.judge.verdicts import golden_key
 
     own = RunOptions(recipe="native_qwen3", init="hf").resolved()
     assert golden_key(own) == "step1_loss_hf"  # the control: the tier's own inputs are judged
@@ -42,9 +42,9 @@ def test_a_node_whose_peers_never_come_says_so_while_waiting_and_ends_at_the_ren
     import socket
     import time
 
-    from harness.checks import preflight
-    from harness.launch import LaunchError, launch
-    from harness.options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.launch.lifecycle import LaunchError, launch
+    from harness.options.run_options import RunOptions
     from run_watch import RunWatch, describe
 
     with socket.socket() as s:

@@ -11,7 +11,9 @@ import json
 
 import pytest
 
-from harness import ci, history, pytest_report
+from harness.night import ci
+from harness.report import history
+from harness.pytest_plugins import report as pytest_report
 from harness.launch import speed
 from recipes.tiers import REHEARSAL_MARK, REHEARSAL_SETTINGS_ENV
 

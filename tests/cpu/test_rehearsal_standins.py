@@ -80,7 +80,7 @@ def test_the_rehearsed_trn2_tier_takes_the_seams_ranks_and_tiny_sizes(tmp_path):
     """Under the seam the night's launches run at its rank count on the fixture-sized models (the MoE at the
     smallest hidden size nkilib's MoE kernels take, a launch that pins its sequence length at the seam's);
     without it, the trn2 tier is the real one."""
-    code = ("import json; from recipes.tiers import TRN2; from harness import nightly; from recipes import nki_moe; "
+    code = ("import json; from recipes.tiers import TRN2; from harness.night import plan as nightly; from recipes import nki_moe; "
             "opts = nightly.LAUNCHES['config3-as_published'].options(); "
             "rope_hf = nightly.LAUNCHES['config3-rope_hf']; "
             "print(json.dumps([TRN2.nproc, TRN2.full_size_models, TRN2.seq_len, opts.nproc, "

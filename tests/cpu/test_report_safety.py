@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import report, run_dir
-from harness.launch import RunResult
+from harness.report import results as report
+from harness.base import run_dir
+from harness.launch.lifecycle import RunResult
 from recipes.tiers import REPO_ROOT
 
 
@@ -36,7 +37,7 @@ def tree_sha256(path: Path) -> dict[str, str]:
 def failed_before_provenance(report_dir: Path) -> dict:
     """The record the launcher keeps of a run whose ranks died before rank 0 wrote provenance.json.
 
-    ``harness.launch.launch`` reads what the run directory holds (``run_dir.read_provenance``: nothing)
+    ``harness.launch.lifecycle.launch`` reads what the run directory holds (``run_dir.read_provenance``: nothing)
     and adds the input key the launcher computed itself: a provenance of "inputs" only.
     """
     where = report_dir / "runs" / "native_qwen3-cpu-hf-20260101-000000"
@@ -59,7 +60,7 @@ READERS = [
 
 @pytest.mark.parametrize("files, state", [r[1:] for r in READERS], ids=[r[0] for r in READERS])
 def test_every_reader_names_a_missing_or_partial_provenance(files, state, tmp_path):
-    from harness.first_batch import IncompleteRecord
+    from harness.rank.first_batch import IncompleteRecord
     from harness.reference.suspects import RunInfo
 
     for name, text in files.items():
@@ -68,15 +69,15 @@ def test_every_reader_names_a_missing_or_partial_provenance(files, state, tmp_pa
     assert run_dir.provenance_state(run_dir.read_provenance(tmp_path)) == state
     assert run_dir.read_steps(tmp_path) == [{"step": 1, "loss": 1.5}], "a line cut short is not a step"
     with pytest.raises(IncompleteRecord, match=state.replace("(", r"\(").replace(")", r"\)")):
-        RunInfo.from_run_dir(tmp_path)  # the judgement's reader (harness.reference)
+        RunInfo.from_run_dir(tmp_path)  # the judgement's reader (harness.reference.diagnosis)
 
 
 @pytest.mark.parametrize("files, state", [r[1:] for r in READERS], ids=[r[0] for r in READERS])
 def test_the_launcher_keys_the_inputs_of_any_provenance_and_leaves_an_unreadable_one_as_it_is(files, state, tmp_path):
-    """``harness.provenance.add_input_key``, which the launcher calls after every run, ended or not: the key
+    """``harness.config.provenance.add_input_key``, which the launcher calls after every run, ended or not: the key
     always, added to a provenance.json that is one JSON object, and no other file touched or made."""
-    from harness.options import RunOptions
-    from harness.provenance import add_input_key
+    from harness.options.run_options import RunOptions
+    from harness.config.provenance import add_input_key
 
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -90,8 +91,8 @@ def test_the_launcher_keys_the_inputs_of_any_provenance_and_leaves_an_unreadable
 
 
 def test_the_band_lane_reads_the_steps_a_killed_rank_left(tmp_path):
-    """``harness.band.read_run`` (the goldens' band lane) through the run directory's readers."""
-    from harness.band import read_run
+    """``harness.judge.band.read_run`` (the goldens' band lane) through the run directory's readers."""
+    from harness.judge.band import read_run
 
     (tmp_path / run_dir.STEPS_FILE).write_text('{"step": 1, "loss": 1.5}\n{"step": 2, "loss": 1.4}\n{"step": 3, "lo')
     (tmp_path / run_dir.RUN_FILE).write_text('{"seed": 1, "recipe": "nat')
@@ -165,7 +166,7 @@ def test_two_launches_in_the_same_second_never_share_a_run_directory(tmp_path):
 
 
 def test_the_checkpoint_folder_the_recipes_set_is_the_one_run_dir_names():
-    """recipes/ cannot import the harness, so the name is written twice: they must agree (harness.export reads it)."""
+    """recipes/ cannot import the harness, so the name is written twice: they must agree (harness.rank.export reads it)."""
     from recipes.native_qwen3 import native_qwen3_cpu
 
     assert native_qwen3_cpu().checkpoint.folder == run_dir.CHECKPOINT_DIR

@@ -1,6 +1,6 @@
 """Issue 27 goal 4: each run's speed figures, the runs log, and ``python -m harness history`` over nights.
 
-One real tiny launch writes its speed and its runs-log line through ``harness.launch``;
+One real tiny launch writes its speed and its runs-log line through ``harness.launch.lifecycle``;
 later nights are appended through the same ``harness.launch.speed.run_record``, one with a
 changed version, and the history command's PNGs and plots.json are checked against them.
 """
@@ -19,7 +19,8 @@ import pytest
 #: One xdist worker takes this module: its module launch runs once, on one worker.
 pytestmark = pytest.mark.xdist_group("speed-history")
 
-from harness import ci, history, report
+from harness.night import ci
+from harness.report import history, results as report
 from harness.launch import speed
 from recipes.tiers import REPO_ROOT
 
@@ -44,9 +45,9 @@ def history_command(path, out) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory):
     """One tiny real launch with $QWEN3_RUNS_LOG set: (RunResult, the log file)."""
-    from harness.launch import launch
-    from harness.options import RunOptions
-    from harness.checks import preflight
+    from harness.launch.lifecycle import launch
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
 
     work = tmp_path_factory.mktemp("speed")
     log = work / "runs.jsonl"
@@ -172,7 +173,7 @@ def test_history_reads_the_benchmark_history(tmp_path):
 
 
 def test_history_reads_the_nightly_trend_and_plots_its_published_values(tmp_path, monkeypatch):
-    """The nightly's runs log: run records and ``python -m harness.ci trend`` lines of the same nights.
+    """The nightly's runs log: run records and ``python -m harness.night.ci trend`` lines of the same nights.
 
     Published-lane goldens are plotted per night (list values as match / no match); a trn2 run's
     step-1 loss is drawn against the published number its init measures.

@@ -1,4 +1,4 @@
-"""On-change results (harness.standing): due when anything they depend on moved, else carried from the runs log.
+"""On-change results (harness.night.standing): due when anything they depend on moved, else carried from the runs log.
 
 Issue 37: the diagnosis lanes, the as-published lanes' suspects and the torchtitan.train check re-run only
 when the versions, the inputs, the suite's launch code or the number they explain changed.
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from harness import ci, standing
+from harness.night import ci, standing
 
 
 VERSIONS = {"torch": "2.14.0", "transformers": "5.16.0", "neuronx-cc": "2.33.1", "torchtitan-neuron": "release-2.33 @ a"}

@@ -32,9 +32,9 @@ KINDS = {
 
 @pytest.fixture(scope="module")
 def config():
-    from harness.options import RunOptions
-    from harness.checks import preflight
-    from harness.config import build_config
+    from harness.options.run_options import RunOptions
+    from harness.checks.preflight import preflight
+    from harness.config.build import build_config
 
     return build_config(preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random")), [])
 

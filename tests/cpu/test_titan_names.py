@@ -6,7 +6,7 @@ why the suite needs it, exit 2, and no rank started. ``main`` runs in this proce
 name hidden by monkeypatch, the cpu tier's ranks "exec" so nothing is prestarted); one
 case, "a public function", also runs in a fresh interpreter (a wrapper hides the name
 before ``main`` starts, the tier as it ships) to show the command line refuses the same way.
-The ``harness.titan_check`` cases stay fresh interpreters: what a fork breaks there shows
+The ``harness.checks.titan`` cases stay fresh interpreters: what a fork breaks there shows
 in the imports of modules this process has already imported.
 """
 
@@ -109,8 +109,8 @@ def test_a_recipe_imports_only_the_kernel_modules_it_uses():
     code = textwrap.dedent(
         """
         import sys
-        from harness.options import RunOptions
-        from harness.config import build_config
+        from harness.options.run_options import RunOptions
+        from harness.config.build import build_config
         kernels = lambda: sorted(m for m in sys.modules if m.startswith("recipes.kernels."))
         build_config(RunOptions(recipe="native_qwen3", tier="cpu", init="random").resolved())
         print(kernels())
@@ -184,7 +184,7 @@ def test_run_refuses_in_one_line_before_any_rank(case, tmp_path, monkeypatch):
 #: so "none left" is believed only of a process the watch saw alive, on a machine of any speed.
 WAIT_UNTIL_SEEN = """
 import os, time
-import harness.launch as launch_mod
+import harness.launch.lifecycle as launch_mod
 original = launch_mod.prestart
 def prestart(opts):
     started = original(opts)
@@ -224,12 +224,12 @@ def test_the_command_line_refuses_a_hidden_name_like_main_in_process(tmp_path):
     assert left == [], f"a refused run left {describe(left)} ({watch.summary()})"
 
 
-# --- python -m harness.titan_check: the nightly's first step and part of the dry run (issue 24 point 4) ----
+# --- python -m harness.checks.titan: the nightly's first step and part of the dry run (issue 24 point 4) ----
 
 
 def titan_check(hide: str, *args: str) -> subprocess.CompletedProcess:
-    """``python -m harness.titan_check`` after ``hide`` has changed the real torchtitan in that process."""
-    wrapper = f"{hide}\nimport sys\nfrom harness.titan_check import main\nsys.exit(main(sys.argv[1:]))\n"
+    """``python -m harness.checks.titan`` after ``hide`` has changed the real torchtitan in that process."""
+    wrapper = f"{hide}\nimport sys\nfrom harness.checks.titan import main\nsys.exit(main(sys.argv[1:]))\n"
     return subprocess.run(
         [sys.executable, "-c", wrapper, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -265,7 +265,7 @@ def test_the_names_check_names_a_name_upstream_removed_with_the_file_that_needs_
 
 @pytest.mark.slow
 def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
-    """A fork whose Trainer.train fetches batches another way would leave harness/first_batch.py's wrapper uncalled
+    """A fork whose Trainer.train fetches batches another way would leave harness/rank/first_batch.py's wrapper uncalled
     (no step-1 record, no reference): a named failure, not a silent None."""
     hide = (
         "import torchtitan.trainer as m\n"
@@ -276,7 +276,7 @@ def test_the_names_check_names_a_hook_the_trainer_no_longer_calls():
     assert out.returncode == 1, out.stdout + out.stderr
     assert "read of self.batch_generator in torchtitan.trainer.Trainer.train (a hook it no longer calls)" in out.stdout
     assert "read of self.train_step in torchtitan.trainer.Trainer.train" in out.stdout
-    assert "needed by harness/first_batch.py" in out.stdout and "needed by harness/faults.py" in out.stdout
+    assert "needed by harness/rank/first_batch.py" in out.stdout and "needed by harness/rank/faults.py" in out.stdout
 
 
 @pytest.mark.slow
@@ -304,7 +304,7 @@ def test_a_tyro_without_parse_error_hooks_is_a_finding_not_a_failure():
 
 def test_every_required_name_has_a_suite_file_that_needs_it():
     """A declaration nothing uses is stale: the check could only ever refuse a fork for it."""
-    from harness import titan_check as check
+    from harness.checks import titan as check
 
     unused = [e.qualified for e in titan.NAMES if e.required and not check.users(e)]
     assert unused == []
@@ -315,10 +315,10 @@ def test_every_required_name_has_a_suite_file_that_needs_it():
 
 def test_a_hook_the_built_object_lacks_is_named_with_the_module_that_wraps_it():
     with pytest.raises(titan.TitanNameError) as e:
-        titan.hook(object(), "Trainer.batch_generator", wrapped_by="harness.first_batch")
+        titan.hook(object(), "Trainer.batch_generator", wrapped_by="harness.rank.first_batch")
     assert str(e.value).startswith(f"torchtitan {VERSION} has no batch_generator on the built object, which the suite "
                                    "needs for recording step 1's batches for the host reference")  # fmt: skip
-    assert str(e.value).endswith("; the hook is wrapped by harness.first_batch")
+    assert str(e.value).endswith("; the hook is wrapped by harness.rank.first_batch")
     with pytest.raises(AttributeError, match="'Trainer' is no hook of recipes.titan.NAMES"):
         titan.hook(object(), "Trainer")
 
@@ -348,14 +348,14 @@ def test_a_rank_whose_trainer_lacks_a_hook_refuses_naming_it(case, tmp_path):
     code = textwrap.dedent(
         f"""
         import sys
-        from harness.launch import write_run_file
-        from harness.options import RunOptions
-        from harness.checks import preflight
+        from harness.launch.lifecycle import write_run_file
+        from harness.options.run_options import RunOptions
+        from harness.checks.preflight import preflight
         opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="hf", steps=1, export=False))
         write_run_file(RunOptions(**{{**vars(opts), "run_dir": {str(run_dir)!r}}}).resolved())
         import torchtitan.trainer as m
         {hide}
-        from harness.train import main
+        from harness.rank.train import main
         sys.exit(main(["--run-dir", {str(run_dir)!r}]))
         """
     )
@@ -364,10 +364,10 @@ def test_a_rank_whose_trainer_lacks_a_hook_refuses_naming_it(case, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("harness.train: error:")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("harness.rank.train: error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0].startswith(f"harness.train: error: {expected}"), errors[0]
-    assert errors[0].endswith("; the hook is wrapped by harness.first_batch"), errors[0]
+    assert errors[0].startswith(f"harness.rank.train: error: {expected}"), errors[0]
+    assert errors[0].endswith("; the hook is wrapped by harness.rank.first_batch"), errors[0]
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "first_batch").exists(), "no step may run"
 

@@ -78,7 +78,7 @@ def test_without_a_record_the_expected_ref_is_named(tmp_path, monkeypatch):
 
 
 def test_the_report_versions_name_the_ref_and_commit(installed, tmp_path, monkeypatch):
-    from harness.environment import versions
+    from harness.base.environment import versions
 
     _, sha, _ = installed
     assert versions()["torchtitan-neuron"] == describe(checkout_info())
@@ -114,10 +114,10 @@ def test_the_trn2_dry_run_without_an_install_says_so(tmp_path):
 
 
 def test_a_trn2_runs_provenance_records_the_checkout(installed):
-    """harness.provenance adds it for trn2 runs only (a cpu run's torchtitan is PyPI's, in its versions)."""
+    """harness.config.provenance adds it for trn2 runs only (a cpu run's torchtitan is PyPI's, in its versions)."""
     import inspect
 
-    from harness import provenance
+    from harness.config import provenance
 
     _, sha, _ = installed
     assert provenance.torchtitan_neuron()["commit"] == sha

@@ -1,10 +1,10 @@
-"""A failing published or exact claim leaves a report ready to paste upstream (harness/upstream.py)."""
+"""A failing published or exact claim leaves a report ready to paste upstream (harness/night/upstream.py)."""
 
 from __future__ import annotations
 
 import json
 
-from harness import upstream
+from harness.night import upstream
 from harness.launch import speed
 
 SECTIONS = ["## Versions", "## Inputs", "## Reproduce", "## Host reference", "## First diverging layer",

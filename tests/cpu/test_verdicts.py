@@ -3,9 +3,9 @@
 * a golden keyed by its inputs is "unmeasured" until a night's input key is
   recorded, then "inputs differ from the recorded run" whenever a night reads other bytes;
 * an unmeasured tolerance is "unmeasured";
-* ``harness.ci require-claims`` fails for a published claim left either way, and
+* ``harness.night.ci require-claims`` fails for a published claim left either way, and
   ``record-inputs`` writes the first night's keys;
-* ``harness.ci require-ran`` does not count a test that failed in setup.
+* ``harness.night.ci require-ran`` does not count a test that failed in setup.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import ci, goldens, provenance, verdicts
-from harness.options import RunOptions
+from harness.night import ci
+from harness.judge import goldens, verdicts
+from harness.config import provenance
+from harness.options.run_options import RunOptions
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 KEY = {"weights": {"model.safetensors": "a" * 64}, "config.json": {"config.json": "b" * 64},
@@ -87,7 +89,7 @@ def test_an_unmeasured_tolerance_is_recorded_not_judged_even_on_recorded_inputs(
     assert found["step1_loss_hf"].unmeasured
     verdict = verdicts.compare("step1_loss_hf", 6.54, found, {}, inputs=KEY)
     assert (verdict.kind, verdict.passed) == (goldens.NOT_JUDGED, None)
-    assert "python -m harness.band record" in verdict.message()
+    assert "python -m harness.judge.band record" in verdict.message()
 
 
 @pytest.mark.parametrize("bad, message", [({"inputs": 3}, "inputs must be null"), ({"unmeasured": "?"}, "must say why")])
@@ -148,7 +150,7 @@ def test_record_inputs_writes_first_night_keys_only_and_replace_overwrites(tmp_p
 
 
 def require_ran(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.ci", "require-ran", str(path), "--marker", "neuron"],
+    return subprocess.run([sys.executable, "-m", "harness.night.ci", "require-ran", str(path), "--marker", "neuron"],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)  # fmt: skip
 
 
@@ -206,8 +208,8 @@ def test_input_key_hashes_every_weights_config_tokenizer_and_dataset_file(tmp_pa
 def test_every_trn2_check_that_cannot_fail_yet_is_listed_with_why():
     """Published goldens with no recorded inputs or an unmeasured tolerance, unrecorded bands, the trn2
     reference tolerance and the torchtitan-entry allowance: each named, each with why."""
-    from harness import unmeasured
-    from harness.nightly import BAND_LAUNCH
+    from harness.judge import unmeasured
+    from harness.night.plan import BAND_LAUNCH
 
     found = {u.check: u.why for u in unmeasured.cannot_fail_yet("trn2")}
     assert all(len(why) > 40 for why in found.values()), found
@@ -223,7 +225,7 @@ def test_every_trn2_check_that_cannot_fail_yet_is_listed_with_why():
 
 def test_a_recorded_band_and_a_measured_golden_leave_the_list(trn2_goldens):
     """The list follows the goldens: what a night records or measures can fail, and is no longer listed."""
-    from harness import unmeasured
+    from harness.judge import unmeasured
 
     before = {u.check for u in unmeasured.cannot_fail_yet("trn2")}
     path = trn2_goldens / "hf_backend" / "trn2.json"
@@ -232,14 +234,15 @@ def test_a_recorded_band_and_a_measured_golden_leave_the_list(trn2_goldens):
     path.write_text(json.dumps(data))
     band = {"value": [2.0] * 20, "tolerance": [0.1] * 20, "lane": "band", "reason": "r" * 30,
             "band": {"n": 5, "k": 4, "min_halfwidth": 0.01, "std": [0.01] * 20, "runs": [[2.0] * 20] * 5,
-                     "command": "python -m harness.band record hf_backend", "environment": {}}}  # fmt: skip
+                     "command": "python -m harness.judge.band record hf_backend", "environment": {}}}  # fmt: skip
     (trn2_goldens / "hf_backend" / "trn2-band.json").write_text(json.dumps({"values": {"loss_curve_20": band}}))
     after = {u.check for u in unmeasured.cannot_fail_yet("trn2")}
     assert before - after == {"hf_backend.trn2.step1_loss_random", "hf_backend.trn2-band.loss_curve_20"}
 
 
 def test_require_claims_and_the_night_report_list_what_cannot_fail_yet(tmp_path, capsys):
-    from harness import pytest_report, unmeasured
+    from harness.pytest_plugins import report as pytest_report
+    from harness.judge import unmeasured
 
     names = [c.name for c in ci.published_claims("trn2")]
     ci.require_claims(report(tmp_path, [judged(n, "pass") for n in names]), "trn2")

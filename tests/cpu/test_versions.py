@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import environment
+from harness.base import environment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_a_shadowing_copy_on_pythonpath_is_named(tmp_path):
     fake = tmp_path / "shadow" / "transformers"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('__version__ = "9.9.9"\n')
-    code = "from harness import environment\nprint('\\n'.join(environment.drift(environment.CPU_LOCK)))"
+    code = "from harness.base import environment\nprint('\\n'.join(environment.drift(environment.CPU_LOCK)))"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "shadow")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

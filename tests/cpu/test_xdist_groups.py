@@ -1,4 +1,4 @@
-"""``make test``'s ``--dist loadgroup`` keeps an ``xdist_group`` on one worker (harness.pytest_groups).
+"""``make test``'s ``--dist loadgroup`` keeps an ``xdist_group`` on one worker (harness.pytest_plugins.groups).
 
 The real-width proxies share a group so that one worker runs them in turn (each takes ~7-9 GiB);
 a module's one dry run or launch is built once when its tests share a worker. On pytest 9.2
@@ -52,6 +52,6 @@ def workers_of(tmp_path, conftest: str) -> dict[str, set[str]]:
 
 def test_a_group_runs_on_one_worker(tmp_path):
     """Seen failing with the plugin not registered (the conftest below without register): grouped on gw0 and gw1."""
-    seen = workers_of(tmp_path, "from harness import pytest_groups\n\ndef pytest_configure(config):\n    pytest_groups.register(config)\n")
+    seen = workers_of(tmp_path, "from harness.pytest_plugins import groups\n\ndef pytest_configure(config):\n    groups.register(config)\n")
     assert len(seen["test_grouped.py"]) == 1, seen
     assert len(seen["test_loose.py"]) >= 1, seen

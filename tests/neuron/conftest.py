@@ -24,12 +24,12 @@ def pytest_configure(config):
 
 def launches_of(item) -> list[str]:
     """The launches a test uses (``@pytest.mark.launch``), each checked against the plan."""
-    from harness.nightly import LAUNCHES
+    from harness.night.plan import LAUNCHES
 
     names = [name for mark in item.iter_markers("launch") for name in mark.args]
     unknown = [name for name in names if name not in LAUNCHES]
     if unknown:
-        raise pytest.UsageError(f"{item.nodeid}: pytest.mark.launch{tuple(unknown)} is not in harness.nightly.LAUNCHES")
+        raise pytest.UsageError(f"{item.nodeid}: pytest.mark.launch{tuple(unknown)} is not in harness.night.plan.LAUNCHES")
     return names
 
 
@@ -37,10 +37,10 @@ def night_order(items: list) -> list:
     """Cheapest first, then the plan's order: every test that starts no 64-rank launch (versions, names and
     hooks, kernel numerics on one core, the fork's config compared: seconds each) runs before the first
     launch, so a failing cheap check never stops the published numbers from being measured; the rest run by
-    the last launch they need, in ``harness.nightly.LAUNCHES`` order, so the launches start in the plan's order;
+    the last launch they need, in ``harness.night.plan.LAUNCHES`` order, so the launches start in the plan's order;
     the tests that wait for the host reference (``@pytest.mark.host_reference``) run last, so the host scores
     each batch beside the later launches (tests/neuron/lane_runs.py)."""
-    from harness.nightly import LAUNCHES
+    from harness.night.plan import LAUNCHES
 
     plan = list(LAUNCHES)
     position = {id(item): i for i, item in enumerate(items)}
@@ -90,7 +90,7 @@ def pytest_sessionfinish(session, exitstatus):
     """Each launch's measured minutes beside the plan's estimate: ``<report-dir>/launches.md`` and ``.json``."""
     import json
 
-    from harness import nightly
+    from harness.night import plan as nightly
     from lane_runs import HOST, measured
 
     HOST.shutdown(wait=True, cancel_futures=True)  # a queued reference no test asked for is not scored

@@ -1,4 +1,4 @@
-"""The night's 64-rank launches (``harness.nightly.LAUNCHES``), each made once per session, whichever test asks first.
+"""The night's 64-rank launches (``harness.night.plan.LAUNCHES``), each made once per session, whichever test asks first.
 
 A lane run serves several tests (step 1, the export round trip, the band, the
 reference), so a run that stops early (config 1 as published may meet a non-finite
@@ -8,8 +8,8 @@ The neuron tests run serially (``-p no:xdist``), so a module-level cache is the 
 
 The host reference of a run's first batch starts as the launch ends, on one host worker beside the
 next launches (the reference tests run after the last launch: tests/neuron/conftest.py), and a batch
-another run already fed tonight is not scored again (``harness.nightly``'s plan counts it so). A
-diagnosis (suspects, a diagnosis lane) runs only when due (``harness.standing``); otherwise the
+another run already fed tonight is not scored again (``harness.night.plan``'s plan counts it so). A
+diagnosis (suspects, a diagnosis lane) runs only when due (``harness.night.standing``); otherwise the
 standing explanation of the night that measured it is carried.
 """
 
@@ -25,14 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from harness import catalogue, lanes, nightly, standing
+from harness.declare import catalogue
+from harness.options import lanes
+from harness.night import plan as nightly, standing
 from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
 _DUE: dict[str, standing.Due] = {}
 #: The host worker: one reference forward at a time (its torch threads use the host's idle cores).
 HOST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-reference")
-#: A first batch's sha256 (harness.reference.batch_key) -> its reference loss, scored once a night.
+#: A first batch's sha256 (harness.reference.diagnosis.batch_key) -> its reference loss, scored once a night.
 _SCORED: dict[str, float] = {}
 #: How far the explained as-published number may move before its explanation is due again: the published
 #: step-1 claims' tolerance (fixtures/goldens/*/trn2.json step1_loss_hf).
@@ -65,7 +67,7 @@ class LaneRun:
     def step1(self) -> float:
         """Step 1's loss; NaN when torchtitan stopped the run at a non-finite loss in step 1 (it raises before
         logging it; random init as published meets it too: inv_freq is uninitialised), a measurement too."""
-        from harness.launch import non_finite_stop
+        from harness.launch.lifecycle import non_finite_stop
 
         if self.losses:
             return self.losses[0]
@@ -86,13 +88,13 @@ class LaneRun:
             self._reference = HOST.submit(self._score)
 
     def reference(self):
-        """The host reference of step 1's batch (``harness.reference``), diagnosed when due, else carrying the
+        """The host reference of step 1's batch (``harness.reference.diagnosis``), diagnosed when due, else carrying the
         standing diagnosis; waits for the host worker."""
         self.start_reference()
         return self._reference.result()
 
     def _score(self):
-        from harness import reference
+        from harness.reference import diagnosis as reference
 
         started = time.monotonic()
         key = reference.batch_key(self.run_dir)
@@ -130,8 +132,8 @@ def diagnosis_due(name: str, shared_dir: Path | None) -> standing.Due:
     lane's suspects) is due tonight; decided once a session. ``shared_dir`` is needed only when what it explains
     has not launched yet."""
     if name not in _DUE:
-        from harness.environment import versions
-        from harness.provenance import input_key
+        from harness.base.environment import versions
+        from harness.config.provenance import input_key
 
         spec = nightly.LAUNCHES[name]
         lane = catalogue.LANES[spec.lane]
@@ -144,7 +146,7 @@ def diagnosis_due(name: str, shared_dir: Path | None) -> standing.Due:
 def diagnosis(name: str, shared_dir: Path, record_property):
     """A diagnosis lane's reference check: launched and scored when due, else the standing one carried. Records
     tonight's decision and standing record either way."""
-    from harness import reference
+    from harness.reference import diagnosis as reference
 
     due = diagnosis_due(name, shared_dir)
     record_property(f"trn2.{name}.due", {"due": due.due, "why": due.why})
@@ -159,7 +161,7 @@ def diagnosis(name: str, shared_dir: Path, record_property):
 @functools.cache
 def reference_model(model_dir: str):
     """The weights in fp32 on the host (~16 GiB at 4B), loaded once for every lane."""
-    from harness import reference
+    from harness.reference import diagnosis as reference
 
     return reference.load_reference_model(Path(model_dir))
 
@@ -174,7 +176,7 @@ def checked_lane_options(name: str, run_dir: str, checkout: str | None, visible:
     and holds nothing once the child has exited (before torchrun starts). The checks judge the
     runner's own ``NEURON_RT_VISIBLE_CORES`` (``visible``), not the core this child was lent.
     """
-    from harness.config import as_configured, checked_config
+    from harness.config.build import as_configured, checked_config
 
     os.environ.pop(VISIBLE_CORES_ENV, None)
     if visible is not None:
@@ -190,9 +192,9 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     """The launch ``name`` of the plan, made on first use; later callers get the same result."""
     if name in _RUNS:
         return _RUNS[name]
-    from harness.launch import LaunchError, launch
-    from harness.options import RunOptions
-    from harness.provenance import input_key
+    from harness.launch.lifecycle import LaunchError, launch
+    from harness.options.run_options import RunOptions
+    from harness.config.provenance import input_key
 
     spec = nightly.LAUNCHES[name]
     lane = catalogue.LANES[spec.lane]
@@ -222,6 +224,6 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
 
 
 def measured() -> dict[str, dict]:
-    """What this session's launches took, by name (``harness.nightly.measured_lines`` sets it beside the plan)."""
+    """What this session's launches took, by name (``harness.night.plan.measured_lines`` sets it beside the plan)."""
     return {name: {"launch_min": run.launch_min, "reference_min": run.reference_min, "steps": len(run.losses),
                    "stopped": run.stopped} for name, run in _RUNS.items()}  # fmt: skip

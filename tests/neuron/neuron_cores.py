@@ -16,7 +16,7 @@ configuration guide: ``NEURON_RT_VISIBLE_CORES``; unset, the runtime reserves al
 for the process). A one-core kernel test run inside the pytest process would therefore
 starve every 64-rank launch after it in the same serial session. So the pytest process
 never opens the device: a body runs in a fresh interpreter with its cores named, and
-its JSON result comes back. The 64-rank runs start from ``harness.launch`` (torchrun's
+its JSON result comes back. The 64-rank runs start from ``harness.launch.lifecycle`` (torchrun's
 ranks are child processes too) and get all 64 cores, which is only possible because
 the pytest process holds none.
 

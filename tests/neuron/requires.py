@@ -66,7 +66,7 @@ def dataset_gap() -> str | None:
 
 def titan_assets_gap() -> str | None:
     """Why the TorchTitan checkout's tests/assets (the as-published lanes' c4_test and tokenizer) are unavailable."""
-    from harness.lanes import titan_checkout
+    from harness.options.lanes import titan_checkout
 
     return titan_checkout()[1] or None
 

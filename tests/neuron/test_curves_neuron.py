@@ -2,13 +2,13 @@
 
 trn2 runs are not bitwise repeatable (bf16, nondeterministic collectives and kernels), so
 the curve is judged against a band: per step, mean ± max(k·std, floor) over N repeated
-seeded runs, recorded with how it was made by ``python -m harness.band record RECIPE``
+seeded runs, recorded with how it was made by ``python -m harness.judge.band record RECIPE``
 into ``fixtures/goldens/<recipe>/trn2-band.json`` (N, k, floor and the 20-step length are
-stated and justified in harness/band.py). The curve is the recipe's band lane run of the
-night (``harness.nightly.BAND_LAUNCH``), the very run ``harness.band.band_options`` repeats.
+stated and justified in harness/judge/band.py). The curve is the recipe's band lane run of the
+night (``harness.night.plan.BAND_LAUNCH``), the very run ``harness.judge.band.band_options`` repeats.
 
 A band nobody has recorded yet judges nothing: the curve is "unmeasured" with
-its values (``harness.band.judge_curve``), and the test fails only when a recorded band
+its values (``harness.judge.band.judge_curve``), and the test fails only when a recorded band
 is left.
 """
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import band, nightly
+from harness.judge import band
+from harness.night import plan as nightly
 from lane_runs import lane_run
 from requires import (
     requires_dataset,

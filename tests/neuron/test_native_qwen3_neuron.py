@@ -1,6 +1,6 @@
 """Tutorial config 2 at full size on a trn2.48xlarge: the published 6.54 / 12.43 and the export round trip.
 
-Judged on config 2 *as published* (``harness.lanes``, lane ``as_published``): the tutorial's
+Judged on config 2 *as published* (``harness.options.lanes``, lane ``as_published``): the tutorial's
 ``model_registry("4B")`` with its RoPE theta 1e6 (Qwen3-4B-Instruct-2507's config.json says
 5e6: ``--allow-mismatch rope_theta``, recorded in provenance and in the golden's input key),
 on the checkout's ``c4_test``. The corrected lane (theta 5e6) is held to the host reference
@@ -13,7 +13,9 @@ import math
 
 import pytest
 
-from harness import lanes, nightly, standing, unmeasured
+from harness.options import lanes
+from harness.night import plan as nightly, standing
+from harness.judge import unmeasured
 from lane_runs import diagnosis_due, lane_run
 from recipes.tiers import TRN2
 from requires import (
@@ -46,7 +48,7 @@ def test_export_round_trip_keys(shared_dir, golden):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from harness.export import EXPORT_DIR_NAME
+    from harness.rank.export import EXPORT_DIR_NAME
 
     run = lane_run("config2-as_published", shared_dir)
     run.finished("the export round trip")
@@ -61,7 +63,7 @@ def test_export_round_trip_keys(shared_dir, golden):
     golden("native_qwen3", "trn2", "export_unexpected_keys", sorted(result.unexpected_keys), inputs=run.inputs)
 
 
-#: |torchtitan.train − harness| at step 1: an unmeasured allowance (harness.unmeasured.TITAN_ENTRY says why).
+#: |torchtitan.train − harness| at step 1: an unmeasured allowance (harness.judge.unmeasured.TITAN_ENTRY says why).
 TITAN_ENTRY = unmeasured.TITAN_ENTRY
 
 
@@ -69,7 +71,7 @@ TITAN_ENTRY = unmeasured.TITAN_ENTRY
 @requires_dataset  # native_qwen3_trn2() itself reads $QWEN3_DATASET_DIR; the run points it at c4_test
 def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(shared_dir, tmp_path, record_property):
     """torchtitan's own entry on the recipe's config function (README), on the as-published lane's text; run
-    only when due (harness.standing: it moves with the versions, the inputs and the suite's launch code), else
+    only when due (harness.night.standing: it moves with the versions, the inputs and the suite's launch code), else
     the standing difference of the night that measured it is carried and judged again."""
     from benchmarks.common import run_titan_train
 

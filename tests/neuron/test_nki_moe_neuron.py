@@ -138,12 +138,12 @@ def test_no_cpu_fallback_for_shapes_the_kernels_refuse(record_property):
     assert "512 <= H <= 8192" in measured["message"], measured["message"]
 
 
-# --- config 3 on 64 ranks: the night's lane runs (harness.nightly.LAUNCHES), 20 steps each ------------------
+# --- config 3 on 64 ranks: the night's lane runs (harness.night.plan.LAUNCHES), 20 steps each ------------------
 
 
 def assert_trains(losses: list[float], record_property, name: str) -> None:
-    """The loss falls over the run by more than its measured noise (harness.band.loss_fall), not only stays finite."""
-    from harness.band import loss_fall
+    """The loss falls over the run by more than its measured noise (harness.judge.band.loss_fall), not only stays finite."""
+    from harness.judge.band import loss_fall
 
     fall = loss_fall(losses)
     record_property(f"nki_moe.trn2.{name}.loss_fall", fall)
@@ -198,7 +198,7 @@ ROPE_HF_SEQ_LEN = 2048
 @requires_qwen3_4b_weights
 @requires_titan_assets
 def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(shared_dir, record_property):
-    from harness import nightly
+    from harness.night import plan as nightly
     from lane_runs import lane_run
     from recipes.kernels import ROPE_DESCRIPTIONS
 
@@ -223,8 +223,8 @@ def compare_config3() -> dict:
     The fork's code runs here, never in the pytest process: a fork that fails to import, or touches
     the device at import, fails this test and holds nothing after the child exits.
     """
-    from harness.config3_fork import config3_comparison
-    from harness.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
+    from harness.night.config3_fork import config3_comparison
+    from harness.night.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES, build_on_meta
     from recipes import nki_moe
     from recipes.tutorial import RecipeInputs, tutorial_settings
 

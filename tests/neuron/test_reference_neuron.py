@@ -2,10 +2,10 @@
 
 The published 6.54 from Qwen3-4B-Instruct-2507 weights is about 2.5x what a sound 4B model
 scores on web text. Two upstream defects of torchtitan's Transformers backend, each alone,
-give numbers like it; config 1 runs on the 64 NeuronCores in four lanes (``harness.lanes``;
-the runs are the night's shared lane runs, ``harness.nightly.LAUNCHES``) and, for each, this
+give numbers like it; config 1 runs on the 64 NeuronCores in four lanes (``harness.options.lanes``;
+the runs are the night's shared lane runs, ``harness.night.plan.LAUNCHES``) and, for each, this
 file scores the run's own first global batch with transformers in fp32 on the host
-(``harness.reference``), so the report says what the weights score and why a lane differs.
+(``harness.reference.diagnosis``), so the report says what the weights score and why a lane differs.
 6.54 itself is judged only on the as-published lane (test_hf_backend_neuron.py); the
 corrected lane is judged here, against the reference, under the trn2 tolerance (an
 unmeasured allowance until a night measures it: "unmeasured"):
@@ -42,7 +42,7 @@ Attention stays the recipe's causal SDPA in every lane: upstream's FlexAttention
 causal BlockMask computes the same attention, so it is not a lane.
 
 Cost: every lane's reference is a full fp32 forward of 64 × 2048 tokens through the 4B model
-on the host CPU, and each measured suspect one more (``python -m harness.reference cost``
+on the host CPU, and each measured suspect one more (``python -m harness.reference.diagnosis cost``
 measures it per row and layer on the machine at hand).
 """
 
@@ -52,9 +52,11 @@ import math
 
 import pytest
 
-from harness import catalogue, nightly, reference, standing
-from harness.published import CLAIMS
-from harness.report import lane_summary
+from harness.declare import catalogue
+from harness.night import plan as nightly, standing
+from harness.reference import diagnosis as reference
+from harness.declare.published import CLAIMS
+from harness.report.results import lane_summary
 from lane_runs import diagnosis, diagnosis_due, lane_run
 from recipes.tiers import TRN2
 from requires import (
@@ -125,7 +127,7 @@ def test_the_diagnosis_lanes_launch_only_when_due(shared_dir, record_property):
 def test_config2_corrected_records_the_batch_its_reference_scores(shared_dir):
     """Launched at its place in the plan (the reference tests that judge it run after the last launch): a finite
     step 1 and the recorded first batch the host worker is already scoring."""
-    from harness.run_dir import RECORD_DIR
+    from harness.base.run_dir import RECORD_DIR
 
     run = lane_run("config2-corrected", shared_dir)
     assert math.isfinite(run.step1()), run.losses
