@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
 
-.PHONY: venv repro test test-fast neuron-venv test-neuron rehearse-trn2 bench lock fixtures goldens bump bisect clean
+.PHONY: venv repro test test-fast lint neuron-venv test-neuron rehearse-trn2 bench lock fixtures goldens bump bisect clean
 
 venv: $(STAMP)
 
@@ -24,8 +24,14 @@ test: venv
 
 # The everyday lane: every cpu test not marked slow (tiny sizes; every recipe's config, refusals, report
 # paths, one real launch of the main job). What it leaves to `make test`: README "Tests".
-test-fast: venv
+test-fast: venv lint
 	$(PY) -m pytest -m "cpu and not slow" -n auto --dist loadgroup $(PYTEST_ARGS)
+
+# The stage contracts (pyproject.toml [tool.importlinter]) and the one format (ruff, [tool.ruff]).
+lint: venv
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Figures, not tests: harness overhead, per-recipe step time/tokens/s/memory, suite wall time
 # (report/bench/*.json; several minutes). E.g. BENCH_ARGS="overhead --reps 6" or "recipes --tier trn2".

@@ -38,7 +38,9 @@ def import_torch_without_device_backends() -> None:
     every child (a ``@neuron_core_body``, a rank) still loads its backend as the runner has it.
     """
     if "torch" in sys.modules:
-        raise pytest.UsageError("torch was imported before the root conftest; a device backend may have autoloaded")
+        raise pytest.UsageError(
+            "torch was imported before the root conftest; a device backend may have autoloaded"
+        )
     saved = os.environ.get(AUTOLOAD_ENV)
     os.environ[AUTOLOAD_ENV] = "0"
     try:
@@ -65,13 +67,14 @@ def pytest_configure(config):
     Single-core kernel tests then run side by side; a 64-rank launch needs the whole
     instance and refuses to start inside a slice (run those serially: -p no:xdist).
     """
-    from recipes.platform import neuron
-
     from harness.pytest_plugins import groups as pytest_groups
+    from recipes.platform import neuron
 
     pytest_groups.register(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if "neuron" not in selectable_tiers(config.option.markexpr, TIER_MARKERS):  # the cpu tier holds no core, whatever the host has
+    if "neuron" not in selectable_tiers(
+        config.option.markexpr, TIER_MARKERS
+    ):  # the cpu tier holds no core, whatever the host has
         return
     if not worker or "NEURON_RT_VISIBLE_CORES" in os.environ or not neuron.device_nodes():
         return
@@ -89,7 +92,9 @@ def pytest_ignore_collect(collection_path, config):
     collection, and the cpu tier never imports tests/neuron.
     """
     for tier, folder in TIER_FOLDERS.items():
-        if Path(collection_path) == folder and tier not in selectable_tiers(config.option.markexpr, TIER_MARKERS):
+        if Path(collection_path) == folder and tier not in selectable_tiers(
+            config.option.markexpr, TIER_MARKERS
+        ):
             return True
     return None
 
@@ -100,7 +105,10 @@ LAUNCHING_FIXTURES = frozenset({"recipe_run", "random_init_proxy", "logged_run"}
 
 
 #: The tier of every test, by the folder it lives in.
-TIER_FOLDERS = {"cpu": Path(__file__).parent / "tests" / "cpu", "neuron": Path(__file__).parent / "tests" / "neuron"}
+TIER_FOLDERS = {
+    "cpu": Path(__file__).parent / "tests" / "cpu",
+    "neuron": Path(__file__).parent / "tests" / "neuron",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m cpu`` / ``-m neuron`` deselects by marker
@@ -114,7 +122,9 @@ def pytest_collection_modifyitems(config, items):
         tiers = [tier for tier, folder in TIER_FOLDERS.items() if path.is_relative_to(folder)]
         marked = [m for m in TIER_MARKERS if item.get_closest_marker(m)]
         if len(tiers) != 1 or not set(marked) <= set(tiers):
-            bad.append(f"{item.nodeid}: in {tiers or 'no tier folder'}, marked {marked or 'nothing'}")
+            bad.append(
+                f"{item.nodeid}: in {tiers or 'no tier folder'}, marked {marked or 'nothing'}"
+            )
             continue
         item.add_marker(tiers[0])
         if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -124,7 +134,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(TRN2.launch_timeout_s + 600))
     if bad:
         raise pytest.UsageError(
-            "a test's tier is its folder (tests/cpu or tests/neuron), not a marker of another tier:\n" + "\n".join(bad)
+            "a test's tier is its folder (tests/cpu or tests/neuron), not a marker of another tier:\n"
+            + "\n".join(bad)
         )
 
 
@@ -146,15 +157,18 @@ def recipe_run(shared_dir):
     ``cli_overrides=[...]``: torchtitan's own options on top of the recipe's config
     (``["--checkpoint.interval", "50"]``), as ``python -m harness run`` passes them.
     """
+    from harness.checks.preflight import preflight
     from harness.launch.lifecycle import LaunchError, launch
     from harness.options.run_options import RunOptions
-    from harness.checks.preflight import preflight
 
     def run(name: str, cli_overrides: list[str] = (), **options) -> dict:
         run_dir = shared_dir / name
         done = shared_dir / f"{name}.json"
-        key = json.dumps({**options, **({"cli_overrides": list(cli_overrides)} if cli_overrides else {})},
-                         sort_keys=True, default=str)
+        key = json.dumps(
+            {**options, **({"cli_overrides": list(cli_overrides)} if cli_overrides else {})},
+            sort_keys=True,
+            default=str,
+        )
         with FileLock(str(shared_dir / f"{name}.lock")):
             asked = shared_dir / f"{name}.options.json"
             if asked.exists() and asked.read_text() != key:
@@ -169,11 +183,17 @@ def recipe_run(shared_dir):
                 # the machine's memory: two side by side under xdist were OOM-killed on a 24 GiB runner.
                 # The tests that need one share the xdist group "real-4b-width" (make test runs
                 # --dist loadgroup), so one worker runs them in turn and no worker idles on this lock.
-                heavy = FileLock(str(shared_dir / "real-width.lock")) if options.get("layers") else nullcontext()
+                heavy = (
+                    FileLock(str(shared_dir / "real-width.lock"))
+                    if options.get("layers")
+                    else nullcontext()
+                )
                 with heavy:
                     try:
                         result = launch(
-                            opts, list(cli_overrides), echo=lambda line: None,
+                            opts,
+                            list(cli_overrides),
+                            echo=lambda line: None,
                             timeout_s=opts.tier_preset.launch_timeout_s,
                         ).to_dict()
                     except LaunchError as e:
@@ -181,7 +201,10 @@ def recipe_run(shared_dir):
                 done.write_text(json.dumps(result))
         result = json.loads(done.read_text())
         if "error" in result:
-            pytest.fail(f"shared run {name!r} failed (see its rank logs below):\n{result['error']}", pytrace=False)
+            pytest.fail(
+                f"shared run {name!r} failed (see its rank logs below):\n{result['error']}",
+                pytrace=False,
+            )
         return result
 
     return run
@@ -216,7 +239,9 @@ def pytest_sessionfinish(session, exitstatus):
     from harness.judge import goldens
 
     path = _proposals_file(config)
-    proposals = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    proposals = (
+        [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    )
     changes = goldens.proposed_changes(proposals)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     write = reporter.write_line if reporter else print
@@ -245,36 +270,60 @@ def golden(request, record_property):
 
     under_test = next(TIER_OF_MARKER[m] for m in TIER_MARKERS if request.node.get_closest_marker(m))
 
-    def check(recipe: str, tier: str, key: str, measured, reason: str = "", portable_rtol: float | None = None,
-              inputs: dict | None = None):  # fmt: skip
+    def check(
+        recipe: str,
+        tier: str,
+        key: str,
+        measured,
+        reason: str = "",
+        portable_rtol: float | None = None,
+        inputs: dict | None = None,
+    ):
         """``inputs``: the run's input key (harness.config.provenance.input_key) for goldens keyed by inputs."""
         if tier != under_test:
             pytest.fail(
                 f"golden({recipe!r}, {tier!r}, {key!r}) in a {under_test} test ({request.node.nodeid}): a test "
                 f"records and judges only its own tier's goldens ({under_test!r}); a {tier} value is measured "
-                f"by a {tier} test", pytrace=False,
-            )  # fmt: skip
+                f"by a {tier} test",
+                pytrace=False,
+            )
         record_property(f"{recipe}.{tier}.{key}", measured)
         if inputs is not None:
             record_property(f"{recipe}.{tier}.{key}.inputs", inputs)
         if request.config.getoption("--update-goldens"):
-            _, values = goldens.load(recipe, tier) if goldens.goldens_path(recipe, tier).exists() else ({}, {})
+            _, values = (
+                goldens.load(recipe, tier)
+                if goldens.goldens_path(recipe, tier).exists()
+                else ({}, {})
+            )
             if key not in values or values[key].lane == "exact":
                 goldens.check_finite(recipe, tier, {key: measured})
-                line = json.dumps({"recipe": recipe, "tier": tier, "key": key, "value": measured, "reason": reason,
-                                   **({"portable_rtol": portable_rtol} if portable_rtol is not None else {})})
+                line = json.dumps(
+                    {
+                        "recipe": recipe,
+                        "tier": tier,
+                        "key": key,
+                        "value": measured,
+                        "reason": reason,
+                        **({"portable_rtol": portable_rtol} if portable_rtol is not None else {}),
+                    }
+                )
                 path = _proposals_file(request.config)
                 with FileLock(str(path) + ".lock"), path.open("a") as f:
                     f.write(line + "\n")
                 return
         metadata, values = goldens.load(recipe, tier)
         if key not in values:
-            pytest.fail(f"{goldens.goldens_path(recipe, tier)} has no golden {key!r}; run `make goldens`", pytrace=False)
+            pytest.fail(
+                f"{goldens.goldens_path(recipe, tier)} has no golden {key!r}; run `make goldens`",
+                pytrace=False,
+            )
         if portable_rtol is not None and values[key].portable_rtol != portable_rtol:
             pytest.fail(
                 f"{goldens.goldens_path(recipe, tier)}: {key!r} has portable_rtol {values[key].portable_rtol!r}, "
-                f"the test states {portable_rtol!r}; run `make goldens`", pytrace=False,
-            )  # fmt: skip
+                f"the test states {portable_rtol!r}; run `make goldens`",
+                pytrace=False,
+            )
         verdict = verdicts.compare(key, measured, values, metadata, inputs=inputs)
         record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
         # "unmeasured" / "inputs differ": neither pass nor fail here; harness.night.ci require-claims

@@ -23,7 +23,15 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.common import DEFAULT_OUT_DIR, HISTORY, Section, append_history, commit_of, machine, table
+from benchmarks.common import (
+    DEFAULT_OUT_DIR,
+    HISTORY,
+    Section,
+    append_history,
+    commit_of,
+    machine,
+    table,
+)
 from recipes.tiers import REPO_ROOT
 
 ORDER = ("plan", "overhead", "recipes", "suite")
@@ -49,16 +57,30 @@ def benchmark(name: str):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("which", nargs="?", default="all", choices=[*ORDER, "all"])
     parser.add_argument("--tier", default="cpu", choices=("cpu", "trn2"))
-    parser.add_argument("--out", type=Path, help="JSON file (default: report/bench/<which>-<tier>-<date>.json)")
-    parser.add_argument("--steps", type=int, default=10, help="training steps per launch (default 10)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the tier's, cpu 256)")
-    parser.add_argument("--nproc", type=int, help="processes per launch (default: the tier's, cpu 2)")
-    parser.add_argument("--reps", type=int, default=4, help="overhead: launches per path, interleaved (default 4)")
+    parser.add_argument(
+        "--out", type=Path, help="JSON file (default: report/bench/<which>-<tier>-<date>.json)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=10, help="training steps per launch (default 10)"
+    )
+    parser.add_argument(
+        "--seq-len", type=int, help="tokens per sequence (default: the tier's, cpu 256)"
+    )
+    parser.add_argument(
+        "--nproc", type=int, help="processes per launch (default: the tier's, cpu 2)"
+    )
+    parser.add_argument(
+        "--reps", type=int, default=4, help="overhead: launches per path, interleaved (default 4)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary run directories")
-    parser.add_argument("--history", type=Path, default=HISTORY, help="JSON-lines file the run is appended to")
+    parser.add_argument(
+        "--history", type=Path, default=HISTORY, help="JSON-lines file the run is appended to"
+    )
     return parser.parse_args(argv)
 
 
@@ -136,13 +158,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmark {name} ({args.tier}) …")
         sections.append(run_section(name, args))
         print(show(sections[-1]))
-        out.write_text(json.dumps(document(args, argv, date, sections), indent=2, default=str) + "\n")
+        out.write_text(
+            json.dumps(document(args, argv, date, sections), indent=2, default=str) + "\n"
+        )
     doc = document(args, argv, date, sections)
     print("goals:")
     for goal in doc["goals"]:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
         measured = "–" if goal["measured"] is None else f"{goal['measured']:.4g}"
-        print(f"  {goal['benchmark']}: {goal['name']}: measured {measured} vs target {goal['target']}: {verdict}")
+        print(
+            f"  {goal['benchmark']}: {goal['name']}: measured {measured} vs target {goal['target']}: {verdict}"
+        )
     append_history(args.history, doc)
     print(f"written: {out}; history: {args.history}")
     return 1 if any(s.error for s in sections) else 0

@@ -97,7 +97,9 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s: float) -> ProcessRun:
+def run_timed(
+    cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s: float
+) -> ProcessRun:
     """Run ``cmd`` from the repo root, output to ``log_path``; time it and read its peak RSS.
 
     ``os.wait4`` returns the child's rusage including every descendant it reaped
@@ -111,7 +113,12 @@ def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s:
         busy_before = machine_busy_s()
         started = time.perf_counter()
         proc = subprocess.Popen(
-            cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
         def stop() -> None:
@@ -131,7 +138,9 @@ def run_timed(cmd: list[str], *, env: dict[str, str], log_path: Path, timeout_s:
             timer.cancel()
         wall_s = time.perf_counter() - started
         busy_s = machine_busy_s() - busy_before
-    proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: keep Popen from waiting again
+    proc.returncode = os.waitstatus_to_exitcode(
+        status
+    )  # already reaped: keep Popen from waiting again
     cpu_s = usage.ru_utime + usage.ru_stime
     return ProcessRun(
         returncode=proc.returncode,
@@ -166,7 +175,7 @@ class TitanStep:
 
 
 def _number(text: str | None) -> float | None:
-    """"2,128" → 2128.0, "12.5%" → 12.5, "0.00GiB(0.00%)" → 0.0; None for "N/A" or absent."""
+    """ "2,128" → 2128.0, "12.5%" → 12.5, "0.00GiB(0.00%)" → 0.0; None for "N/A" or absent."""
     match = re.match(r"[-\d,.]+(?:e[-+]?\d+)?|nan|inf", text or "")
     try:
         return float(match.group().replace(",", "")) if match else None
@@ -197,31 +206,53 @@ def parse_titan_steps(text: str) -> list[TitanStep]:
     return steps
 
 
-def titan_train_command(module: str, config: str, nproc: int, log_dir: Path, *overrides: str) -> list[str]:
+def titan_train_command(
+    module: str, config: str, nproc: int, log_dir: Path, *overrides: str
+) -> list[str]:
     """torchtitan's own entry on a config function, under the torchrun options ``harness.launch.lifecycle`` uses.
 
     ``torchrun --standalone --nproc_per_node=N -m torchtitan.train --module M --config F [overrides]``:
     the README's way to run a recipe without the harness; rank logs go to ``log_dir``.
     """
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={nproc}",
-        "--log-dir", str(log_dir), "--redirects", "3",
-        "-m", "torchtitan.train", "--module", module, "--config", config, *overrides,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "--log-dir",
+        str(log_dir),
+        "--redirects",
+        "3",
+        "-m",
+        "torchtitan.train",
+        "--module",
+        module,
+        "--config",
+        config,
+        *overrides,
+    ]
 
 
-def run_titan_train(module: str, config: str, nproc: int, work_dir: Path, *overrides: str, timeout_s: float):
+def run_titan_train(
+    module: str, config: str, nproc: int, work_dir: Path, *overrides: str, timeout_s: float
+):
     """One ``titan_train_command`` launch from the repository root; rank 0's printed steps.
 
     Raises RuntimeError with the launcher's and rank 0's log tails when the launch fails.
     """
     log_dir = work_dir / "logs"
-    cmd = titan_train_command(module, config, nproc, log_dir, "--dump_folder", str(work_dir / "out"), *overrides)
+    cmd = titan_train_command(
+        module, config, nproc, log_dir, "--dump_folder", str(work_dir / "out"), *overrides
+    )
     returncode, stderr = run_bound(cmd, timeout_s)
-    text = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log")))
+    text = "".join(
+        p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log"))
+    )
     if returncode != 0:
-        raise RuntimeError(f"torchtitan.train exited {returncode}:\n{stderr[-3000:]}\nrank 0:\n{text[-3000:]}")
+        raise RuntimeError(
+            f"torchtitan.train exited {returncode}:\n{stderr[-3000:]}\nrank 0:\n{text[-3000:]}"
+        )
     return parse_titan_steps(text)
 
 
@@ -238,8 +269,15 @@ def run_bound(cmd: list[str], timeout_s: float, cwd: Path = REPO_ROOT) -> tuple[
 
     parent = os.getpid()
     _prctl()  # load libc here, not between fork and exec
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent=parent))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent=parent),
+    )
     try:
         _, stderr = proc.communicate(timeout=timeout_s)
         return proc.returncode, stderr
@@ -258,7 +296,9 @@ def run_bound(cmd: list[str], timeout_s: float, cwd: Path = REPO_ROOT) -> tuple[
 
 def rank_log(run_dir: Path, rank: int = 0, stream: str = "stdout") -> Path | None:
     """The last attempt's log of ``rank`` under torchrun's ``--log-dir run_dir/logs``."""
-    logs = sorted((run_dir / "logs").glob(f"*/attempt_*/{rank}/{stream}.log"), key=lambda p: p.stat().st_mtime)
+    logs = sorted(
+        (run_dir / "logs").glob(f"*/attempt_*/{rank}/{stream}.log"), key=lambda p: p.stat().st_mtime
+    )
     return logs[-1] if logs else None
 
 
@@ -312,9 +352,13 @@ def table(header: list[str], rows: list[list]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
 
     def line(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+        )
 
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+    return "\n".join(
+        [line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]]
+    )
 
 
 #: One JSON line per benchmark run, committed with the code, so the suite's cost is seen over time.
@@ -324,17 +368,35 @@ HISTORY = Path(__file__).resolve().parent / "history.jsonl"
 def commit_of(repo: Path) -> str:
     """``repo``'s HEAD, with " + uncommitted changes" when tracked files other than the history (which each run
     appends to) differ from it ("unknown" outside git)."""
-    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".",
-                            f":!{HISTORY.relative_to(REPO_ROOT)}"], capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            f":!{HISTORY.relative_to(REPO_ROOT)}",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
 
 
 def append_history(path: Path, doc: dict) -> None:
     """Append the run's commit, goals (measured vs target), kept figures, versions and machine as one line."""
-    line = {k: doc[k] for k in ("date", "command", "tier", "versions", "machine", "goals", "all_goals_met")}
+    line = {
+        k: doc[k]
+        for k in ("date", "command", "tier", "versions", "machine", "goals", "all_goals_met")
+    }
     line.update(commit=doc.get("commit", "unknown"), figures=doc.get("figures", {}))
     with path.open("a") as f:
         f.write(json.dumps(line, default=str, sort_keys=True) + "\n")

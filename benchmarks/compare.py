@@ -36,8 +36,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.common import (
-    DEFAULT_OUT_DIR, HISTORY, Goal, append_history, commit_of, machine, machine_busy_s, table,
-)  # fmt: skip
+    DEFAULT_OUT_DIR,
+    HISTORY,
+    Goal,
+    append_history,
+    commit_of,
+    machine,
+    machine_busy_s,
+    table,
+)
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_BASELINE = "078324c"
@@ -48,7 +55,12 @@ STAMP = ".venv/.lock-installed"
 REAPER = Path(__file__).resolve().parent / "reaper.py"
 #: What each name of ``--only`` measures: make targets of both checkouts, run in order by one make (each checkout
 #: runs those its Makefile has).
-TARGETS = {"fast": ("test-fast",), "suite": ("test",), "repro": ("repro",), "ci": ("rehearse-trn2", "test")}
+TARGETS = {
+    "fast": ("test-fast",),
+    "suite": ("test",),
+    "repro": ("repro",),
+    "ci": ("rehearse-trn2", "test"),
+}
 #: The long ones (10-25 min a side): repeated ``--suite-reps`` times, the others ``--reps`` times.
 LONG = ("suite", "ci")
 #: What ``--only`` measures unless told: ``ci`` (about 25 min a side) only on request.
@@ -57,7 +69,14 @@ SIDES = ("baseline", "current")
 #: Seconds one measured command may take before it is killed (a hung suite still ends the benchmark).
 TIMEOUT_S = 3 * 3600
 #: Variables of an outer make that must not reach the measured one.
-DROPPED_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST")
+DROPPED_ENV = (
+    "MAKEFLAGS",
+    "MFLAGS",
+    "MAKELEVEL",
+    "MAKEOVERRIDES",
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_CURRENT_TEST",
+)
 
 SUITE_RATIO = 0.5
 FAST_SHARE = 1 / 6
@@ -99,7 +118,9 @@ class Measurement:
 def git(repo: Path, *args: str) -> str:
     out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if out.returncode != 0:
-        raise Refusal(f"git {' '.join(args)} in {repo} failed: {out.stderr.strip().splitlines()[-1:]}")
+        raise Refusal(
+            f"git {' '.join(args)} in {repo} failed: {out.stderr.strip().splitlines()[-1:]}"
+        )
     return out.stdout.strip()
 
 
@@ -107,13 +128,17 @@ def resolve_baseline(repo: Path, rev: str) -> str:
     try:
         return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except Refusal:
-        raise Refusal(f"--baseline {rev}: not a commit of {repo}; fetch it or name another") from None
+        raise Refusal(
+            f"--baseline {rev}: not a commit of {repo}; fetch it or name another"
+        ) from None
 
 
 def check_shared_venv(repo: Path, baseline: str) -> Path:
     """The venv both checkouts use: refused unless the baseline's lock is this checkout's and the venv is the lock's."""
     current = (repo / LOCK).read_bytes()
-    theirs = subprocess.run(["git", "-C", str(repo), "show", f"{baseline}:{LOCK}"], capture_output=True).stdout
+    theirs = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{baseline}:{LOCK}"], capture_output=True
+    ).stdout
     if theirs != current:
         raise Refusal(
             f"{LOCK} of {baseline[:9]} differs from {repo / LOCK}: the baseline cannot reuse .venv; compare against "
@@ -122,9 +147,13 @@ def check_shared_venv(repo: Path, baseline: str) -> Path:
     venv = repo / ".venv"
     stamp = repo / STAMP
     if not venv.is_dir():
-        raise Refusal(f"{venv} does not exist: run `make venv` first (the baseline reuses this checkout's venv)")
+        raise Refusal(
+            f"{venv} does not exist: run `make venv` first (the baseline reuses this checkout's venv)"
+        )
     if not stamp.is_file() or stamp.read_bytes() != current:
-        raise Refusal(f"{stamp} is missing or is not {LOCK}: .venv was not installed from this lock; run `make venv`")
+        raise Refusal(
+            f"{stamp} is missing or is not {LOCK}: .venv was not installed from this lock; run `make venv`"
+        )
     return venv.resolve()
 
 
@@ -138,7 +167,10 @@ def baseline_worktree(repo: Path, commit: str, venv: Path):
         (path / ".venv").symlink_to(venv)
         yield path
     finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)],
+            capture_output=True,
+        )
         shutil.rmtree(parent, ignore_errors=True)
         subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
 
@@ -149,7 +181,13 @@ def make_command(targets: list[str]) -> list[str]:
 
 def has_target(path: Path, target: str) -> bool:
     """Whether the checkout's Makefile has ``target`` (``make -n``: nothing runs)."""
-    out = subprocess.run(["make", "-n", "-o", STAMP, target], cwd=path, capture_output=True, text=True, env=clean_env())
+    out = subprocess.run(
+        ["make", "-n", "-o", STAMP, target],
+        cwd=path,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     return "No rule to make target" not in out.stderr
 
 
@@ -157,11 +195,25 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
 
 
-def measure(checkout: Checkout, name: str, rep: int, log_dir: Path, timeout_s: float) -> Measurement:
+def measure(
+    checkout: Checkout, name: str, rep: int, log_dir: Path, timeout_s: float
+) -> Measurement:
     """One run of ``make <targets>`` (those of ``name`` the checkout has) in ``checkout`` under the reaper."""
     stem = log_dir / f"{name}-{checkout.side}-{rep + 1}"
-    cmd = [sys.executable, str(REAPER), "--out", f"{stem}.json", "--log", f"{stem}.log", "--cwd", str(checkout.path),
-           "--timeout", str(timeout_s), "--", *make_command(ran(checkout, name))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REAPER),
+        "--out",
+        f"{stem}.json",
+        "--log",
+        f"{stem}.log",
+        "--cwd",
+        str(checkout.path),
+        "--timeout",
+        str(timeout_s),
+        "--",
+        *make_command(ran(checkout, name)),
+    ]
     busy = machine_busy_s()
     reaper = subprocess.Popen(cmd, env=clean_env())
     try:
@@ -172,12 +224,24 @@ def measure(checkout: Checkout, name: str, rep: int, log_dir: Path, timeout_s: f
         raise
     busy = machine_busy_s() - busy
     if reaper.returncode != 0:
-        raise RuntimeError(f"benchmarks/reaper.py exited {reaper.returncode} measuring {name} in {checkout.path}")
+        raise RuntimeError(
+            f"benchmarks/reaper.py exited {reaper.returncode} measuring {name} in {checkout.path}"
+        )
     r = json.loads(Path(f"{stem}.json").read_text())
     return Measurement(
-        name, checkout.side, rep, r["returncode"], r["wall_s"], r["cpu_s"], max(0.0, busy - r["cpu_s"]),
-        r["processes_reaped"], r["orphans_reaped"], r["killed_after_linger"], r["timed_out"], f"{stem}.log",
-    )  # fmt: skip
+        name,
+        checkout.side,
+        rep,
+        r["returncode"],
+        r["wall_s"],
+        r["cpu_s"],
+        max(0.0, busy - r["cpu_s"]),
+        r["processes_reaped"],
+        r["orphans_reaped"],
+        r["killed_after_linger"],
+        r["timed_out"],
+        f"{stem}.log",
+    )
 
 
 def ran(checkout: Checkout, name: str) -> list[str]:
@@ -195,7 +259,9 @@ def plan(only: list[str], reps: int, suite_reps: int) -> list[tuple[str, int, tu
     ]
 
 
-def run_plan(checkouts: dict[str, Checkout], steps, log_dir: Path, timeout_s: float, echo) -> list[Measurement]:
+def run_plan(
+    checkouts: dict[str, Checkout], steps, log_dir: Path, timeout_s: float, echo
+) -> list[Measurement]:
     done = []
     for name, rep, order in steps:
         for side in order:
@@ -203,8 +269,10 @@ def run_plan(checkouts: dict[str, Checkout], steps, log_dir: Path, timeout_s: fl
             if not ran(checkout, name):
                 continue
             m = measure(checkout, name, rep, log_dir, timeout_s)
-            echo(f"  {name} rep {rep + 1} {side:<8} {m.wall_s:8.1f} s wall {m.cpu_s:8.1f} CPU s "
-                 f"(others {m.others_cpu_s:.0f} CPU s) exit {m.returncode}")  # fmt: skip
+            echo(
+                f"  {name} rep {rep + 1} {side:<8} {m.wall_s:8.1f} s wall {m.cpu_s:8.1f} CPU s "
+                f"(others {m.others_cpu_s:.0f} CPU s) exit {m.returncode}"
+            )
             done.append(m)
     return done
 
@@ -216,56 +284,98 @@ def spread(values: list[float]) -> dict | None:
     """Median and min-max of ``values`` (None when there are none)."""
     if not values:
         return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def of(measurements: list[Measurement], name: str, side: str) -> list[Measurement]:
-    return sorted((m for m in measurements if m.name == name and m.side == side), key=lambda m: m.rep)
+    return sorted(
+        (m for m in measurements if m.name == name and m.side == side), key=lambda m: m.rep
+    )
 
 
-def ratio_goal(title: str, target: float, current: list[Measurement], baseline: list[Measurement], what: str) -> Goal:
+def ratio_goal(
+    title: str, target: float, current: list[Measurement], baseline: list[Measurement], what: str
+) -> Goal:
     """current / baseline of ``what`` ("wall_s" or "cpu_s"), one ratio per repetition (the two ran side by side)."""
     label = "CPU seconds" if what == "cpu_s" else "wall time"
     goal_text = f"current / baseline {label} ≤ {target:g}"
-    ratios = [getattr(c, what) / getattr(b, what) for c, b in zip(current, baseline) if getattr(b, what) > 0]
+    ratios = [
+        getattr(c, what) / getattr(b, what)
+        for c, b in zip(current, baseline)
+        if getattr(b, what) > 0
+    ]
     return judged(title, goal_text, target, ratios, current + baseline)
 
 
-def fast_goal(checkouts: dict[str, Checkout], fast: list[Measurement], suite: list[Measurement]) -> Goal:
+def fast_goal(
+    checkouts: dict[str, Checkout], fast: list[Measurement], suite: list[Measurement]
+) -> Goal:
     """``make test-fast`` wall / ``make test`` wall, this checkout: each fast run against the median suite run."""
-    title, goal_text = "make test-fast vs make test", f"test-fast wall / test wall ≤ 1/{round(1 / FAST_SHARE)}"
+    title, goal_text = (
+        "make test-fast vs make test",
+        f"test-fast wall / test wall ≤ 1/{round(1 / FAST_SHARE)}",
+    )
     if "test-fast" not in checkouts["current"].targets:
         return Goal(title, goal_text, None, None, "not measurable: no test-fast target")
     if not suite:
-        return Goal(title, goal_text, None, None, "not measurable: make test was not measured in this run (--only)")
+        return Goal(
+            title,
+            goal_text,
+            None,
+            None,
+            "not measurable: make test was not measured in this run (--only)",
+        )
     suite_wall = statistics.median(m.wall_s for m in suite)
     return judged(title, goal_text, FAST_SHARE, [m.wall_s / suite_wall for m in fast], fast + suite)
 
 
-def judged(title: str, goal_text: str, target: float, ratios: list[float], runs: list[Measurement]) -> Goal:
+def judged(
+    title: str, goal_text: str, target: float, ratios: list[float], runs: list[Measurement]
+) -> Goal:
     s = spread(ratios)
     if s is None:
         return Goal(title, goal_text, None, None, "not measured")
-    failed = sorted({f"{m.side} {m.name} exit {m.returncode}" for m in runs if m.returncode != 0 or m.timed_out})
+    failed = sorted(
+        {f"{m.side} {m.name} exit {m.returncode}" for m in runs if m.returncode != 0 or m.timed_out}
+    )
     if failed:  # a failed command's time says little about the goal: shown, not judged
         return Goal(title, goal_text, s["median"], None, "not judged: " + ", ".join(failed), s)
     return Goal(title, goal_text, s["median"], s["median"] <= target, "", s)
 
 
-def goals(checkouts: dict[str, Checkout], measurements: list[Measurement], only: list[str]) -> list[Goal]:
+def goals(
+    checkouts: dict[str, Checkout], measurements: list[Measurement], only: list[str]
+) -> list[Goal]:
     found = []
     if "suite" in only:
-        current, baseline = of(measurements, "suite", "current"), of(measurements, "suite", "baseline")
+        current, baseline = (
+            of(measurements, "suite", "current"),
+            of(measurements, "suite", "baseline"),
+        )
         found.append(ratio_goal("make test CPU", SUITE_RATIO, current, baseline, "cpu_s"))
         found.append(ratio_goal("make test wall", SUITE_RATIO, current, baseline, "wall_s"))
     if "fast" in only:
-        found.append(fast_goal(checkouts, of(measurements, "fast", "current"), of(measurements, "suite", "current")))
+        found.append(
+            fast_goal(
+                checkouts, of(measurements, "fast", "current"), of(measurements, "suite", "current")
+            )
+        )
     if "repro" in only:
-        current, baseline = of(measurements, "repro", "current"), of(measurements, "repro", "baseline")
+        current, baseline = (
+            of(measurements, "repro", "current"),
+            of(measurements, "repro", "baseline"),
+        )
         found.append(ratio_goal("make repro wall", REPRO_RATIO, current, baseline, "wall_s"))
     if "ci" in only:
         current, baseline = of(measurements, "ci", "current"), of(measurements, "ci", "baseline")
-        found.append(ratio_goal("CI CPU (make rehearse-trn2 test)", CI_RATIO, current, baseline, "cpu_s"))
+        found.append(
+            ratio_goal("CI CPU (make rehearse-trn2 test)", CI_RATIO, current, baseline, "cpu_s")
+        )
     return found
 
 
@@ -277,9 +387,19 @@ def rows(measurements: list[Measurement], checkouts: dict[str, Checkout]) -> lis
             ms = of(measurements, name, side)
             if ms:
                 wall, cpu = spread([m.wall_s for m in ms]), spread([m.cpu_s for m in ms])
-                out.append([f"make {' '.join(ran(checkouts[side], name))}", side, len(ms), wall["median"],
-                            f"{wall['min']:.2f}-{wall['max']:.2f}", cpu["median"], f"{cpu['min']:.2f}-{cpu['max']:.2f}",
-                            " ".join(str(m.returncode) for m in ms), sum(m.others_cpu_s for m in ms)])  # fmt: skip
+                out.append(
+                    [
+                        f"make {' '.join(ran(checkouts[side], name))}",
+                        side,
+                        len(ms),
+                        wall["median"],
+                        f"{wall['min']:.2f}-{wall['max']:.2f}",
+                        cpu["median"],
+                        f"{cpu['min']:.2f}-{cpu['max']:.2f}",
+                        " ".join(str(m.returncode) for m in ms),
+                        sum(m.others_cpu_s for m in ms),
+                    ]
+                )
     return out
 
 
@@ -294,27 +414,60 @@ def kept_figures(measurements: list[Measurement], checkouts: dict[str, Checkout]
     return out
 
 
-HEADER = ["command", "checkout", "reps", "wall s", "wall min-max", "CPU s", "CPU min-max", "exit codes",
-          "others' CPU s"]
+HEADER = [
+    "command",
+    "checkout",
+    "reps",
+    "wall s",
+    "wall min-max",
+    "CPU s",
+    "CPU min-max",
+    "exit codes",
+    "others' CPU s",
+]
 
 
 # ------------------------------------------------------------------------------------------------- the command
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default=DEFAULT_BASELINE,
-                        help=f"commit to compare against (default {DEFAULT_BASELINE})")
-    parser.add_argument("--reps", type=int, default=3,
-                        help="repetitions of repro and test-fast per checkout (default 3)")
-    parser.add_argument("--suite-reps", type=int, default=1,
-                        help="repetitions of make test (and of ci) per checkout (default 1)")
-    parser.add_argument("--only", default=",".join(DEFAULT_ONLY),
-                        help=f"comma-separated subset of {','.join(TARGETS)} (default {','.join(DEFAULT_ONLY)})")
-    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the current checkout (default: this one)")
-    parser.add_argument("--history", type=Path, default=HISTORY, help="JSON-lines file the goals are appended to")
-    parser.add_argument("--out", type=Path, help="JSON file (default report/bench/compare-<date>.json)")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds one command may take")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks compare", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--baseline",
+        default=DEFAULT_BASELINE,
+        help=f"commit to compare against (default {DEFAULT_BASELINE})",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="repetitions of repro and test-fast per checkout (default 3)",
+    )
+    parser.add_argument(
+        "--suite-reps",
+        type=int,
+        default=1,
+        help="repetitions of make test (and of ci) per checkout (default 1)",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(DEFAULT_ONLY),
+        help=f"comma-separated subset of {','.join(TARGETS)} (default {','.join(DEFAULT_ONLY)})",
+    )
+    parser.add_argument(
+        "--repo", type=Path, default=REPO_ROOT, help="the current checkout (default: this one)"
+    )
+    parser.add_argument(
+        "--history", type=Path, default=HISTORY, help="JSON-lines file the goals are appended to"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="JSON file (default report/bench/compare-<date>.json)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=TIMEOUT_S, help="seconds one command may take"
+    )
     args = parser.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = [x for x in args.only if x not in TARGETS]
@@ -325,7 +478,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def document(args, argv: list[str], checkouts, measurements, found: list[Goal], started: str, load) -> dict:
+def document(
+    args, argv: list[str], checkouts, measurements, found: list[Goal], started: str, load
+) -> dict:
     from harness.base.environment import versions
 
     judged_goals = [g.met for g in found if g.met is not None]
@@ -336,17 +491,23 @@ def document(args, argv: list[str], checkouts, measurements, found: list[Goal], 
         "versions": versions(),
         "machine": machine(),
         "commit": checkouts["current"].commit,
-        "checkouts": {side: {"path": str(c.path), "commit": c.commit, "targets": sorted(c.targets)}
-                      for side, c in checkouts.items()},  # fmt: skip
+        "checkouts": {
+            side: {"path": str(c.path), "commit": c.commit, "targets": sorted(c.targets)}
+            for side, c in checkouts.items()
+        },
         "figures": {"compare": kept_figures(measurements, checkouts)},
         "goals": [{"benchmark": "compare", **asdict(g)} for g in found],
-        "all_goals_met": all(judged_goals) if judged_goals and len(judged_goals) == len(found) else None,
+        "all_goals_met": all(judged_goals)
+        if judged_goals and len(judged_goals) == len(found)
+        else None,
         "loadavg_before_after": load,
         "measurements": [asdict(m) for m in measurements],
     }
 
 
-def show(doc: dict, measurements: list[Measurement], found: list[Goal], checkouts: dict[str, Checkout]) -> str:
+def show(
+    doc: dict, measurements: list[Measurement], found: list[Goal], checkouts: dict[str, Checkout]
+) -> str:
     m, c = doc["machine"], doc["checkouts"]
     lines = [
         f"baseline {c['baseline']['commit']} vs current {c['current']['commit']}",
@@ -367,15 +528,25 @@ def compare(args, argv: list[str], echo=print) -> int:
     baseline = resolve_baseline(repo, args.baseline)
     venv = check_shared_venv(repo, baseline)
     started, load_before = time.strftime("%Y-%m-%dT%H:%M:%S%z"), round(os.getloadavg()[0], 2)
-    log_dir = (args.out.parent if args.out else DEFAULT_OUT_DIR) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir = (
+        args.out.parent if args.out else DEFAULT_OUT_DIR
+    ) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     with baseline_worktree(repo, baseline, venv) as path:
-        checkouts = {"baseline": Checkout("baseline", path, baseline),
-                     "current": Checkout("current", repo, commit_of(repo))}
+        checkouts = {
+            "baseline": Checkout("baseline", path, baseline),
+            "current": Checkout("current", repo, commit_of(repo)),
+        }
         for checkout in checkouts.values():
-            checkout.targets = {t for ts in TARGETS.values() for t in ts if has_target(checkout.path, t)}
-        echo(f"compare {args.baseline} ({baseline[:9]}) vs {repo}: {', '.join(args.only)}; logs in {log_dir}")
-        measurements = run_plan(checkouts, plan(args.only, args.reps, args.suite_reps), log_dir, args.timeout, echo)
+            checkout.targets = {
+                t for ts in TARGETS.values() for t in ts if has_target(checkout.path, t)
+            }
+        echo(
+            f"compare {args.baseline} ({baseline[:9]}) vs {repo}: {', '.join(args.only)}; logs in {log_dir}"
+        )
+        measurements = run_plan(
+            checkouts, plan(args.only, args.reps, args.suite_reps), log_dir, args.timeout, echo
+        )
     found = goals(checkouts, measurements, args.only)
     load = [load_before, round(os.getloadavg()[0], 2)]
     doc = document(args, argv, checkouts, measurements, found, started, load)

@@ -37,9 +37,9 @@ from benchmarks.common import (
     run_timed,
     titan_train_command,
 )
+from harness.checks.preflight import preflight
 from harness.launch.lifecycle import child_env, read_steps
 from harness.options.run_options import RunOptions
-from harness.checks.preflight import preflight
 
 GOAL_RATIO = 1.10  # issue 17: python -m harness run within 1.10x a bare torchtitan launch
 RECIPE = "native_qwen3"
@@ -86,21 +86,47 @@ def run_options(args) -> RunOptions:
 
 def harness_run_command(opts: RunOptions, report_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "harness", "run", opts.recipe,
-        "--tier", opts.tier, "--init", opts.init, "--no-export",
-        "--steps", str(opts.steps), "--seq-len", str(opts.seq_len),
-        "--nproc", str(opts.nproc), "--seed", str(opts.seed),
-        "--report-dir", str(report_dir),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        opts.recipe,
+        "--tier",
+        opts.tier,
+        "--init",
+        opts.init,
+        "--no-export",
+        "--steps",
+        str(opts.steps),
+        "--seq-len",
+        str(opts.seq_len),
+        "--nproc",
+        str(opts.nproc),
+        "--seed",
+        str(opts.seed),
+        "--report-dir",
+        str(report_dir),
+    ]
 
 
 def bare_torchrun_command(opts: RunOptions) -> list[str]:
     """torchtitan's own entry under the same torchrun options ``harness.launch.lifecycle`` uses."""
-    return titan_train_command("benchmarks.titan_entry", "bench_config", opts.nproc, opts.run_dir / "logs")
+    return titan_train_command(
+        "benchmarks.titan_entry", "bench_config", opts.nproc, opts.run_dir / "logs"
+    )
 
 
 def new_sample(path: str, rep: int, proc) -> Sample:
-    return Sample(path, rep, proc.returncode, proc.wall_s, proc.cpu_s, proc.others_cpu_s, proc.peak_rss_gib, None)
+    return Sample(
+        path,
+        rep,
+        proc.returncode,
+        proc.wall_s,
+        proc.cpu_s,
+        proc.others_cpu_s,
+        proc.peak_rss_gib,
+        None,
+    )
 
 
 def fmt_losses(losses: list[float | None]) -> list[str]:
@@ -136,7 +162,10 @@ def run_bare_path(opts: RunOptions, work: Path, rep: int) -> Sample:
     opts = replace(opts, run_dir=run_dir)
     env = {**child_env(opts), OPTIONS_ENV: opts.to_json()}
     proc = run_timed(
-        bare_torchrun_command(opts), env=env, log_path=run_dir / "console.log", timeout_s=LAUNCH_TIMEOUT_S[opts.tier]
+        bare_torchrun_command(opts),
+        env=env,
+        log_path=run_dir / "console.log",
+        timeout_s=LAUNCH_TIMEOUT_S[opts.tier],
     )
     sample = new_sample("bare torchtitan", rep, proc)
     log = rank_log(run_dir)
@@ -146,7 +175,9 @@ def run_bare_path(opts: RunOptions, work: Path, rep: int) -> Sample:
         sample.error = f"exit {proc.returncode}, {len(steps)} step line(s):\n{log_tail(stderr or run_dir / 'console.log')}"
         return sample
     tokens_per_step = opts.seq_len * opts.local_batch_size  # per rank, as torchtitan counts for tps
-    sample.steady_step_s = mean([tokens_per_step / s.tokens_per_s for s in steps[1:] if s.tokens_per_s])
+    sample.steady_step_s = mean(
+        [tokens_per_step / s.tokens_per_s for s in steps[1:] if s.tokens_per_s]
+    )
     sample.losses = fmt_losses([s.loss for s in steps])
     return sample
 
@@ -196,9 +227,19 @@ class PathStats:
         )
 
     def row(self) -> list:
-        spread = f"{self.wall_range_s[0]:.1f}-{self.wall_range_s[1]:.1f}" if self.wall_range_s else None
-        return [self.label, self.wall_s, spread, self.launch_wall_s or self.wall_s, self.cpu_s,
-                self.steady_step_s, self.step1_loss, self.peak_rss_gib]  # fmt: skip
+        spread = (
+            f"{self.wall_range_s[0]:.1f}-{self.wall_range_s[1]:.1f}" if self.wall_range_s else None
+        )
+        return [
+            self.label,
+            self.wall_s,
+            spread,
+            self.launch_wall_s or self.wall_s,
+            self.cpu_s,
+            self.steady_step_s,
+            self.step1_loss,
+            self.peak_rss_gib,
+        ]
 
 
 def ratio(x: float | None, y: float | None) -> float | None:
@@ -214,7 +255,10 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
     # launches run a,b,a,b: each rep's pair gives one ratio, whose range is the ratio's spread
     pairs = [
         ratio(x.wall_s, y.wall_s)
-        for x, y in zip([s for s in samples if s.path == "harness run"], [s for s in samples if s.path != "harness run"])
+        for x, y in zip(
+            [s for s in samples if s.path == "harness run"],
+            [s for s in samples if s.path != "harness run"],
+        )
         if not x.error and not y.error
     ]
     section.figures = {
@@ -231,15 +275,30 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         "cpu_ratio": ratio(a.cpu_s, b.cpu_s),
         "steady_step_ratio": ratio(a.steady_step_s, b.steady_step_s),
         "torchrun_part_ratio": ratio(a.launch_wall_s, b.wall_s),
-        "harness_run_parent_s": a.wall_s - a.launch_wall_s if a.wall_s and a.launch_wall_s else None,
+        "harness_run_parent_s": a.wall_s - a.launch_wall_s
+        if a.wall_s and a.launch_wall_s
+        else None,
         "others_cpu_s_total": sum(s.others_cpu_s for s in samples),
         "identical_losses_all_steps": same_config,
         "paths": {"harness_run": asdict(a), "bare_torchtitan": asdict(b)},
         "samples": [asdict(s) for s in samples],
     }
-    section.kept = {"harness_run_cpu_s_per_launch": a.cpu_s, "bare_torchtitan_cpu_s_per_launch": b.cpu_s,
-                    "harness_run_wall_s_per_launch": a.wall_s, "wall_ratio": wall_ratio}
-    section.header = ["path", "wall s (median)", "wall s (min-max)", "torchrun part s", "CPU s", "steady s/step", "step-1 loss", "peak RSS GiB"]
+    section.kept = {
+        "harness_run_cpu_s_per_launch": a.cpu_s,
+        "bare_torchtitan_cpu_s_per_launch": b.cpu_s,
+        "harness_run_wall_s_per_launch": a.wall_s,
+        "wall_ratio": wall_ratio,
+    }
+    section.header = [
+        "path",
+        "wall s (median)",
+        "wall s (min-max)",
+        "torchrun part s",
+        "CPU s",
+        "steady s/step",
+        "step-1 loss",
+        "peak RSS GiB",
+    ]
     section.rows = [a.row(), b.row()]
     section.goals.append(
         Goal(
@@ -261,7 +320,7 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
         f"harness-run parent process {fmt(f['harness_run_parent_s'], 1)} s.",
         "torchrun part = time inside harness.launch.lifecycle.launch; the rest of harness-run's wall is its parent process "
         "(imports of torch/torchtitan, preflight, build_config, reference, report), side by side with the "
-        "forkserver's imports on a \"preloaded\" tier. CPU s = user+sys of all processes "
+        'forkserver\'s imports on a "preloaded" tier. CPU s = user+sys of all processes '
         "(less sensitive to other users than wall). Steady s/step excludes step 1.",
         f"others' CPU during these launches: {f['others_cpu_s_total']:.0f} CPU s (0 = the machine was ours).",
         "torchtitan.train also starts torchtitan's structured per-rank trace logger (debug.enable_structured_logging, "

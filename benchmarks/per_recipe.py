@@ -31,14 +31,16 @@ from benchmarks.common import (
     rank_log,
     run_timed,
 )
-from recipes.errors import RecipeError
+from harness.checks.preflight import preflight
 from harness.launch.lifecycle import child_env, read_steps, torchrun_command, write_run_file
 from harness.options.run_options import RunOptions
-from harness.checks.preflight import preflight
+from recipes.errors import RecipeError
 
 TRAIN_LOGGED = "benchmarks.train_logged"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
-CPU_MFU_NOTE = "n/a on cpu: torchtitan's peak-FLOPS table has no CPU entry (it falls back to A100's)"
+CPU_MFU_NOTE = (
+    "n/a on cpu: torchtitan's peak-FLOPS table has no CPU entry (it falls back to A100's)"
+)
 
 
 @dataclass
@@ -133,7 +135,9 @@ def launch_once(opts: RunOptions, extra_env: dict[str, str] | None = None) -> La
     if proc.returncode != 0 or len(steps) != opts.steps:
         stderr = rank_log(opts.run_dir, stream="stderr")
         why = "timed out" if proc.timed_out else f"exit {proc.returncode}"
-        raise RuntimeError(f"{why}, {len(steps)}/{opts.steps} steps:\n{log_tail(stderr or opts.run_dir / 'console.log')}")
+        raise RuntimeError(
+            f"{why}, {len(steps)}/{opts.steps} steps:\n{log_tail(stderr or opts.run_dir / 'console.log')}"
+        )
     log = rank_log(opts.run_dir)
     titan = parse_titan_steps(log.read_text(errors="replace")) if log else []
     return figures_from(proc, steps, titan, opts)
@@ -204,7 +208,12 @@ def trn2_figures(opts: RunOptions) -> RecipeFigures:
 
 
 def shape(opts: RunOptions) -> dict:
-    return dict(init=opts.init, nproc=opts.nproc, seq_len=opts.seq_len, local_batch_size=opts.local_batch_size)
+    return dict(
+        init=opts.init,
+        nproc=opts.nproc,
+        seq_len=opts.seq_len,
+        local_batch_size=opts.local_batch_size,
+    )
 
 
 def one_recipe(name: str, args, work: Path, echo) -> RecipeFigures:
@@ -222,7 +231,9 @@ def one_recipe(name: str, args, work: Path, echo) -> RecipeFigures:
         opts = recipe_options(name, args, work / name)
     except RecipeError as e:
         return RecipeFigures(name, args.tier, "skipped", f"preflight refused: {e}")
-    echo(f"  recipes: {name} ({opts.tier}, init {opts.init}, {opts.nproc} process(es), {opts.steps} steps) …")
+    echo(
+        f"  recipes: {name} ({opts.tier}, init {opts.init}, {opts.nproc} process(es), {opts.steps} steps) …"
+    )
     try:
         return trn2_figures(opts) if opts.tier == "trn2" else cpu_figures(opts)
     except RuntimeError as e:
@@ -240,15 +251,35 @@ def import_floor_rss_gib(work: Path) -> float | None:
     return proc.peak_rss_gib if proc.returncode == 0 else None
 
 
-CPU_COLUMNS = ["recipe", "init", "procs", "launch s", "others' CPU s", "s/step", "step-1 s", "tok/s/rank",
-               "tok/s total", "peak RSS GiB"]  # fmt: skip
+CPU_COLUMNS = [
+    "recipe",
+    "init",
+    "procs",
+    "launch s",
+    "others' CPU s",
+    "s/step",
+    "step-1 s",
+    "tok/s/rank",
+    "tok/s total",
+    "peak RSS GiB",
+]
 TRN2_COLUMNS = CPU_COLUMNS + ["device GiB", "MFU %", "compile cold s", "compile warm s"]
 
 
 def row(r: RecipeFigures, tier: str) -> list:
     f = r.launch
-    cells = [r.recipe, r.init, r.nproc, f.wall_s, f.others_cpu_s, f.mean_step_s, f.step1_s,
-             f.tokens_per_s_per_rank, f.tokens_per_s_total, f.peak_rss_gib]  # fmt: skip
+    cells = [
+        r.recipe,
+        r.init,
+        r.nproc,
+        f.wall_s,
+        f.others_cpu_s,
+        f.mean_step_s,
+        f.step1_s,
+        f.tokens_per_s_per_rank,
+        f.tokens_per_s_total,
+        f.peak_rss_gib,
+    ]
     if tier == "trn2":
         c = r.compile or {}
         cells += [f.device_max_reserved_gib, f.mfu_pct, c.get("cold_wall_s"), c.get("warm_wall_s")]
@@ -261,7 +292,11 @@ def summarize(results: list[RecipeFigures], floor: float | None, tier: str) -> S
     section.header = TRN2_COLUMNS if tier == "trn2" else CPU_COLUMNS
     section.rows = [row(r, tier) for r in results if r.launch is not None]
     section.notes += [f"{r.recipe}: {r.status}: {r.note}" for r in results if r.launch is None]
-    section.notes += [f"{r.recipe}: {r.note}" for r in results if r.launch is not None and r.note and tier == "trn2"]
+    section.notes += [
+        f"{r.recipe}: {r.note}"
+        for r in results
+        if r.launch is not None and r.note and tier == "trn2"
+    ]
     section.notes += [
         "s/step and tokens/s: torchtitan's metrics from steps.jsonl, step 1 (warm-up) excluded; "
         "tok/s total = per-rank × ranks (all recipes are data-parallel only). launch s: torchrun start to exit; "
@@ -270,7 +305,9 @@ def summarize(results: list[RecipeFigures], floor: float | None, tier: str) -> S
         f"(torch + torchtitan.trainer only) {fmt(floor, 2)} GiB.",
     ]
     if tier == "cpu":
-        section.notes.append(f"MFU, device memory and compile time are trn2 figures ({CPU_MFU_NOTE}).")
+        section.notes.append(
+            f"MFU, device memory and compile time are trn2 figures ({CPU_MFU_NOTE})."
+        )
     else:
         section.notes.append(
             "compile cold/warm: wall time of the launch with an empty NEFF cache, then with the cache it filled; "

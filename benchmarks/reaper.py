@@ -84,13 +84,17 @@ def stop_on_signals() -> None:
         signal.signal(sig, handler)
 
 
-def run(cmd: list[str], cwd: str | None, log: Path | None, timeout_s: float, linger_s: float) -> dict:
+def run(
+    cmd: list[str], cwd: str | None, log: Path | None, timeout_s: float, linger_s: float
+) -> dict:
     """Start ``cmd``, reap every process below this one, and return what they cost."""
     become_subreaper()
     stop_on_signals()
     started = time.perf_counter()
-    with (log.open("wb") if log else open(os.devnull, "wb")) as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with log.open("wb") if log else open(os.devnull, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     status = wall_s = ended = None
     reaped = orphans = 0
     killed: set[int] = set()
@@ -118,7 +122,9 @@ def run(cmd: list[str], cwd: str | None, log: Path | None, timeout_s: float, lin
             status, wall_s, ended = code, now - started, now
         else:
             orphans += 1
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped above: keep Popen from waiting again
+    proc.returncode = os.waitstatus_to_exitcode(
+        status
+    )  # reaped above: keep Popen from waiting again
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "command": cmd,
@@ -139,12 +145,20 @@ def run(cmd: list[str], cwd: str | None, log: Path | None, timeout_s: float, lin
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks/reaper.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/reaper.py", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, required=True, help="where the JSON result goes")
-    parser.add_argument("--log", type=Path, help="the command's stdout and stderr (default: discarded)")
+    parser.add_argument(
+        "--log", type=Path, help="the command's stdout and stderr (default: discarded)"
+    )
     parser.add_argument("--cwd", help="directory to run the command in")
-    parser.add_argument("--timeout", type=float, default=7200.0, help="kill everything after this many seconds")
-    parser.add_argument("--linger", type=float, default=60.0, help="wait this long for processes the command left")
+    parser.add_argument(
+        "--timeout", type=float, default=7200.0, help="kill everything after this many seconds"
+    )
+    parser.add_argument(
+        "--linger", type=float, default=60.0, help="wait this long for processes the command left"
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

@@ -38,9 +38,19 @@ class PerTest:
 def suite_command(tier: str, report_dir: Path) -> list[str]:
     # "--opt=value": a detached value outside the repo would be taken for a test path and move pytest's rootdir.
     return [
-        sys.executable, "-m", "pytest", "-m", MARKERS[tier], "-n", "auto", "--dist", "loadgroup", "-q",
-        f"--report-dir={report_dir}", f"--junitxml={report_dir / 'junit.xml'}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        MARKERS[tier],
+        "-n",
+        "auto",
+        "--dist",
+        "loadgroup",
+        "-q",
+        f"--report-dir={report_dir}",
+        f"--junitxml={report_dir / 'junit.xml'}",
+    ]
 
 
 def junit_key(nodeid: str) -> tuple[str, str]:
@@ -54,7 +64,10 @@ def junit_totals(path: Path) -> dict[tuple[str, str], float]:
     if not path.exists():
         return {}
     root = ET.parse(path).getroot()
-    return {(c.get("classname", ""), c.get("name", "")): float(c.get("time", 0)) for c in root.iter("testcase")}
+    return {
+        (c.get("classname", ""), c.get("name", "")): float(c.get("time", 0))
+        for c in root.iter("testcase")
+    }
 
 
 def per_test_times(report_dir: Path) -> list[PerTest]:
@@ -87,14 +100,17 @@ def summarize(proc, times: list[PerTest], tier: str, console: Path) -> Section:
     section.header = ["test (slowest first)", "outcome", "call s", "total s"]
     section.rows = [[t.test, t.outcome, t.call_s, t.total_s] for t in slowest]
     section.notes.append(
-        f"{len(times)} tests: " + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
+        f"{len(times)} tests: "
+        + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
         + f"; pytest exit {proc.returncode}; wall {proc.wall_s:.1f} s on {os.cpu_count()} cores."
     )
     section.notes.append(
         f"CPU: the suite used {proc.cpu_s:.0f} CPU s, other processes {proc.others_cpu_s:.0f} CPU s meanwhile "
         f"(of {proc.wall_s * (os.cpu_count() or 1):.0f} available): the wall time is only comparable at similar contention."
     )
-    section.notes.append("call s = the test body (tests.json); total s = setup + call + teardown (JUnit).")
+    section.notes.append(
+        "call s = the test body (tests.json); total s = setup + call + teardown (JUnit)."
+    )
     if proc.returncode not in (0, 1) or not times:
         section.notes.append(f"pytest did not finish normally; last lines:\n{log_tail(console)}")
     if tier == "cpu":
@@ -122,7 +138,12 @@ def bench_suite(args, echo=print) -> Section:
     try:
         echo(f"  suite: pytest -m {MARKERS[args.tier]} -n auto (several minutes) …")
         console = work / "pytest.log"
-        proc = run_timed(suite_command(args.tier, work), env=dict(os.environ), log_path=console, timeout_s=SUITE_TIMEOUT_S)
+        proc = run_timed(
+            suite_command(args.tier, work),
+            env=dict(os.environ),
+            log_path=console,
+            timeout_s=SUITE_TIMEOUT_S,
+        )
         return summarize(proc, per_test_times(work), args.tier, console)
     finally:
         if not args.keep:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 
 from benchmarks.common import OPTIONS_ENV
-from recipes import platform
 from harness.options.run_options import RunOptions
+from recipes import platform
 
 
 def run_options() -> RunOptions:
@@ -23,7 +23,9 @@ def run_options() -> RunOptions:
     try:
         return RunOptions.from_json(os.environ[OPTIONS_ENV])
     except KeyError:
-        raise RuntimeError(f"benchmarks.titan_entry needs ${OPTIONS_ENV} (set by `python -m benchmarks overhead`)") from None
+        raise RuntimeError(
+            f"benchmarks.titan_entry needs ${OPTIONS_ENV} (set by `python -m benchmarks overhead`)"
+        ) from None
 
 
 # torchtitan.train has already imported torchtitan; install() also patches imported modules.

@@ -12,9 +12,8 @@ import sys
 
 
 def main() -> int:
-    from recipes.titan import init_logger
-
     from harness.rank.train import main as recipes_train_main
+    from recipes.titan import init_logger
 
     init_logger()
     return recipes_train_main()

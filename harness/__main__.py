@@ -16,13 +16,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.declare import catalogue
 from harness.base import run_dir as run_dir_mod
-from harness.launch.child import exit_now
-from harness.options.run_options import RunCommand, RunOptions, absolute_titan_paths, parse_run_command
+from harness.declare import catalogue
 from harness.judge.verdicts import FULL_WIDTH_RANDOM_INIT, golden_key, judge, reference_of  # noqa: F401
+from harness.launch.child import exit_now
+from harness.options.run_options import (
+    RunCommand,
+    RunOptions,
+    absolute_titan_paths,
+    parse_run_command,
+)
 from recipes.errors import RecipeError
 from recipes.tiers import TIERS
+
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
 STARTED = time.perf_counter()
 
@@ -41,7 +47,9 @@ def cmd_list(args) -> int:
         print(f"  {recipe.name:<14} {recipe.description}")
     print("tiers:")
     for tier in TIERS.values():
-        print(f"  {tier.name:<14} {tier.nproc} process(es), seq_len {tier.seq_len}, {tier.steps} steps")
+        print(
+            f"  {tier.name:<14} {tier.nproc} process(es), seq_len {tier.seq_len}, {tier.steps} steps"
+        )
     try:
         from recipes.overrides import available_overrides
     except ImportError:
@@ -62,7 +70,9 @@ def run_dir_for(args: RunCommand, name: str, claim: bool) -> Path:
 def _runs_for(args: RunCommand, recipe: str, claim: bool = False) -> list[RunOptions]:
     from recipes.registry import RECIPES
 
-    inits = [args.init] if args.init else list(RECIPES[recipe].inits) if recipe in RECIPES else ["hf"]
+    inits = (
+        [args.init] if args.init else list(RECIPES[recipe].inits) if recipe in RECIPES else ["hf"]
+    )
     return [
         args.options(
             recipe=recipe,
@@ -79,9 +89,11 @@ def _full_width_random_init(args, recipe: str, claim: bool = False) -> RunOption
     from harness.judge.proxy import proxy_options
 
     return proxy_options(
-        recipe, seed=args.seed, run_dir=run_dir_for(args, f"{recipe}-cpu-random-4B-width", claim),
+        recipe,
+        seed=args.seed,
+        run_dir=run_dir_for(args, f"{recipe}-cpu-random-4B-width", claim),
         threads=one_rank_threads(),
-    )  # fmt: skip
+    )
 
 
 def one_rank_threads() -> int:
@@ -107,7 +119,9 @@ def import_for_the_report(runs: list[RunOptions]) -> threading.Thread:
     def imports() -> None:
         import_plotting()
         if any(opts.init == "hf" for opts in runs):
-            importlib.import_module("transformers.models.auto.modeling_auto")  # AutoModelForCausalLM
+            importlib.import_module(
+                "transformers.models.auto.modeling_auto"
+            )  # AutoModelForCausalLM
 
     thread = threading.Thread(target=imports, name="report-imports", daemon=True)
     thread.start()
@@ -120,8 +134,12 @@ def cmd_run(args, cli_overrides: list[str]) -> int:
     try:
         return _cmd_run(args, cli_overrides, plan)
     finally:
-        for opts in reversed(plan):  # the last claimed first: the first claim made the parents they share
-            run_dir_mod.release(opts.run_dir)  # an empty directory only: a refused or never-started run's
+        for opts in reversed(
+            plan
+        ):  # the last claimed first: the first claim made the parents they share
+            run_dir_mod.release(
+                opts.run_dir
+            )  # an empty directory only: a refused or never-started run's
 
 
 @dataclass
@@ -151,7 +169,10 @@ def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
     with stop_signals_raise():
         try:
             return _run_plan(args, cli_overrides, plan, progress)
-        except (Interrupted, KeyboardInterrupt) as stop:  # KeyboardInterrupt: a Ctrl-C before the handler was set
+        except (
+            Interrupted,
+            KeyboardInterrupt,
+        ) as stop:  # KeyboardInterrupt: a Ctrl-C before the handler was set
             stop = stop if isinstance(stop, Interrupted) else Interrupted(signal.SIGINT)
             return report_interrupt(args.report_dir, progress, stop)
 
@@ -178,19 +199,27 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
     started = progress.launched - (run is None and progress.stage == "rank start")
     marker = {"signal": name, "stage": progress.stage, "not_started": progress.planned[started:]}
     timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
-    report_mod.update(report_dir, runs=[run] if run else [], checks=progress.checks, timing=timing, interrupted=marker)
+    report_mod.update(
+        report_dir,
+        runs=[run] if run else [],
+        checks=progress.checks,
+        timing=timing,
+        interrupted=marker,
+    )
     steps = len(run["steps"]) if run else 0
-    print(f"INTERRUPTED by {name} during the {progress.stage}"
-          + (f" after {steps} step(s) of {run['recipe']}" if run else "")
-          + f"; what was measured is in {report_dir / report_mod.RESULTS_JSON} and {report_mod.RESULTS_MD}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"INTERRUPTED by {name} during the {progress.stage}"
+        + (f" after {steps} step(s) of {run['recipe']}" if run else "")
+        + f"; what was measured is in {report_dir / report_mod.RESULTS_JSON} and {report_mod.RESULTS_MD}",
+        file=sys.stderr,
+    )
     return stop.exit_code
 
 
 def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: Progress) -> int:
+    from harness.launch.lifecycle import LaunchError, deferred, launch, prestart
     from harness.report import results as report_mod
     from recipes.errors import RecipeError
-    from harness.launch.lifecycle import LaunchError, deferred, launch, prestart
 
     names = _recipe_names(args.recipe)
     plan += [opts for name in names for opts in _runs_for(args, name, claim=True)]
@@ -202,7 +231,11 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
 
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
-        plan += [_full_width_random_init(args, name, claim=True) for name in names if name in catalogue.with_proxy()]
+        plan += [
+            _full_width_random_init(args, name, claim=True)
+            for name in names
+            if name in catalogue.with_proxy()
+        ]
     progress.planned = [_name(opts) for opts in plan]
     resolved = []
     try:
@@ -222,7 +255,9 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
         progress.stage, progress.checks = "rank start", []
         progress.launched += 1
         try:
-            result = launch(opts, cli_overrides, prestarted=prestarted if opts is resolved[0] else None)
+            result = launch(
+                opts, cli_overrides, prestarted=prestarted if opts is resolved[0] else None
+            )
         except LaunchError as e:
             print(f"FAILED: {e}", file=sys.stderr)
             failed = True
@@ -257,10 +292,14 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
     progress.stage = "report"
     timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
     with deferred():
-        report_mod.update(args.report_dir, timing=timing, interrupted=None)  # this command ran to its end
+        report_mod.update(
+            args.report_dir, timing=timing, interrupted=None
+        )  # this command ran to its end
     print()
     print((args.report_dir / report_mod.RESULTS_MD).read_text())
-    print(f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}")
+    print(
+        f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}"
+    )
     print(report_mod.timing_line(timing))
     return 1 if failed else 0
 
@@ -294,9 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stdout if command else sys.stderr)
         return 0 if command else 2
     if command != "run":
-        dry_run = " (a dry run is `python -m harness run RECIPE --dry-run`)" if "dry" in command else ""
-        print(f"python -m harness: error: unknown command {command!r}; choose one of list, run, history{dry_run}; "
-              "see python -m harness --help", file=sys.stderr)  # fmt: skip
+        dry_run = (
+            " (a dry run is `python -m harness run RECIPE --dry-run`)" if "dry" in command else ""
+        )
+        print(
+            f"python -m harness: error: unknown command {command!r}; choose one of list, run, history{dry_run}; "
+            "see python -m harness --help",
+            file=sys.stderr,
+        )
         return 2
     try:
         args, cli_overrides = parse_run_command(rest)
@@ -307,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         print("INTERRUPTED by SIGINT while reading the options; nothing ran", file=sys.stderr)
         return 128 + signal.SIGINT
     args.report_dir = args.report_dir.resolve()
-    cli_overrides = absolute_titan_paths(cli_overrides)  # the user's relative paths are from here, not the ranks' cwd
+    cli_overrides = absolute_titan_paths(
+        cli_overrides
+    )  # the user's relative paths are from here, not the ranks' cwd
     if args.dry_run:
         return cmd_dry_run(args, cli_overrides)
     return cmd_run(args, cli_overrides)
@@ -355,7 +401,9 @@ class UntilReaderLeaves:
 
 def main_for_a_pipe() -> int:
     """``main()`` with a stdout and stderr whose reader may leave early (``python -m harness run ... | head -2``)."""
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows up live in a pipe too (``| tee``, ``| head``)
+    sys.stdout.reconfigure(
+        line_buffering=True
+    )  # progress shows up live in a pipe too (``| tee``, ``| head``)
     sys.stdout, sys.stderr = UntilReaderLeaves(sys.stdout), UntilReaderLeaves(sys.stderr)
     return main()
 

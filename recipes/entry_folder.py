@@ -35,7 +35,9 @@ TRAIN_STATE = "train_state"
 def entry_dump_folder(config_name: str, checkpoint_folder: str, outputs: Path = OUTPUTS) -> Path:
     """``outputs/<config_name>/run-N``: the newest run unless it finished, then the next ``N`` (``run-1`` first)."""
     base = outputs / config_name
-    numbers = [int(m.group(1)) for p in _dirs(base) if (m := re.fullmatch(rf"{RUN_PREFIX}(\d+)", p.name))]
+    numbers = [
+        int(m.group(1)) for p in _dirs(base) if (m := re.fullmatch(rf"{RUN_PREFIX}(\d+)", p.name))
+    ]
     newest = max(numbers, default=1)
     run = base / f"{RUN_PREFIX}{newest}"
     if finished(run / checkpoint_folder):

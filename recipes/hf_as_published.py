@@ -29,7 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from recipes.hf_compat import CompatHFTransformerModel, CompatStateDictAdapter, init_swapped_moe, is_moe
+from recipes.hf_compat import (
+    CompatHFTransformerModel,
+    CompatStateDictAdapter,
+    init_swapped_moe,
+    is_moe,
+)
 from recipes.titan import HFTransformerModel, TitanModelConfig, TitanMoeModelConfig
 
 #: The environment switch: a comma-separated list of KEEPABLE_DEFECTS names.
@@ -72,5 +77,7 @@ def keep_inv_freq_defect(spec, hf_config: dict, layers: int | None = None):
     if layers is not None:
         base = dataclasses.replace(base, n_layers=layers)
     return dataclasses.replace(
-        spec, model=UpstreamRopeInitModel.Config(model_config=base), state_dict_adapter=CompatStateDictAdapter
+        spec,
+        model=UpstreamRopeInitModel.Config(model_config=base),
+        state_dict_adapter=CompatStateDictAdapter,
     )

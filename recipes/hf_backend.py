@@ -15,8 +15,8 @@ init instead, to measure the tutorial as published (``recipes.hf_as_published``)
 from __future__ import annotations
 
 import os
-from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
+from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
 #: The model tutorial config 1 trains.
 HUB_ID = "Qwen/Qwen3-4B-Instruct-2507"
@@ -42,7 +42,7 @@ def hf_backend(inputs: RecipeInputs):
     hf_config, _ = PretrainedConfig.get_config_dict(config.hf_model)
     config.model_spec = compat_model_spec(config.model_spec, hf_config, inputs.layers)
     if os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
-        from recipes.hf_as_published import kept_defects, keep_inv_freq_defect
+        from recipes.hf_as_published import keep_inv_freq_defect, kept_defects
 
         if "inv_freq" in kept_defects():
             config.model_spec = keep_inv_freq_defect(config.model_spec, hf_config, inputs.layers)

@@ -42,13 +42,13 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers.modeling_utils import AttentionInterface, PreTrainedModel
 
+from recipes.hf_rope import ROPE_WORKAROUND, rope_parameters
 from recipes.titan import (
     HFTransformerModel,
     HFTransformerStateDictAdapter,
     TitanModelConfig,
     TitanMoeModelConfig,
 )
-from recipes.hf_rope import ROPE_WORKAROUND, rope_parameters
 from recipes.upstream_shape import accepts, describe, require, require_attributes
 
 try:  # checked where it is used (causal_sdpa_attention), so a move reads as one line, not an ImportError
@@ -88,7 +88,12 @@ def init_rotary_embeddings(model: torch.nn.Module) -> None:
     (``recipes.hf_rope``: 5.16's ``(config, device=None)``, 5.23's ``(config, **kwargs)``).
     """
     rotaries = rotary_modules(model)
-    require(bool(rotaries), "transformers", ROPE_WORKAROUND, f"a *RotaryEmbedding module in {type(model).__name__}")
+    require(
+        bool(rotaries),
+        "transformers",
+        ROPE_WORKAROUND,
+        f"a *RotaryEmbedding module in {type(model).__name__}",
+    )
     for module in rotaries:
         inv_freq, module.attention_scaling = rope_parameters(module)
         module.inv_freq.copy_(inv_freq)
@@ -108,14 +113,22 @@ def init_swapped_moe(model: HFTransformerModel, buffer_device: torch.device | No
     only runs HF's ``_init_weights``, which does not know torchtitan's MoE:
     experts and router stay uninitialised (values like 1e37).
     """
-    require(hasattr(model, "layers") and hasattr(model.layers, "values"), "torchtitan", MOE_INIT_WORKAROUND,
-            f"{type(model).__name__}.layers, a ModuleDict of decoder layers")
+    require(
+        hasattr(model, "layers") and hasattr(model.layers, "values"),
+        "torchtitan",
+        MOE_INIT_WORKAROUND,
+        f"{type(model).__name__}.layers, a ModuleDict of decoder layers",
+    )
     for layer in model.layers.values():
         moe = getattr(layer, "moe", None)
         if moe is not None:
             init = getattr(moe, "init_states", None)
-            require(init is not None and accepts(init, buffer_device=buffer_device), "torchtitan", MOE_INIT_WORKAROUND,
-                    f"{type(moe).__name__}.init_states(buffer_device=...)")
+            require(
+                init is not None and accepts(init, buffer_device=buffer_device),
+                "torchtitan",
+                MOE_INIT_WORKAROUND,
+                f"{type(moe).__name__}.init_states(buffer_device=...)",
+            )
             init(buffer_device=buffer_device)
 
 
@@ -147,9 +160,15 @@ class CompatStateDictAdapter(HFTransformerStateDictAdapter):
 
     def __init__(self, model_config, hf_assets_path: str | None) -> None:
         base = HFTransformerStateDictAdapter
-        require_attributes(base, ("to_hf", "from_hf"), "torchtitan", ADAPTER_WORKAROUND, base.__name__)
-        require(accepts(base.__init__, self, model_config, hf_assets_path), "torchtitan", ADAPTER_WORKAROUND,
-                f"{base.__name__}(model_config, hf_assets_path), found {describe(base.__init__)}")
+        require_attributes(
+            base, ("to_hf", "from_hf"), "torchtitan", ADAPTER_WORKAROUND, base.__name__
+        )
+        require(
+            accepts(base.__init__, self, model_config, hf_assets_path),
+            "torchtitan",
+            ADAPTER_WORKAROUND,
+            f"{base.__name__}(model_config, hf_assets_path), found {describe(base.__init__)}",
+        )
         super().__init__(model_config, hf_assets_path)
         self._grouped_layouts: dict[str, tuple] = {}
 
@@ -158,7 +177,9 @@ class CompatStateDictAdapter(HFTransformerStateDictAdapter):
         for key, value in super().to_hf(state_dict).items():
             grouped = _GROUPED_EXPERTS.match(key)
             if grouped:
-                hf_state_dict.update(self._split_experts(key, value, grouped[1], EXPERT_PROJECTIONS[grouped[2]]))
+                hf_state_dict.update(
+                    self._split_experts(key, value, grouped[1], EXPERT_PROJECTIONS[grouped[2]])
+                )
             else:
                 hf_state_dict[_TITAN_ROUTER.sub(r"\1.gate.weight", key)] = value
         return hf_state_dict
@@ -180,17 +201,29 @@ class CompatStateDictAdapter(HFTransformerStateDictAdapter):
     def _split_experts(self, key: str, grouped, mlp: str, projection: str) -> dict:
         first, local = 0, grouped
         if isinstance(grouped, DTensor):
-            self._grouped_layouts[key] = (grouped.device_mesh, grouped.placements, grouped.shape, grouped.stride())
-            _, offset = compute_local_shape_and_global_offset(grouped.shape, grouped.device_mesh, grouped.placements)
+            self._grouped_layouts[key] = (
+                grouped.device_mesh,
+                grouped.placements,
+                grouped.shape,
+                grouped.stride(),
+            )
+            _, offset = compute_local_shape_and_global_offset(
+                grouped.shape, grouped.device_mesh, grouped.placements
+            )
             first, local = offset[0], grouped.to_local()
-        return {f"{mlp}.experts.{first + i}.{projection}.weight": local[i] for i in range(local.shape[0])}
+        return {
+            f"{mlp}.experts.{first + i}.{projection}.weight": local[i]
+            for i in range(local.shape[0])
+        }
 
     def _stack_experts(self, key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         local = torch.stack(tensors)
         if key not in self._grouped_layouts:
             return local
         mesh, placements, shape, stride = self._grouped_layouts[key]
-        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+        return DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=shape, stride=stride
+        )
 
 
 # --- 4. attention --------------------------------------------------------------
@@ -206,7 +239,9 @@ def causal_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     ``attn_implementation="sdpa"`` and no padding mask.
     """
     if attention_mask is not None:
-        raise ValueError(f"{ATTN_IMPLEMENTATION} applies a causal mask itself; got an explicit attention mask")
+        raise ValueError(
+            f"{ATTN_IMPLEMENTATION} applies a causal mask itself; got an explicit attention mask"
+        )
     return sdpa_attention_forward(module, query, key, value, None, **kwargs)
 
 
@@ -214,9 +249,18 @@ def check_attention_shape() -> None:
     """What ``causal_sdpa_attention`` and its registration rely on, checked before a model is built."""
     where = "transformers.integrations.sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)"
     require(sdpa_attention_forward is not None, "transformers", ATTENTION_WORKAROUND, where)
-    require(accepts(sdpa_attention_forward, None, None, None, None, None), "transformers", ATTENTION_WORKAROUND,
-            f"{where}, found {describe(sdpa_attention_forward)}")
-    require(hasattr(AttentionInterface, "register"), "transformers", ATTENTION_WORKAROUND, "AttentionInterface.register")
+    require(
+        accepts(sdpa_attention_forward, None, None, None, None, None),
+        "transformers",
+        ATTENTION_WORKAROUND,
+        f"{where}, found {describe(sdpa_attention_forward)}",
+    )
+    require(
+        hasattr(AttentionInterface, "register"),
+        "transformers",
+        ATTENTION_WORKAROUND,
+        "AttentionInterface.register",
+    )
 
 
 # --- 5. process-wide init patch ---------------------------------------------------
@@ -241,7 +285,13 @@ def scope_init_patch(model: PreTrainedModel, originals: dict) -> None:
 
 def pristine_init_methods() -> dict:
     """``PreTrainedModel``'s own init methods, before upstream's build replaces them."""
-    require_attributes(PreTrainedModel, PATCHED_INIT_METHODS, "transformers", INIT_PATCH_WORKAROUND, "PreTrainedModel")
+    require_attributes(
+        PreTrainedModel,
+        PATCHED_INIT_METHODS,
+        "transformers",
+        INIT_PATCH_WORKAROUND,
+        "PreTrainedModel",
+    )
     return {name: getattr(PreTrainedModel, name) for name in PATCHED_INIT_METHODS}
 
 
@@ -260,8 +310,12 @@ def head_draw_is_discarded(model: HFTransformerModel) -> bool:
     skipped either: its draw would overwrite the embedding's and be the one kept.
     """
     hf = model.model
-    require(hasattr(hf, "get_expanded_tied_weights_keys"), "transformers", TIED_HEAD_WORKAROUND,
-            "PreTrainedModel.get_expanded_tied_weights_keys (the tie_weights mapping)")
+    require(
+        hasattr(hf, "get_expanded_tied_weights_keys"),
+        "transformers",
+        TIED_HEAD_WORKAROUND,
+        "PreTrainedModel.get_expanded_tied_weights_keys (the tie_weights mapping)",
+    )
     tied = hf.get_expanded_tied_weights_keys(all_submodels=True).get(TIED_HEAD[0]) == TIED_HEAD[1]
     moe = any(getattr(layer, "moe", None) is not None for layer in model.layers.values())
     last = list(hf.children())[-1] is hf.lm_head
@@ -298,8 +352,12 @@ def skip_tied_head_draw(model: HFTransformerModel):
         yield
     finally:
         hf._init_weights = init_weights
-    require(hf.lm_head.weight is hf.get_input_embeddings().weight, "torchtitan", TIED_HEAD_WORKAROUND,
-            "HFTransformerModel.init_states ending with tie_weights() (lm_head.weight is the embedding's)")
+    require(
+        hf.lm_head.weight is hf.get_input_embeddings().weight,
+        "torchtitan",
+        TIED_HEAD_WORKAROUND,
+        "HFTransformerModel.init_states ending with tie_weights() (lm_head.weight is the embedding's)",
+    )
 
 
 class CompatHFTransformerModel(HFTransformerModel):
@@ -316,8 +374,12 @@ class CompatHFTransformerModel(HFTransformerModel):
 
         def _configure_hf_attention(self) -> None:
             check_attention_shape()
-            require(isinstance(getattr(self, "_titan_injected_model_args", None), dict), "torchtitan",
-                    ATTENTION_WORKAROUND, "HFTransformerModel.Config._titan_injected_model_args (a dict)")
+            require(
+                isinstance(getattr(self, "_titan_injected_model_args", None), dict),
+                "torchtitan",
+                ATTENTION_WORKAROUND,
+                "HFTransformerModel.Config._titan_injected_model_args (a dict)",
+            )
             AttentionInterface.register(ATTN_IMPLEMENTATION, causal_sdpa_attention)
             self._titan_injected_model_args["attn_implementation"] = ATTN_IMPLEMENTATION
             self.attn_implementation = ATTN_IMPLEMENTATION
@@ -332,9 +394,13 @@ class CompatHFTransformerModel(HFTransformerModel):
         """No BlockMask: ``causal_sdpa_attention`` is causal by itself (and sees whole sequences)."""
         mask_type = getattr(self.model.config, "attn_mask_type", "causal")
         if mask_type != "causal":
-            raise ValueError(f"{ATTN_IMPLEMENTATION} supports attn_mask_type='causal' only, got {mask_type!r}")
+            raise ValueError(
+                f"{ATTN_IMPLEMENTATION} supports attn_mask_type='causal' only, got {mask_type!r}"
+            )
         if self.cp_mesh is not None:
-            raise ValueError(f"{ATTN_IMPLEMENTATION} does not gather k/v for context parallelism; use degree 1")
+            raise ValueError(
+                f"{ATTN_IMPLEMENTATION} does not gather k/v for context parallelism; use degree 1"
+            )
         return None
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
@@ -347,7 +413,9 @@ class CompatHFTransformerModel(HFTransformerModel):
 # --- the spec the recipe uses --------------------------------------------------------
 
 
-def compat_model_config(hf_config: dict, layers: int | None = None) -> CompatHFTransformerModel.Config:
+def compat_model_config(
+    hf_config: dict, layers: int | None = None
+) -> CompatHFTransformerModel.Config:
     """The backend's "full" flavor (every size from the HF config) for this HF config.
 
     Qwen3-MoE gets ``TitanMoeModelConfig`` without torchtitan's

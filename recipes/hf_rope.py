@@ -21,11 +21,15 @@ ROPE_WORKAROUND = "recipes.hf_compat.init_rotary_embeddings"
 def rope_init_function(module, config=None, workaround: str = ROPE_WORKAROUND):
     """The function ``module.__init__`` computes ``inv_freq`` with, checked to take ``(config)``."""
     owner = type(module).__name__
-    require_attributes(module, ("config", "rope_type", "inv_freq"), "transformers", workaround, owner)
+    require_attributes(
+        module, ("config", "rope_type", "inv_freq"), "transformers", workaround, owner
+    )
     config = module.config if config is None else config
     if module.rope_type == "default":
         where = f"{owner}.compute_default_rope_parameters"
-        require(hasattr(module, "compute_default_rope_parameters"), "transformers", workaround, where)
+        require(
+            hasattr(module, "compute_default_rope_parameters"), "transformers", workaround, where
+        )
         fn = module.compute_default_rope_parameters
     else:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -33,7 +37,9 @@ def rope_init_function(module, config=None, workaround: str = ROPE_WORKAROUND):
         where = f"modeling_rope_utils.ROPE_INIT_FUNCTIONS[{module.rope_type!r}]"
         require(module.rope_type in ROPE_INIT_FUNCTIONS, "transformers", workaround, where)
         fn = ROPE_INIT_FUNCTIONS[module.rope_type]
-    require(accepts(fn, config), "transformers", workaround, f"{where}(config), found {describe(fn)}")
+    require(
+        accepts(fn, config), "transformers", workaround, f"{where}(config), found {describe(fn)}"
+    )
     return fn
 
 
@@ -45,6 +51,8 @@ def rope_parameters(module, config=None, workaround: str = ROPE_WORKAROUND):
     result = rope_init_function(module, config, workaround)(config)
     require(
         isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor),
-        "transformers", workaround, "(inv_freq tensor, attention_scaling) from the rope init function",
+        "transformers",
+        workaround,
+        "(inv_freq tensor, attention_scaling) from the rope init function",
     )
     return result

@@ -49,11 +49,15 @@ QWEN3_30B_A3B = MoEDims(
 KERNEL_OVERRIDES = ("grouped_experts",)
 
 
-def moe_dims(tier: str, n_layers: int, num_experts: int, top_k: int, *, as_published: bool = False) -> MoEDims:
+def moe_dims(
+    tier: str, n_layers: int, num_experts: int, top_k: int, *, as_published: bool = False
+) -> MoEDims:
     """30B-A3B shrunk to fit one instance; tiny widths on the cpu tier (and in a rehearsal, unless ``as_published``)."""
     spec = AS_PUBLISHED[tier] if as_published else TIERS[tier]
     base = QWEN3_30B_A3B if spec.full_size_models else spec.tiny_moe
-    return replace(base, num_hidden_layers=n_layers, num_experts=num_experts, num_experts_per_tok=top_k)
+    return replace(
+        base, num_hidden_layers=n_layers, num_experts=num_experts, num_experts_per_tok=top_k
+    )
 
 
 def use_sliced_rope(model_config) -> None:
@@ -72,15 +76,18 @@ def qwen3_nki_moe_config(
     as_published: bool = False,
 ):
     """The tutorial's MoE ``Trainer.Config`` before run options (data, batch, checkpoint)."""
+    from recipes.overrides import apply_override_specs
     from recipes.titan import CompileConfig, qwen3_30b_a3b
 
-    from recipes.overrides import apply_override_specs
-
     if flavor != "30B-A3B":
-        raise ValueError(f"qwen3_nki_moe_config reproduces the tutorial's 30B-A3B only, got {flavor!r}")
+        raise ValueError(
+            f"qwen3_nki_moe_config reproduces the tutorial's 30B-A3B only, got {flavor!r}"
+        )
     config = qwen3_30b_a3b()
     dims = moe_dims(tier, n_layers, num_experts, top_k, as_published=as_published)
-    config.model_spec = sized_spec(flavor, dims, name=f"{flavor}[{n_layers}L,{num_experts}E,top{top_k}]")
+    config.model_spec = sized_spec(
+        flavor, dims, name=f"{flavor}[{n_layers}L,{num_experts}E,top{top_k}]"
+    )
     use_sliced_rope(config.model_spec.model)
     config.compile = CompileConfig(enable=False)
     config.parallelism.expert_parallel_degree = 1
@@ -111,7 +118,9 @@ def fork_config():
 def twin_config(tier: str, *, as_published: bool = False):
     """The suite's own config 3 on ``tier``; ``as_published``: at the tier's published sizes even in a rehearsal
     (the fork's function knows no rehearsal: what it returns is compared with this)."""
-    return qwen3_nki_moe_config(TUTORIAL_FLAVOR, tier=tier, as_published=as_published, **TUTORIAL_KWARGS)
+    return qwen3_nki_moe_config(
+        TUTORIAL_FLAVOR, tier=tier, as_published=as_published, **TUTORIAL_KWARGS
+    )
 
 
 def uses_fork(tier: str) -> bool:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 
 from recipes.errors import RecipeError
-from recipes.titan import apply_overrides, ModelSpec, override, OverrideConfig
+from recipes.titan import ModelSpec, OverrideConfig, apply_overrides, override
 
 __all__ = [
     "MODEL_PREFIX",
@@ -68,7 +68,11 @@ class NamedOverride:
 
 
 def _named(
-    name: str, factory: Callable, registration: dict, targets: tuple[type, ...] = (), produces: type | None = None
+    name: str,
+    factory: Callable,
+    registration: dict,
+    targets: tuple[type, ...] = (),
+    produces: type | None = None,
 ) -> NamedOverride:
     # ``registration`` is the dict the kernel module passes to ``@override``,
     # so target/exact here cannot drift from torchtitan's registration.
@@ -88,7 +92,13 @@ def _rope_hf() -> NamedOverride:
 
     # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
     # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
-    return _named("rope_hf", rope.rope_hf, rope.ROPE_HF_OVERRIDE, rope.ROPE_HF_TARGETS, produces=rope.NKIRoPE.Config)
+    return _named(
+        "rope_hf",
+        rope.rope_hf,
+        rope.ROPE_HF_OVERRIDE,
+        rope.ROPE_HF_TARGETS,
+        produces=rope.NKIRoPE.Config,
+    )
 
 
 def _grouped_experts() -> NamedOverride:
@@ -292,7 +302,9 @@ def _registered(specs: list[OverrideSpec], prefix: str) -> Iterator[list[str]]:
     try:
         for index, spec in enumerate(specs):
             named = NAMED_OVERRIDES[spec.name]
-            fqns = None if spec.globs is None else [prefix + _relative(g, prefix) for g in spec.globs]
+            fqns = (
+                None if spec.globs is None else [prefix + _relative(g, prefix) for g in spec.globs]
+            )
             for t_index, target in enumerate(named.targets):
                 factory = _scoped_factory(named, f"{index}_{t_index}")
                 override(

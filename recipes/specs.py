@@ -22,6 +22,7 @@ from recipes.tiers import FIXTURES, DenseDims, MoEDims
 #: the real sizes wherever they are needed without weights (the trn2 dry run, tests).
 QWEN3_4B_INSTRUCT_2507 = FIXTURES / "qwen3-4b-instruct-2507"
 
+
 def read_hf_config(model_dir: Path) -> dict:
     """``model_dir``'s config.json as written: the one reader, refusing a missing or broken file in one line."""
     path = Path(model_dir) / "config.json"
@@ -136,9 +137,9 @@ def sized_spec(base_flavor: str, dims: DenseDims, name: str):
         CosSinRoPE,
         Embedding,
         Linear,
-        make_ffn_config,
         Qwen3Model,
         Qwen3TransformerBlock,
+        make_ffn_config,
         skip_param_init,
     )
 
@@ -164,9 +165,7 @@ def sized_spec(base_flavor: str, dims: DenseDims, name: str):
                 w2w3_param_init=_LINEAR_INIT,
             )
         layers.append(block)
-    embed_init = (
-        {"weight": skip_param_init} if dims.tie_word_embeddings else _LINEAR_INIT
-    )
+    embed_init = {"weight": skip_param_init} if dims.tie_word_embeddings else _LINEAR_INIT
     spec.model = Qwen3Model.Config(
         vocab_size=dims.vocab_size,
         dim=dims.hidden_size,

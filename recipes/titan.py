@@ -100,15 +100,29 @@ NAMES: tuple[TitanName, ...] = (
         "Trainer.Config is the config every recipe returns; .traverse finds RoPE and kernel nodes, "
         ".to_dict writes the resolved config of a dry run",
     ),
-    TitanName("ConfigManager", "torchtitan.config.manager",
-              "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config"),  # fmt: skip
-    TitanName("on_parse_error", "tyro._errors", "turning a torchtitan option its parser (tyro, tyro >= 1.0.14) "
-              "refuses into one line from tyro's structured event, not its printed box; absent, tyro's own message "
-              "stands above a generic refusal", required=False),  # fmt: skip
-    TitanName("TORCH_DTYPE_MAP", "torchtitan.config",
-              "the dtype the dry run builds the model in (training.dtype), as the trainer does"),  # fmt: skip
-    TitanName("set_default_dtype", "torchtitan.tools.utils",
-              "building the model on the meta device in training.dtype, as the trainer does (dry run)"),  # fmt: skip
+    TitanName(
+        "ConfigManager",
+        "torchtitan.config.manager",
+        "parsing torchtitan CLI overrides (--training.steps ...) on top of a recipe's Trainer.Config",
+    ),
+    TitanName(
+        "on_parse_error",
+        "tyro._errors",
+        "turning a torchtitan option its parser (tyro, tyro >= 1.0.14) "
+        "refuses into one line from tyro's structured event, not its printed box; absent, tyro's own message "
+        "stands above a generic refusal",
+        required=False,
+    ),
+    TitanName(
+        "TORCH_DTYPE_MAP",
+        "torchtitan.config",
+        "the dtype the dry run builds the model in (training.dtype), as the trainer does",
+    ),
+    TitanName(
+        "set_default_dtype",
+        "torchtitan.tools.utils",
+        "building the model on the meta device in training.dtype, as the trainer does (dry run)",
+    ),
     TitanName(
         "CompileConfig",
         "torchtitan.config",
@@ -122,10 +136,18 @@ NAMES: tuple[TitanName, ...] = (
         "torchtitan.components.checkpoint",
         "loading Hugging Face weights (--init hf) and writing the HF export",
         keywords=(
-            "enable", "folder", "interval", "initial_load_path", "initial_load_in_hf",
-            "initial_load_model_only", "last_save_model_only", "last_save_in_hf",
-            "export_dtype", "keep_latest_k", "load_only",
-        ),  # fmt: skip
+            "enable",
+            "folder",
+            "interval",
+            "initial_load_path",
+            "initial_load_in_hf",
+            "initial_load_model_only",
+            "last_save_model_only",
+            "last_save_in_hf",
+            "export_dtype",
+            "keep_latest_k",
+            "load_only",
+        ),
         keywords_of="Config",
     ),
     TitanName(
@@ -149,8 +171,11 @@ NAMES: tuple[TitanName, ...] = (
         keywords=("log_freq",),
         keywords_of="Config",
     ),
-    TitanName("LoggerContainer", "torchtitan.components.metrics",
-              "recording torchtitan's own step metrics beside its loggers (the harness's record_steps)"),  # fmt: skip
+    TitanName(
+        "LoggerContainer",
+        "torchtitan.components.metrics",
+        "recording torchtitan's own step metrics beside its loggers (the harness's record_steps)",
+    ),
     TitanName(
         "HuggingFaceTextDataLoader",
         "torchtitan.hf_datasets.text_datasets",
@@ -158,12 +183,21 @@ NAMES: tuple[TitanName, ...] = (
         keywords=("dataset", "dataset_path", "infinite"),
         keywords_of="Config",
     ),
-    TitanName("decoder_vocab_size", "torchtitan.models.common.config_utils",
-              "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG),  # fmt: skip
-    TitanName("Decoder", "torchtitan.models.common.decoder",
-              "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG),  # fmt: skip
-    TitanName("RoPE", "torchtitan.models.common.rope",
-              "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))"),  # fmt: skip
+    TitanName(
+        "decoder_vocab_size",
+        "torchtitan.models.common.config_utils",
+        "the vocab of a torchtitan decoder spec, for the loss, " + _RUN_CONFIG,
+    ),
+    TitanName(
+        "Decoder",
+        "torchtitan.models.common.decoder",
+        "telling a torchtitan decoder spec from the HF backend's model, " + _RUN_CONFIG,
+    ),
+    TitanName(
+        "RoPE",
+        "torchtitan.models.common.rope",
+        "--rope-theta sets the theta of every RoPE node (config.traverse(RoPE.Config))",
+    ),
     # --- Qwen3 specs ---------------------------------------------------------------------
     TitanName(
         "model_registry",
@@ -177,31 +211,71 @@ NAMES: tuple[TitanName, ...] = (
         'SDPA in every layer, what the tutorial\'s attn_backend="sdpa" means (recipes/specs.py)',
         used_by=("native_qwen3", "nki_moe"),
     ),
-    TitanName("qwen3_32b", "torchtitan.models.qwen3.config_registry",
-              'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")', used_by=("native_qwen3",)),  # fmt: skip
+    TitanName(
+        "qwen3_32b",
+        "torchtitan.models.qwen3.config_registry",
+        'tutorial config 2 starts from qwen3_32b() and swaps in model_registry("4B")',
+        used_by=("native_qwen3",),
+    ),
     TitanName(
         "qwen3_30b_a3b",
         "torchtitan.models.qwen3.config_registry",
         "tutorial config 3 starts from qwen3_30b_a3b() and shrinks it to 4 layers / 64 experts / top-4",
         used_by=("nki_moe",),
     ),
-    TitanName("CosSinRoPE", "torchtitan.models.common", _SPECS + "; the RoPE rope_hf replaces",
-              used_by=("native_qwen3", *_ROPE_MODULE)),  # fmt: skip
+    TitanName(
+        "CosSinRoPE",
+        "torchtitan.models.common",
+        _SPECS + "; the RoPE rope_hf replaces",
+        used_by=("native_qwen3", *_ROPE_MODULE),
+    ),
     TitanName("Embedding", "torchtitan.models.common", _SPECS, used_by=("native_qwen3", "nki_moe")),
     TitanName("Linear", "torchtitan.models.common", _SPECS, used_by=("native_qwen3", "nki_moe")),
-    TitanName("RMSNorm", "torchtitan.models.common.nn_modules", _SPECS, used_by=("native_qwen3", "nki_moe")),
-    TitanName("skip_param_init", "torchtitan.models.common.param_init", _SPECS,
-              used_by=("native_qwen3", "nki_moe")),  # fmt: skip
-    TitanName("make_gqa_config", "torchtitan.models.common.config_utils", _SPECS,
-              used_by=("native_qwen3", "nki_moe")),  # fmt: skip
-    TitanName("make_ffn_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("native_qwen3",)),
-    TitanName("make_moe_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("nki_moe",)),
-    TitanName("make_router_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("nki_moe",)),
-    TitanName("make_routed_experts_config", "torchtitan.models.common.config_utils", _SPECS,
-              used_by=("nki_moe",)),  # fmt: skip
-    TitanName("Qwen3Model", "torchtitan.models.qwen3.model", _SPECS, used_by=("native_qwen3", "nki_moe")),
-    TitanName("Qwen3TransformerBlock", "torchtitan.models.qwen3.model", _SPECS,
-              used_by=("native_qwen3", "nki_moe")),  # fmt: skip
+    TitanName(
+        "RMSNorm",
+        "torchtitan.models.common.nn_modules",
+        _SPECS,
+        used_by=("native_qwen3", "nki_moe"),
+    ),
+    TitanName(
+        "skip_param_init",
+        "torchtitan.models.common.param_init",
+        _SPECS,
+        used_by=("native_qwen3", "nki_moe"),
+    ),
+    TitanName(
+        "make_gqa_config",
+        "torchtitan.models.common.config_utils",
+        _SPECS,
+        used_by=("native_qwen3", "nki_moe"),
+    ),
+    TitanName(
+        "make_ffn_config",
+        "torchtitan.models.common.config_utils",
+        _SPECS,
+        used_by=("native_qwen3",),
+    ),
+    TitanName(
+        "make_moe_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("nki_moe",)
+    ),
+    TitanName(
+        "make_router_config", "torchtitan.models.common.config_utils", _SPECS, used_by=("nki_moe",)
+    ),
+    TitanName(
+        "make_routed_experts_config",
+        "torchtitan.models.common.config_utils",
+        _SPECS,
+        used_by=("nki_moe",),
+    ),
+    TitanName(
+        "Qwen3Model", "torchtitan.models.qwen3.model", _SPECS, used_by=("native_qwen3", "nki_moe")
+    ),
+    TitanName(
+        "Qwen3TransformerBlock",
+        "torchtitan.models.qwen3.model",
+        _SPECS,
+        used_by=("native_qwen3", "nki_moe"),
+    ),
     # --- kernel overrides -------------------------------------------------------------------
     TitanName(
         "override",
@@ -217,8 +291,12 @@ NAMES: tuple[TitanName, ...] = (
         "turning a stock CosSinRoPE / GroupedExperts config into the kernel's config, fields kept",
         used_by=_OVERRIDES,
     ),
-    TitanName("apply_overrides", "torchtitan.config",
-              "applying --override specs to the config tree before anything is built", used_by=_OVERRIDES),  # fmt: skip
+    TitanName(
+        "apply_overrides",
+        "torchtitan.config",
+        "applying --override specs to the config tree before anything is built",
+        used_by=_OVERRIDES,
+    ),
     TitanName(
         "OverrideConfig",
         "torchtitan.config",
@@ -234,12 +312,24 @@ NAMES: tuple[TitanName, ...] = (
         used_by=_OVERRIDES,
         attr="_REGISTRY",
     ),
-    TitanName("ModelSpec", "torchtitan.protocols.model_spec",
-              "finding the model config inside a spec when scoping --override globs", used_by=_OVERRIDES),  # fmt: skip
-    TitanName("_yarn_inv_freq", "torchtitan.models.common.rope",
-              "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does", used_by=_ROPE_MODULE),  # fmt: skip
-    TitanName("_maybe_check_max_pos", "torchtitan.models.common.rope",
-              "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does", used_by=_ROPE_MODULE),  # fmt: skip
+    TitanName(
+        "ModelSpec",
+        "torchtitan.protocols.model_spec",
+        "finding the model config inside a spec when scoping --override globs",
+        used_by=_OVERRIDES,
+    ),
+    TitanName(
+        "_yarn_inv_freq",
+        "torchtitan.models.common.rope",
+        "rope_hf computes YaRN inverse frequencies exactly as CosSinRoPE does",
+        used_by=_ROPE_MODULE,
+    ),
+    TitanName(
+        "_maybe_check_max_pos",
+        "torchtitan.models.common.rope",
+        "rope_hf refuses positions beyond max_seq_len exactly as CosSinRoPE does",
+        used_by=_ROPE_MODULE,
+    ),
     TitanName(
         "GroupedExperts",
         "torchtitan.models.common.moe",
@@ -247,8 +337,12 @@ NAMES: tuple[TitanName, ...] = (
         used_by=("grouped_experts", "nki_moe"),
     ),
     # --- the Transformers modeling backend (tutorial config 1) -------------------------------
-    TitanName("transformers_modeling_backend_full", f"{_HF_PKG}.config_registry",
-              "tutorial config 1 starts from transformers_modeling_backend_full()", used_by=_HF),  # fmt: skip
+    TitanName(
+        "transformers_modeling_backend_full",
+        f"{_HF_PKG}.config_registry",
+        "tutorial config 1 starts from transformers_modeling_backend_full()",
+        used_by=_HF,
+    ),
     TitanName(
         "HFTransformerModel",
         _HF_PKG,
@@ -264,26 +358,72 @@ NAMES: tuple[TitanName, ...] = (
         attr="HFTransformerModel.Config._configure_hf_attention",
         files=("recipes/hf_compat.py",),
     ),
-    TitanName("TitanModelConfig", _HF_PKG, "the backend's dense model config (--layers N)", used_by=_HF),
-    TitanName("TitanMoeModelConfig", _HF_PKG, "the backend's MoE model config, without expert bias", used_by=_HF),
-    TitanName("HFTransformerStateDictAdapter", f"{_HF_PKG}.state_dict_adapter",
-              "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it", used_by=_HF),  # fmt: skip
+    TitanName(
+        "TitanModelConfig", _HF_PKG, "the backend's dense model config (--layers N)", used_by=_HF
+    ),
+    TitanName(
+        "TitanMoeModelConfig",
+        _HF_PKG,
+        "the backend's MoE model config, without expert bias",
+        used_by=_HF,
+    ),
+    TitanName(
+        "HFTransformerStateDictAdapter",
+        f"{_HF_PKG}.state_dict_adapter",
+        "loading HF MoE checkpoints: recipes/hf_compat.py CompatStateDictAdapter extends it",
+        used_by=_HF,
+    ),
     # --- Trainer hooks the harness replaces on a built trainer ------------------------------------
-    TitanName("Trainer.batch_generator", "torchtitan.trainer", "recording step 1's batches for the host reference "
-              "(Trainer.train must fetch batches through it)", attr="Trainer.batch_generator", read_by="Trainer.train"),
-    TitanName("Trainer.train_step", "torchtitan.trainer", "injecting a fault at one rank and step (Trainer.train "
-              "must call it)", attr="Trainer.train_step", read_by="Trainer.train"),
-    TitanName("Trainer attributes", "torchtitan.trainer", "the trainer state the harness reads or wraps on every rank",
-              attr="Trainer.__init__", sets=("metrics_processor", "step", "model_parts", "parallel_dims",
-              "gradient_accumulation_steps", "num_pipeline_parallel_microbatches")),
-    TitanName("MetricsProcessor.logger", "torchtitan.components.metrics", "recording every step's loss to steps.jsonl "
-              "(record_steps wraps metrics_processor.logger; MetricsProcessor.log must use it)",
-              attr="MetricsProcessor.__init__", sets=("logger",), read_by="MetricsProcessor.log"),
+    TitanName(
+        "Trainer.batch_generator",
+        "torchtitan.trainer",
+        "recording step 1's batches for the host reference "
+        "(Trainer.train must fetch batches through it)",
+        attr="Trainer.batch_generator",
+        read_by="Trainer.train",
+    ),
+    TitanName(
+        "Trainer.train_step",
+        "torchtitan.trainer",
+        "injecting a fault at one rank and step (Trainer.train must call it)",
+        attr="Trainer.train_step",
+        read_by="Trainer.train",
+    ),
+    TitanName(
+        "Trainer attributes",
+        "torchtitan.trainer",
+        "the trainer state the harness reads or wraps on every rank",
+        attr="Trainer.__init__",
+        sets=(
+            "metrics_processor",
+            "step",
+            "model_parts",
+            "parallel_dims",
+            "gradient_accumulation_steps",
+            "num_pipeline_parallel_microbatches",
+        ),
+    ),
+    TitanName(
+        "MetricsProcessor.logger",
+        "torchtitan.components.metrics",
+        "recording every step's loss to steps.jsonl "
+        "(record_steps wraps metrics_processor.logger; MetricsProcessor.log must use it)",
+        attr="MetricsProcessor.__init__",
+        sets=("logger",),
+        read_by="MetricsProcessor.log",
+    ),
     # --- the fork's own recipe (package torchtitan_neuron per the Neuron docs; not public) ---------
-    TitanName("qwen3_nki_moe_config", "torchtitan_neuron.models.qwen3.config_registry", 'tutorial config 3 as the '
-              'tutorial builds it, qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4); absent, '
-              "config 3 is the suite's twin (recipes/nki_moe.py) and the report says so", used_by=("nki_moe",),
-              keywords=("n_layers", "num_experts", "top_k"), required=False, files=("recipes/nki_moe.py",)),
+    TitanName(
+        "qwen3_nki_moe_config",
+        "torchtitan_neuron.models.qwen3.config_registry",
+        "tutorial config 3 as the "
+        'tutorial builds it, qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4); absent, '
+        "config 3 is the suite's twin (recipes/nki_moe.py) and the report says so",
+        used_by=("nki_moe",),
+        keywords=("n_layers", "num_experts", "top_k"),
+        required=False,
+        files=("recipes/nki_moe.py",),
+    ),
     # --- platform ------------------------------------------------------------------------------
     TitanName(
         "device_utils",
@@ -316,7 +456,9 @@ def installed_version(distribution: str = "torchtitan") -> str:
 def _missing(entry: TitanName, what: str) -> TitanNameError:
     package = "tyro" if entry.module.partition(".")[0] == "tyro" else "torchtitan"
     if not entry.required:
-        return TitanNameError(f"{package} {installed_version(package)} has no {what}: {entry.purpose}")
+        return TitanNameError(
+            f"{package} {installed_version(package)} has no {what}: {entry.purpose}"
+        )
     return TitanNameError(
         f"torchtitan {installed_version()} has no {what}, which the suite needs for {entry.purpose}. "
         "Install the torchtitan the suite pins (cpu: requirements-lock.txt; trn2: torchtitan-neuron "
@@ -379,8 +521,13 @@ def _check_hook(entry: TitanName, module, obj) -> None:
     if entry.read_by:
         reader = _walk(module, entry.read_by, entry, f"{entry.module}.{entry.read_by}")
         attribute = entry.name.rsplit(".", 1)[-1]
-        if attribute not in {i.argval for i in _instructions(reader) if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}:
-            raise _missing(entry, f"read of self.{attribute} in {entry.module}.{entry.read_by} (a hook it no longer calls)")
+        if attribute not in {
+            i.argval for i in _instructions(reader) if i.opname in ("LOAD_ATTR", "LOAD_METHOD")
+        }:
+            raise _missing(
+                entry,
+                f"read of self.{attribute} in {entry.module}.{entry.read_by} (a hook it no longer calls)",
+            )
 
 
 def resolve(entry: TitanName):
@@ -404,14 +551,18 @@ def hook(owner, name: str, wrapped_by: str = ""):
     """
     entry = BY_NAME.get(name)
     if entry is None or not (entry.read_by or entry.sets) or "." not in name:
-        raise AttributeError(f"{name!r} is no hook of recipes.titan.NAMES; declare it there with read_by= or sets=")
+        raise AttributeError(
+            f"{name!r} is no hook of recipes.titan.NAMES; declare it there with read_by= or sets="
+        )
     attribute = name.rsplit(".", 1)[-1]
     try:
         resolve(entry)
         if not hasattr(owner, attribute):
             raise _missing(entry, f"{attribute} on the built {type(owner).__qualname__}")
     except TitanNameError as e:
-        raise TitanNameError(f"{e}; the hook is wrapped by {wrapped_by}" if wrapped_by else str(e)) from None
+        raise TitanNameError(
+            f"{e}; the hook is wrapped by {wrapped_by}" if wrapped_by else str(e)
+        ) from None
     return getattr(owner, attribute)
 
 
@@ -420,7 +571,11 @@ def wrap_hook(owner, name: str, wrap) -> None:
 
     A hook that is gone is refused naming ``wrap``'s module, the code that relies on it.
     """
-    setattr(owner, name.rsplit(".", 1)[-1], wrap(hook(owner, name, getattr(wrap, "__module__", None) or "")))
+    setattr(
+        owner,
+        name.rsplit(".", 1)[-1],
+        wrap(hook(owner, name, getattr(wrap, "__module__", None) or "")),
+    )
 
 
 def entries(used_by: Iterable[str] = (EVERY_RUN,)) -> list[TitanName]:
@@ -463,7 +618,9 @@ def run_tags(recipe: str, overrides: Iterable[str] = (), tier: str = "") -> set[
 def __getattr__(name: str):
     entry = BY_NAME.get(name)
     if entry is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; declare it in recipes.titan.NAMES")
+        raise AttributeError(
+            f"module {__name__!r} has no attribute {name!r}; declare it in recipes.titan.NAMES"
+        )
     value = resolve(entry)
     globals()[name] = value
     return value

@@ -47,10 +47,21 @@ class RecipeInputs:
         if reason:
             raise RecipeError(reason)
         preset = TIERS[tier]
-        for value, env in ((preset.model_dir, "QWEN3_4B_DIR"), (preset.dataset_path, "QWEN3_DATASET_DIR")):
+        for value, env in (
+            (preset.model_dir, "QWEN3_4B_DIR"),
+            (preset.dataset_path, "QWEN3_DATASET_DIR"),
+        ):
             if value is None:
-                raise RecipeError(f"--tier {tier} reads its weights and data from the environment: set {env}")
-        return cls(tier, init, preset.model_dir, preset.tokenizer_for(preset.model_dir), preset.dataset_path)
+                raise RecipeError(
+                    f"--tier {tier} reads its weights and data from the environment: set {env}"
+                )
+        return cls(
+            tier,
+            init,
+            preset.model_dir,
+            preset.tokenizer_for(preset.model_dir),
+            preset.dataset_path,
+        )
 
 
 def tutorial_settings(config, inputs: RecipeInputs):
@@ -65,9 +76,9 @@ def tutorial_settings(config, inputs: RecipeInputs):
         ChunkedLossWrapper,
         CrossEntropyLoss,
         Decoder,
-        decoder_vocab_size,
         HuggingFaceTextDataLoader,
         MetricsProcessor,
+        decoder_vocab_size,
     )
 
     tier = inputs.tier_preset
@@ -98,7 +109,9 @@ def tutorial_settings(config, inputs: RecipeInputs):
     config.debug.seed = 0
     config.debug.deterministic = tier.deterministic
     config.compile.enable = config.compile.enable and tier.compile_allowed
-    config.compile.backend = tier.compile_backend  # so a later --compile.enable compiles for this device
+    config.compile.backend = (
+        tier.compile_backend
+    )  # so a later --compile.enable compiles for this device
 
     load_hf = inputs.init == "hf"
     config.checkpoint = CheckpointManager.Config(

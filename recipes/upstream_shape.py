@@ -53,7 +53,9 @@ def missing_attributes(obj: object, *names: str) -> list[str]:
     return [name for name in names if not hasattr(obj, name)]
 
 
-def require_attributes(obj: object, names: tuple[str, ...], package: str, workaround: str, owner: str) -> None:
+def require_attributes(
+    obj: object, names: tuple[str, ...], package: str, workaround: str, owner: str
+) -> None:
     """Every name in ``names`` is an attribute of ``obj`` (``owner`` is how the message names obj)."""
     missing = missing_attributes(obj, *names)
     expected = ", ".join(f"{owner}.{name}" for name in names)

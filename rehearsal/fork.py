@@ -101,17 +101,28 @@ def test_tokenizer(fixtures: Path, out: Path) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=TEST_BPE_IDS, special_tokens=[EOS_TOKEN], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=TEST_BPE_IDS,
+        special_tokens=[EOS_TOKEN],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(read_corpus(fixtures / "corpus"), trainer=trainer)
     write_tokenizer(tokenizer, out)
 
 
 def git(*args: str, cwd: Path) -> str:
-    env = {"GIT_AUTHOR_NAME": "rehearsal", "GIT_AUTHOR_EMAIL": "rehearsal@localhost",
-           "GIT_COMMITTER_NAME": "rehearsal", "GIT_COMMITTER_EMAIL": "rehearsal@localhost",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
-           "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+    env = {
+        "GIT_AUTHOR_NAME": "rehearsal",
+        "GIT_AUTHOR_EMAIL": "rehearsal@localhost",
+        "GIT_COMMITTER_NAME": "rehearsal",
+        "GIT_COMMITTER_EMAIL": "rehearsal@localhost",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PATH": "/usr/bin:/bin",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+    }
     out = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"rehearsal: git {' '.join(args)} in {cwd} failed: {out.stderr.strip()}")
@@ -126,7 +137,9 @@ def build(dest: Path, fixtures: Path) -> str:
     package = dest / "torchtitan_neuron"
     for sub in ("", "models", "models/qwen3"):
         (package / sub).mkdir(parents=True, exist_ok=True)
-        (package / sub / "__init__.py").write_text('"""Rehearsal stand-in (rehearsal/fork.py)."""\n')
+        (package / sub / "__init__.py").write_text(
+            '"""Rehearsal stand-in (rehearsal/fork.py)."""\n'
+        )
     (package / "models/qwen3/config_registry.py").write_text(CONFIG_REGISTRY)
     assets = dest / "tests" / "assets"
     shutil.copytree(fixtures / "corpus", assets / "c4_test")

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rehearsal import fork, wheels
-from rehearsal.workflow import Context, JobRun, StepResult, WorkflowError, step_name, upload_artifact
+from rehearsal.workflow import (
+    Context,
+    JobRun,
+    StepResult,
+    step_name,
+    upload_artifact,
+)
 
 SOURCE = Path(__file__).resolve().parents[1]
 WORKFLOW = SOURCE / ".github/workflows/nightly-trn2.yml"
@@ -88,18 +94,30 @@ RUNNER = RunnerTable(
         # The one check overridden, by name (scripts/neuron_venv.sh prints it when used).
         "REHEARSAL_PYTHON_FLOOR": "{python_floor}",
     },
-    settings={"device_dir": "{scratch}/dev", "neuron_devices": 1, "cores_per_device": 2, "lnc": 2, "ranks": 2},
+    settings={
+        "device_dir": "{scratch}/dev",
+        "neuron_devices": 1,
+        "cores_per_device": 2,
+        "lnc": 2,
+        "ranks": 2,
+    },
 )
 
 #: Each step's exit code on a first night (goldens' inputs still null) and on a later night.
 #: A first night's require-claims fails by design: its claims are "unmeasured" until recorded.
 EXPECTED: dict[str, tuple[int, int]] = {
     "actions/checkout@v4": (0, 0),
-    "Previous nights' runs log (artifact runs-history of the latest nightly that uploaded one)": (0, 0),
+    "Previous nights' runs log (artifact runs-history of the latest nightly that uploaded one)": (
+        0,
+        0,
+    ),
     "Neuron devices, driver and runtime": (0, 0),
     "Install the trn2 tier (requirements-neuron.txt + TorchTitan Neuron release-2.33)": (0, 0),
     "torchtitan names and hooks (recipes/titan.py) against the installed TorchTitan Neuron": (0, 0),
-    "TorchTitan Neuron ref and commit (recorded by the install; also in the report's versions)": (0, 0),
+    "TorchTitan Neuron ref and commit (recorded by the install; also in the report's versions)": (
+        0,
+        0,
+    ),
     "Compiler version (keys the NEFF cache)": (0, 0),
     "Persistent NEFF cache, keyed by compiler version": (0, 0),
     "Neuron tests, serial (a 64-rank job takes the whole instance)": (0, 0),
@@ -133,22 +151,28 @@ def expected_codes(workflow: Path, night: str) -> dict[str, int]:
     missing = [n for n in names if n not in EXPECTED]
     extra = [n for n in EXPECTED if n not in names]
     if missing or extra:
-        raise RehearsalError(f"rehearsal/night.py EXPECTED does not match {workflow}'s steps: no entry for {missing}; "
-                             f"entries for no step {extra}; give every step its first- and later-night exit code")
+        raise RehearsalError(
+            f"rehearsal/night.py EXPECTED does not match {workflow}'s steps: no entry for {missing}; "
+            f"entries for no step {extra}; give every step its first- and later-night exit code"
+        )
     return {n: EXPECTED[n][NIGHTS.index(night)] for n in names}
 
 
 def check_standins(standins: Path) -> None:
     wheels = sorted((standins / "wheelhouse").glob("*.whl"))
     if not wheels or not os.access(standins / "bin" / "neuron-ls", os.X_OK):
-        raise RehearsalError(f"rehearsal: --standins {standins} has no wheelhouse/*.whl or no executable bin/neuron-ls; "
-                             "build it with `python -m rehearsal.standins build --out DIR` (branch i34standins)")
+        raise RehearsalError(
+            f"rehearsal: --standins {standins} has no wheelhouse/*.whl or no executable bin/neuron-ls; "
+            "build it with `python -m rehearsal.standins build --out DIR` (branch i34standins)"
+        )
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
     out = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     if out.returncode != 0:
-        raise RehearsalError(f"rehearsal: {' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+        raise RehearsalError(
+            f"rehearsal: {' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()[-2000:]}"
+        )
 
 
 def cpu_site_packages() -> Path:
@@ -156,7 +180,9 @@ def cpu_site_packages() -> Path:
     venv = (SOURCE / ".venv").resolve()
     found = sorted(venv.glob("lib/python3.*/site-packages"))
     if not found:
-        raise RehearsalError(f"rehearsal: {SOURCE / '.venv'} has no lib/python3.*/site-packages; run `make venv` first")
+        raise RehearsalError(
+            f"rehearsal: {SOURCE / '.venv'} has no lib/python3.*/site-packages; run `make venv` first"
+        )
     return found[0]
 
 
@@ -164,10 +190,24 @@ def standin_neuron_venv(path: Path, standins: Path, env: dict[str, str]) -> None
     """The DLAMI venv's stand-in: the cpu venv's packages (a .pth) plus the stand-in wheels, installed offline."""
     run([str(SOURCE / ".venv/bin/python"), "-m", "venv", "--system-site-packages", str(path)], env)
     site = next(path.glob("lib/python3.*/site-packages"))
-    (site / "_rehearsal_cpu_venv.pth").write_text(f"import site; site.addsitedir({str(cpu_site_packages())!r})\n")
+    (site / "_rehearsal_cpu_venv.pth").write_text(
+        f"import site; site.addsitedir({str(cpu_site_packages())!r})\n"
+    )
     wheels = [str(w) for w in sorted((standins / "wheelhouse").glob("*.whl"))]
-    run([str(path / "bin/python"), "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-         str(standins / "wheelhouse"), *wheels], env)
+    run(
+        [
+            str(path / "bin/python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            str(standins / "wheelhouse"),
+            *wheels,
+        ],
+        env,
+    )
 
 
 def standin_weights(dest: Path) -> None:
@@ -189,25 +229,37 @@ def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) ->
     try:
         from rehearsal import settings as seam
     except ImportError:
-        raise RehearsalError("rehearsal: rehearsal/settings.py (the stand-ins' seam, branch i34standins) is missing; "
-                             "merge that branch first") from None
+        raise RehearsalError(
+            "rehearsal: rehearsal/settings.py (the stand-ins' seam, branch i34standins) is missing; "
+            "merge that branch first"
+        ) from None
     path = scratch / "rehearsal-settings.json"
     data = {k: fill(v, values) if isinstance(v, str) else v for k, v in RUNNER.settings.items()}
-    path.write_text(json.dumps({**data, "switches": {**seam.SWITCHES, **switches}}, indent=1) + "\n")
+    path.write_text(
+        json.dumps({**data, "switches": {**seam.SWITCHES, **switches}}, indent=1) + "\n"
+    )
     return {seam.SETTINGS_ENV: str(path), **seam.load(path).env()}
 
 
-def prepare(scratch: Path, standins: Path, python_floor: str, switches: dict[str, str]) -> tuple[Context, dict]:
+def prepare(
+    scratch: Path, standins: Path, python_floor: str, switches: dict[str, str]
+) -> tuple[Context, dict]:
     """The scratch dir as a runner's machine would have it before the job; returns the table filled in."""
     fork_url = fork.build(scratch / "git/torchtitan-neuron", SOURCE / "fixtures")
     wheels.repack("setuptools", scratch / "wheelhouse-cpu")
-    values = {"scratch": str(scratch), "standins": str(standins.resolve()), "fork_url": fork_url,
-              "python_floor": python_floor}
+    values = {
+        "scratch": str(scratch),
+        "standins": str(standins.resolve()),
+        "fork_url": fork_url,
+        "python_floor": python_floor,
+    }
     env = {k: fill(v, values) for k, v in RUNNER.env.items()}
     env.update(seam_env(scratch, values, switches))
     if shutil.which("gh", path=env["PATH"]):
-        raise RehearsalError(f"rehearsal: `gh` is on the rehearsal's PATH ({shutil.which('gh', path=env['PATH'])}); "
-                             "it would reach GitHub: remove it from PATH in rehearsal/night.py RUNNER")
+        raise RehearsalError(
+            f"rehearsal: `gh` is on the rehearsal's PATH ({shutil.which('gh', path=env['PATH'])}); "
+            "it would reach GitHub: remove it from PATH in rehearsal/night.py RUNNER"
+        )
     for key in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "PIP_CACHE_DIR", "RUNNER_TEMP"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     paths = {real: scratch / rel for real, rel in RUNNER.paths.items()}
@@ -222,41 +274,67 @@ def prepare(scratch: Path, standins: Path, python_floor: str, switches: dict[str
 
 def checkout(with_: dict, job: JobRun, out) -> int:
     """actions/checkout: a clone of the source checkout's HEAD (its uncommitted changes are not in it)."""
-    head = subprocess.run(["git", "-C", str(SOURCE), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    for argv in (["git", "clone", "--quiet", "--no-hardlinks", str(SOURCE), str(job.workspace)],
-                 ["git", "-C", str(job.workspace), "checkout", "--quiet", "--detach", head]):
-        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=job.base_env).returncode
+    head = subprocess.run(
+        ["git", "-C", str(SOURCE), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    for argv in (
+        ["git", "clone", "--quiet", "--no-hardlinks", str(SOURCE), str(job.workspace)],
+        ["git", "-C", str(job.workspace), "checkout", "--quiet", "--detach", head],
+    ):
+        code = subprocess.run(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=job.base_env
+        ).returncode
         if code:
             return code
     out.write(f"checked out {head} into {job.workspace}\n")
     return 0
 
 
-def snapshot(source: Path = SOURCE, watched: tuple[str, ...] = tuple(RUNNER.paths), opt: str = "/opt",
-             venv_site: Path | None = None) -> dict:
+def snapshot(
+    source: Path = SOURCE,
+    watched: tuple[str, ...] = tuple(RUNNER.paths),
+    opt: str = "/opt",
+    venv_site: Path | None = None,
+) -> dict:
     """What the rehearsal must leave as it found it: the source's git status, /opt's entries, the mapped paths,
     and the distributions of the cpu venv the stand-in venv is layered on (the fork stand-in installs a
     distribution named ``torchtitan`` on top of it: pip must never touch the cpu venv's own)."""
-    status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"], capture_output=True, text=True)
+    status = subprocess.run(
+        ["git", "-C", str(source), "status", "--porcelain"], capture_output=True, text=True
+    )
     venv_site = cpu_site_packages() if venv_site is None else venv_site
-    return {"source": str(source), "git status": status.stdout, "opt": opt,
-            "entries": sorted(os.listdir(opt)) if os.path.isdir(opt) else [],
-            "mapped": {p: os.path.exists(p) for p in watched},
-            "venv": str(venv_site), "dists": sorted(p.name for p in venv_site.glob("*.dist-info"))}
+    return {
+        "source": str(source),
+        "git status": status.stdout,
+        "opt": opt,
+        "entries": sorted(os.listdir(opt)) if os.path.isdir(opt) else [],
+        "mapped": {p: os.path.exists(p) for p in watched},
+        "venv": str(venv_site),
+        "dists": sorted(p.name for p in venv_site.glob("*.dist-info")),
+    }
 
 
 def writes_outside(before: dict, after: dict) -> list[str]:
     """One line per thing the rehearsal changed outside its scratch dir."""
     found = []
     if before["git status"] != after["git status"]:
-        found.append(f"the source checkout {before['source']} changed (git status --porcelain before: "
-                     f"{before['git status']!r}, after: {after['git status']!r})")
+        found.append(
+            f"the source checkout {before['source']} changed (git status --porcelain before: "
+            f"{before['git status']!r}, after: {after['git status']!r})"
+        )
     new = sorted(set(after["entries"]) - set(before["entries"]))
     if new:
         found.append(f"{before['opt']} gained {new}")
-    found += [f"{p} was created" for p in after["mapped"] if after["mapped"][p] and not before["mapped"][p]]
+    found += [
+        f"{p} was created"
+        for p in after["mapped"]
+        if after["mapped"][p] and not before["mapped"][p]
+    ]
     if before["dists"] != after["dists"]:
-        gone, came = sorted(set(before["dists"]) - set(after["dists"])), sorted(set(after["dists"]) - set(before["dists"]))
+        gone, came = (
+            sorted(set(before["dists"]) - set(after["dists"])),
+            sorted(set(after["dists"]) - set(before["dists"])),
+        )
         found.append(f"the cpu venv {before['venv']} changed: lost {gone}, gained {came}")
     return found
 
@@ -265,7 +343,9 @@ def launches_in(scratch: Path) -> int:
     """The torchrun launches the night made: each writes ``<log-dir>/<run id>/attempt_0`` (torchrun ``--log-dir``;
     harness launches under their run dir, the torchtitan.train launch under its test's tmp dir, which has no
     run.json: counting run dirs missed it)."""
-    return sum(1 for d in scratch.rglob("attempt_0") if d.is_dir() and d.parent.parent.name == "logs")
+    return sum(
+        1 for d in scratch.rglob("attempt_0") if d.is_dir() and d.parent.parent.name == "logs"
+    )
 
 
 def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
@@ -275,7 +355,11 @@ def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
     report = workspace / "report/tests.json"
     tests = json.loads(report.read_text())["tests"] if report.is_file() else []
     neuron = [t for t in tests if t["test"].startswith("tests/neuron/")]
-    return sum(map(executed, neuron)), sum(t["outcome"] == "skipped" for t in neuron), launches_in(scratch)
+    return (
+        sum(map(executed, neuron)),
+        sum(t["outcome"] == "skipped" for t in neuron),
+        launches_in(scratch),
+    )
 
 
 #: The job env variable that names the suite's trn2 venv in every step of the nightly.
@@ -290,29 +374,45 @@ def collected(job: JobRun) -> tuple[int | None, str]:
     a failure: pytest runs nothing when collection is interrupted."""
     env = {**job.base_env, **job.job_env(), **job.env_from_steps}
     if not env.get(VENV_VARIABLE):
-        return None, f"the workflow's job env has no {VENV_VARIABLE} (the suite's trn2 venv): update VENV_VARIABLE"
+        return (
+            None,
+            f"the workflow's job env has no {VENV_VARIABLE} (the suite's trn2 venv): update VENV_VARIABLE",
+        )
     python = Path(env[VENV_VARIABLE]) / "bin/python"
     if not python.exists():
         return None, f"{python} was never made (${VENV_VARIABLE})"
-    out = subprocess.run([str(python), "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
-                         cwd=job.workspace, env=env, capture_output=True, text=True)
-    count = sum(1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line)
+    out = subprocess.run(
+        [str(python), "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
+        cwd=job.workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    count = sum(
+        1 for line in out.stdout.splitlines() if line.startswith("tests/neuron/") and "::" in line
+    )
     errors = sorted(set(re.findall(r"ERROR collecting (\S+)", out.stdout)))
     if out.returncode == 0:
         return count, ""
-    return count, f"pytest --collect-only exited {out.returncode}; errors collecting {', '.join(errors) or '(none named)'}"
+    return (
+        count,
+        f"pytest --collect-only exited {out.returncode}; errors collecting {', '.join(errors) or '(none named)'}",
+    )
 
 
 def report_line(result: StepResult, expected: int) -> str:
     got = "skipped" if result.exit_code is None else str(result.exit_code)
     verdict = "ok" if result.exit_code == expected else "DIFFERS"
-    return (f"rehearsal: step {result.index:2d} {verdict:7s} expected {expected} got {got:7s} "
-            f"{result.seconds:7.1f}s  {result.name}")
+    return (
+        f"rehearsal: step {result.index:2d} {verdict:7s} expected {expected} got {got:7s} "
+        f"{result.seconds:7.1f}s  {result.name}"
+    )
 
 
 def stop_on_signals() -> None:
     """SIGTERM/SIGHUP end the rehearsal as Ctrl-C does: through ``finally``, so the running step's process
     group is ended with it (rehearsal/workflow.py ``JobRun._execute``), never left running."""
+
     def stop(signum, frame):
         raise SystemExit(128 + signum)
 
@@ -321,17 +421,37 @@ def stop_on_signals() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rehearsal.night", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--standins", type=Path, required=True, help="python -m rehearsal.standins build --out DIR")
-    parser.add_argument("--night", choices=NIGHTS, default="first", help="which exit codes to expect (EXPECTED)")
-    parser.add_argument("--scratch", type=Path, help="a new or empty dir (default: a new temporary dir)")
-    parser.add_argument("--python-floor", default="%d.%d" % sys.version_info[:2],
-                        help="scripts/neuron_venv.sh's Python floor for the rehearsal (its real one is 3.12)")
-    parser.add_argument("--switch", action="append", default=[], metavar="NAME=0|1",
-                        help="a stand-in switch (rehearsal/settings.py SWITCHES); the rest take their defaults")
+    parser = argparse.ArgumentParser(
+        prog="python -m rehearsal.night", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--standins", type=Path, required=True, help="python -m rehearsal.standins build --out DIR"
+    )
+    parser.add_argument(
+        "--night", choices=NIGHTS, default="first", help="which exit codes to expect (EXPECTED)"
+    )
+    parser.add_argument(
+        "--scratch", type=Path, help="a new or empty dir (default: a new temporary dir)"
+    )
+    parser.add_argument(
+        "--python-floor",
+        default="%d.%d" % sys.version_info[:2],
+        help="scripts/neuron_venv.sh's Python floor for the rehearsal (its real one is 3.12)",
+    )
+    parser.add_argument(
+        "--switch",
+        action="append",
+        default=[],
+        metavar="NAME=0|1",
+        help="a stand-in switch (rehearsal/settings.py SWITCHES); the rest take their defaults",
+    )
     parser.add_argument("--step-timeout", type=float, default=3600.0, help="seconds per step")
-    parser.add_argument("--min-available-gib", type=float, default=2.0,
-                        help="end a step when the machine's available memory falls under this (a shared host)")
+    parser.add_argument(
+        "--min-available-gib",
+        type=float,
+        default=2.0,
+        help="end a step when the machine's available memory falls under this (a shared host)",
+    )
     parser.add_argument("--echo", action="store_true", help="print every step's output as it runs")
     args = parser.parse_args(argv)
     stop_on_signals()
@@ -342,21 +462,41 @@ def main(argv: list[str] | None = None) -> int:
         scratch = (args.scratch or Path(tempfile.mkdtemp(prefix="qwen3-rehearsal-"))).resolve()
         scratch.mkdir(parents=True, exist_ok=True)
         if any(scratch.iterdir()):
-            raise RehearsalError(f"rehearsal: --scratch {scratch} is not empty; give a new or empty dir")
+            raise RehearsalError(
+                f"rehearsal: --scratch {scratch} is not empty; give a new or empty dir"
+            )
         before = snapshot()
-        print(f"rehearsal: scratch dir {scratch}; {args.night} night; stand-ins {args.standins}", flush=True)
+        print(
+            f"rehearsal: scratch dir {scratch}; {args.night} night; stand-ins {args.standins}",
+            flush=True,
+        )
         switches = dict(s.split("=", 1) for s in args.switch if "=" in s)
         if len(switches) != len(args.switch):
-            raise RehearsalError(f"rehearsal: --switch {args.switch}: write each as NAME=0 or NAME=1")
+            raise RehearsalError(
+                f"rehearsal: --switch {args.switch}: write each as NAME=0 or NAME=1"
+            )
         print(f"rehearsal: switches {switches or 'all at their defaults'}", flush=True)
         context, env = prepare(scratch, args.standins, args.python_floor, switches)
-        job = JobRun(WORKFLOW, context, Path(context.github["workspace"]), env,
-                     actions={"actions/checkout": checkout, "actions/upload-artifact": upload_artifact},
-                     logs=scratch / "logs", echo=args.echo, timeout_s=args.step_timeout,
-                     min_available=int(args.min_available_gib * 2**30))
+        job = JobRun(
+            WORKFLOW,
+            context,
+            Path(context.github["workspace"]),
+            env,
+            actions={"actions/checkout": checkout, "actions/upload-artifact": upload_artifact},
+            logs=scratch / "logs",
+            echo=args.echo,
+            timeout_s=args.step_timeout,
+            min_available=int(args.min_available_gib * 2**30),
+        )
         results = job.run(on_step=lambda r: print(report_line(r, expected[r.name]), flush=True))
-    except (RuntimeError, ValueError) as error:  # RehearsalError, WorkflowError, a git or settings refusal
-        print(str(error) if str(error).startswith("rehearsal") else f"rehearsal: {error}", file=sys.stderr)
+    except (
+        RuntimeError,
+        ValueError,
+    ) as error:  # RehearsalError, WorkflowError, a git or settings refusal
+        print(
+            str(error) if str(error).startswith("rehearsal") else f"rehearsal: {error}",
+            file=sys.stderr,
+        )
         return 2
     differs = [r for r in results if r.exit_code != expected[r.name]]
     (scratch / "artifacts.json").write_text(json.dumps(job.artifacts, indent=2) + "\n")
@@ -372,10 +512,17 @@ def main(argv: list[str] | None = None) -> int:
     if collect_error:
         print(f"rehearsal: collection: {collect_error}")
     cpu = os.times()
-    cpu_s = sum(getattr(cpu, k) - getattr(start_cpu, k) for k in ("user", "system", "children_user", "children_system"))
-    print(f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
-          f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}")
-    print(f"rehearsal: {ran} neuron tests executed, {skipped} skipped, {launches} launches, {len(differs)} steps failed")
+    cpu_s = sum(
+        getattr(cpu, k) - getattr(start_cpu, k)
+        for k in ("user", "system", "children_user", "children_system")
+    )
+    print(
+        f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
+        f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}"
+    )
+    print(
+        f"rehearsal: {ran} neuron tests executed, {skipped} skipped, {launches} launches, {len(differs)} steps failed"
+    )
     ok = not differs and not outside and not collect_error and skipped == 0 and ran == n_collected
     return 0 if ok else 1
 

@@ -79,17 +79,27 @@ class RehearsalSettings:
         for name in ("neuron_devices", "cores_per_device", "lnc", "ranks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise RehearsalSettingsError(f"rehearsal settings: {name}={value!r} must be a positive integer")
+                raise RehearsalSettingsError(
+                    f"rehearsal settings: {name}={value!r} must be a positive integer"
+                )
         if self.lnc not in (1, 2):
-            raise RehearsalSettingsError(f"rehearsal settings: lnc={self.lnc!r} must be 1 or 2, as on trn2")
+            raise RehearsalSettingsError(
+                f"rehearsal settings: lnc={self.lnc!r} must be 1 or 2, as on trn2"
+            )
         unknown = sorted(set(self.switches) - set(SWITCHES))
         if unknown:
-            raise RehearsalSettingsError(f"rehearsal settings: unknown switches {unknown}; known: {sorted(SWITCHES)}")
+            raise RehearsalSettingsError(
+                f"rehearsal settings: unknown switches {unknown}; known: {sorted(SWITCHES)}"
+            )
         bad = {k: v for k, v in self.switches.items() if v not in ("0", "1")}
         if bad:
-            raise RehearsalSettingsError(f"rehearsal settings: switches {bad} must be the strings '0' or '1'")
+            raise RehearsalSettingsError(
+                f"rehearsal settings: switches {bad} must be the strings '0' or '1'"
+            )
         if self.fault not in FAULTS:
-            raise RehearsalSettingsError(f"rehearsal settings: fault={self.fault!r} is not one of {FAULTS}")
+            raise RehearsalSettingsError(
+                f"rehearsal settings: fault={self.fault!r} is not one of {FAULTS}"
+            )
 
     @property
     def total_cores(self) -> int:
@@ -113,7 +123,7 @@ class RehearsalSettings:
         return [
             {
                 "neuron_device": d,
-                "bdf": f"{0xcc - d:02x}:00.0",
+                "bdf": f"{0xCC - d:02x}:00.0",
                 "connected_to": [],
                 "nc_count": per,
                 "logical_neuroncore_config": self.lnc,
@@ -145,20 +155,30 @@ def refuse_on_real_host(real_glob: str = REAL_DEVICE_GLOB) -> None:
         )
 
 
-def load(path: str | os.PathLike | None = None, *, real_glob: str = REAL_DEVICE_GLOB) -> RehearsalSettings:
+def load(
+    path: str | os.PathLike | None = None, *, real_glob: str = REAL_DEVICE_GLOB
+) -> RehearsalSettings:
     """The settings named by ``$QWEN3_REHEARSAL_SETTINGS`` (or ``path``); refuses on a real trn2 host."""
     refuse_on_real_host(real_glob)
     path = path or os.environ.get(SETTINGS_ENV)
     if not path:
-        raise RehearsalSettingsError(f"{SETTINGS_ENV} is not set: point it at a rehearsal settings JSON file")
+        raise RehearsalSettingsError(
+            f"{SETTINGS_ENV} is not set: point it at a rehearsal settings JSON file"
+        )
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
-        raise RehearsalSettingsError(f"{SETTINGS_ENV}={path}: cannot read it ({e.strerror})") from None
+        raise RehearsalSettingsError(
+            f"{SETTINGS_ENV}={path}: cannot read it ({e.strerror})"
+        ) from None
     except json.JSONDecodeError as e:
-        raise RehearsalSettingsError(f"{SETTINGS_ENV}={path}: not JSON ({e}); write an object of settings") from None
+        raise RehearsalSettingsError(
+            f"{SETTINGS_ENV}={path}: not JSON ({e}); write an object of settings"
+        ) from None
     if not isinstance(data, dict):
-        raise RehearsalSettingsError(f"{path}: holds {type(data).__name__}, expected an object of settings")
+        raise RehearsalSettingsError(
+            f"{path}: holds {type(data).__name__}, expected an object of settings"
+        )
     names = {f.name for f in dataclasses.fields(RehearsalSettings)}
     unknown = sorted(set(data) - names)
     if unknown:

@@ -33,10 +33,16 @@ from pathlib import Path
 import yaml
 
 #: ``shell:`` value (None: unspecified, after ``defaults.run.shell``) -> the command GitHub runs on Linux.
-SHELLS = {None: ("bash", "-e"), "bash": ("bash", "--noprofile", "--norc", "-eo", "pipefail"), "sh": ("sh", "-e")}
+SHELLS = {
+    None: ("bash", "-e"),
+    "bash": ("bash", "--noprofile", "--norc", "-eo", "pipefail"),
+    "sh": ("sh", "-e"),
+}
 _EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 # An absolute path where a shell word or a value starts (not the tail of a relative path or "$VAR/x").
-_ABS_PATH = re.compile(r"(?:(?<=^)|(?<=[\s\"'=<>:(|;,]))(/[A-Za-z0-9_.+@-]+(?:/[A-Za-z0-9_.+@-]*)*)", re.M)
+_ABS_PATH = re.compile(
+    r"(?:(?<=^)|(?<=[\s\"'=<>:(|;,]))(/[A-Za-z0-9_.+@-]+(?:/[A-Za-z0-9_.+@-]*)*)", re.M
+)
 #: Absolute paths a step may name as they are: they write nothing a run keeps.
 SYSTEM_PATHS = ("/dev/null", "/dev/stdout", "/dev/stderr")
 
@@ -58,26 +64,34 @@ class Context:
         parts = expr.split(".")
         if len(parts) == 2 and parts[0] == "github":
             if parts[1] not in self.github:
-                raise WorkflowError(f"{where}: unknown expression '${{{{ {expr} }}}}': the rehearsal's table has "
-                                    f"github.{{{', '.join(sorted(self.github))}}}; add github.{parts[1]} to it")
+                raise WorkflowError(
+                    f"{where}: unknown expression '${{{{ {expr} }}}}': the rehearsal's table has "
+                    f"github.{{{', '.join(sorted(self.github))}}}; add github.{parts[1]} to it"
+                )
             return str(self.github[parts[1]])
         if len(parts) == 4 and parts[0] == "steps" and parts[2] == "outputs":
             step_outputs = self.outputs.get(parts[1], {})
             if parts[3] not in step_outputs:
-                raise WorkflowError(f"{where}: '${{{{ {expr} }}}}' has no value: step id '{parts[1]}' wrote "
-                                    f"{sorted(step_outputs) or 'no outputs'} to $GITHUB_OUTPUT (or did not run)")
+                raise WorkflowError(
+                    f"{where}: '${{{{ {expr} }}}}' has no value: step id '{parts[1]}' wrote "
+                    f"{sorted(step_outputs) or 'no outputs'} to $GITHUB_OUTPUT (or did not run)"
+                )
             return step_outputs[parts[3]]
-        raise WorkflowError(f"{where}: unknown expression '${{{{ {expr} }}}}': the rehearsal supplies github.<name> "
-                            "and steps.<id>.outputs.<name> only; add it to rehearsal/workflow.py Context")
+        raise WorkflowError(
+            f"{where}: unknown expression '${{{{ {expr} }}}}': the rehearsal supplies github.<name> "
+            "and steps.<id>.outputs.<name> only; add it to rehearsal/workflow.py Context"
+        )
 
     def map_path(self, path: str, where: str) -> str:
         if path in SYSTEM_PATHS:
             return path
         for real in sorted(self.paths, key=len, reverse=True):
             if path == real or path.startswith(real.rstrip("/") + "/"):
-                return str(self.paths[real]) + path[len(real.rstrip("/")):]
-        raise WorkflowError(f"{where}: absolute path '{path}' is not in the rehearsal's path table "
-                            f"({', '.join(sorted(self.paths))}); map it to a directory inside the scratch dir")
+                return str(self.paths[real]) + path[len(real.rstrip("/")) :]
+        raise WorkflowError(
+            f"{where}: absolute path '{path}' is not in the rehearsal's path table "
+            f"({', '.join(sorted(self.paths))}); map it to a directory inside the scratch dir"
+        )
 
     def substitute(self, text: str, where: str) -> str:
         """Map absolute paths first (on the workflow's own text), then expand expressions."""
@@ -91,11 +105,17 @@ def condition(expr: str | None, failed: bool, where: str) -> bool:
     whole = re.fullmatch(r"\$\{\{\s*(.*?)\s*\}\}", text)
     text = whole.group(1) if whole else text
     negate = text.startswith("!")
-    value = {"always()": True, "success()": not failed, "failure()": failed, "cancelled()": False}.get(
-        text.lstrip("!").strip())
+    value = {
+        "always()": True,
+        "success()": not failed,
+        "failure()": failed,
+        "cancelled()": False,
+    }.get(text.lstrip("!").strip())
     if value is None:
-        raise WorkflowError(f"{where}: unknown condition 'if: {expr}': the rehearsal knows always(), success(), "
-                            "failure(), cancelled() and their negation; add it to rehearsal/workflow.py condition")
+        raise WorkflowError(
+            f"{where}: unknown condition 'if: {expr}': the rehearsal knows always(), success(), "
+            "failure(), cancelled() and their negation; add it to rehearsal/workflow.py condition"
+        )
     return not value if negate else value
 
 
@@ -108,10 +128,10 @@ def parse_command_file(path: Path) -> dict[str, str]:
         line = lines[i]
         if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
             name, delim = line.split("<<", 1)
-            end = lines.index(delim, i + 1) if delim in lines[i + 1:] else None
+            end = lines.index(delim, i + 1) if delim in lines[i + 1 :] else None
             if end is None:
                 raise WorkflowError(f"{path}: '{line}' opens a block that no line '{delim}' closes")
-            values[name] = "\n".join(lines[i + 1:end])
+            values[name] = "\n".join(lines[i + 1 : end])
             i = end + 1
             continue
         if line.strip():
@@ -181,7 +201,9 @@ class JobRun:
 
     def __post_init__(self):
         self.job, self.spec = load_job(self.workflow, self.job)
-        workflow_defaults = (yaml.safe_load(self.workflow.read_text()).get("defaults") or {}).get("run") or {}
+        workflow_defaults = (yaml.safe_load(self.workflow.read_text()).get("defaults") or {}).get(
+            "run"
+        ) or {}
         job_defaults = (self.spec.get("defaults") or {}).get("run") or {}
         self.default_shell = job_defaults.get("shell", workflow_defaults.get("shell"))
         self.temp = Path(self.base_env["RUNNER_TEMP"])
@@ -196,7 +218,10 @@ class JobRun:
 
     def job_env(self) -> dict[str, str]:
         where = f"{self.workflow} jobs.{self.job}.env"
-        return {k: self.context.substitute(str(v), f"{where}.{k}") for k, v in (self.spec.get("env") or {}).items()}
+        return {
+            k: self.context.substitute(str(v), f"{where}.{k}")
+            for k, v in (self.spec.get("env") or {}).items()
+        }
 
     def run(self, on_step=None) -> list[StepResult]:
         """Every step in order; ``on_step(result)`` after each."""
@@ -217,28 +242,51 @@ class JobRun:
         name = step_name(step)
         where = f"{self.workflow} step {index} '{name}'"
         if not condition(step.get("if"), self.failed, where):
-            return StepResult(index, name, None, 0.0, note="skipped (if: " + str(step.get("if") or "success()") + ")")
-        step_env = {k: self.context.substitute(str(v), f"{where} env.{k}") for k, v in (step.get("env") or {}).items()}
+            return StepResult(
+                index,
+                name,
+                None,
+                0.0,
+                note="skipped (if: " + str(step.get("if") or "success()") + ")",
+            )
+        step_env = {
+            k: self.context.substitute(str(v), f"{where} env.{k}")
+            for k, v in (step.get("env") or {}).items()
+        }
         env_file, output_file = self.temp / f"env-{index}", self.temp / f"output-{index}"
         env_file.write_text("")
         output_file.write_text("")
-        env = {**self.base_env, **job_env, **self.env_from_steps, **step_env,
-               "GITHUB_ENV": str(env_file), "GITHUB_OUTPUT": str(output_file),
-               "GITHUB_STEP_SUMMARY": str(self.summary), "GITHUB_WORKSPACE": str(self.workspace)}
+        env = {
+            **self.base_env,
+            **job_env,
+            **self.env_from_steps,
+            **step_env,
+            "GITHUB_ENV": str(env_file),
+            "GITHUB_OUTPUT": str(output_file),
+            "GITHUB_STEP_SUMMARY": str(self.summary),
+            "GITHUB_WORKSPACE": str(self.workspace),
+        }
         log = self.logs / f"{index:02d}.log"
         start = time.monotonic()
         if "uses" in step:
             action = step["uses"].split("@")[0]
             if action not in self.actions:
-                raise WorkflowError(f"{where}: uses '{step['uses']}', which the rehearsal does not stand in for "
-                                    f"(it has {sorted(self.actions)})")
-            with_ = {k: self.context.substitute(str(v), f"{where} with.{k}") for k, v in (step.get("with") or {}).items()}
+                raise WorkflowError(
+                    f"{where}: uses '{step['uses']}', which the rehearsal does not stand in for "
+                    f"(it has {sorted(self.actions)})"
+                )
+            with_ = {
+                k: self.context.substitute(str(v), f"{where} with.{k}")
+                for k, v in (step.get("with") or {}).items()
+            }
             with open(log, "w") as out:
                 code = self.actions[action](with_, self, out)
         else:
             shell = step.get("shell", self.default_shell)
             if shell not in SHELLS:
-                raise WorkflowError(f"{where}: shell '{shell}': the rehearsal runs {sorted(map(str, SHELLS))} only")
+                raise WorkflowError(
+                    f"{where}: shell '{shell}': the rehearsal runs {sorted(map(str, SHELLS))} only"
+                )
             script = self.temp / f"step-{index}.sh"
             script.write_text(self.context.substitute(step["run"], where))
             cwd = self.workspace / step.get("working-directory", ".")
@@ -253,8 +301,9 @@ class JobRun:
         """Run one step in its own session; a watchdog ends its whole process group on the step timeout or
         when the machine's available memory falls under ``min_available`` (a shared host must survive)."""
         with open(log, "w") as out:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
             why = ""
             try:
@@ -262,8 +311,10 @@ class JobRun:
                     if deadline and time.monotonic() > deadline:
                         why = f"timed out after {self.timeout_s:.0f} s"
                     elif self.available_memory() < self.min_available:
-                        why = (f"the machine's available memory fell under {self.min_available / 2**30:.1f} GiB "
-                               "(rehearsal/workflow.py JobRun.min_available)")
+                        why = (
+                            f"the machine's available memory fell under {self.min_available / 2**30:.1f} GiB "
+                            "(rehearsal/workflow.py JobRun.min_available)"
+                        )
                     if why:
                         break
                     time.sleep(0.2)
@@ -286,7 +337,9 @@ def upload_artifact(with_: dict, job: JobRun, out) -> int:
         matches = glob.glob(str(job.workspace / line), recursive=True)
         (found if matches else missing).extend(matches or [line])
     mode = with_.get("if-no-files-found", "warn")
-    job.artifacts.append({"name": with_.get("name", "artifact"), "paths": found, "missing": missing})
+    job.artifacts.append(
+        {"name": with_.get("name", "artifact"), "paths": found, "missing": missing}
+    )
     for path in missing:
         out.write(f"upload-artifact {with_.get('name')}: no file matches '{path}'\n")
     for path in found:

@@ -14,11 +14,10 @@ packages the recipes import directly, the import is checked too.
 
 from __future__ import annotations
 
-import os
-import platform as _platform
-
 import importlib
 import importlib.util
+import os
+import platform as _platform
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -97,7 +96,9 @@ def inspect_import(dist_name: str, module: str) -> ImportedModule:
     version = None
     if origin is not None:
         version = getattr(importlib.import_module(module), "__version__", None)
-        if not isinstance(version, str):  # torch.__version__ is a str subclass; anything else is not a version
+        if not isinstance(
+            version, str
+        ):  # torch.__version__ is a str subclass; anything else is not a version
             version = str(version) if version is not None else None
     owned = dist is not None and origin is not None and _owns(dist, origin)
     if version is None and owned:
@@ -122,16 +123,24 @@ def import_drift(path: Path) -> list[str]:
         found = inspect_import(dist_name, module)
         where = f"Python imports {module} from {found.origin}"
         if found.origin is None:
-            problems.append(f"{dist_name}: pinned {pin} in {path.name}, but `import {module}` finds nothing")
+            problems.append(
+                f"{dist_name}: pinned {pin} in {path.name}, but `import {module}` finds nothing"
+            )
         elif not found.owned_by_dist:
-            installed_at = f"the installed one in {found.dist_location}" if found.dist_location else "no installed one"
+            installed_at = (
+                f"the installed one in {found.dist_location}"
+                if found.dist_location
+                else "no installed one"
+            )
             problems.append(
                 f"{dist_name}: pinned {pin} in {path.name}; {where} (version {found.version or 'unknown'}), "
                 f"which is not {installed_at}: remove that directory from PYTHONPATH / user site-packages "
                 f"(or run with `python -s`)"
             )
         elif found.version is None or not _matches(found.version, pin):
-            problems.append(f"{dist_name}: pinned {pin} in {path.name}; {where}, whose __version__ is {found.version}")
+            problems.append(
+                f"{dist_name}: pinned {pin} in {path.name}; {where}, whose __version__ is {found.version}"
+            )
     return problems
 
 
@@ -165,9 +174,24 @@ VERSIONED_PACKAGES = (
 
 
 #: CPU flags that select which fp32 kernels torch, MKL and oneDNN run.
-KERNEL_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+KERNEL_ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+)
 #: Environment variables that override those kernel choices.
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE", "DNNL_MAX_CPU_ISA")
+KERNEL_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "OPENBLAS_CORETYPE",
+    "DNNL_MAX_CPU_ISA",
+)
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -195,7 +219,10 @@ def _blas() -> str:
     import torch
 
     shown = torch.__config__.show()
-    found = [m.group(0) for m in re.finditer(r"(Math Kernel Library Version \S+|MKL-DNN v\S+|BLAS_INFO=\w+)", shown)]
+    found = [
+        m.group(0)
+        for m in re.finditer(r"(Math Kernel Library Version \S+|MKL-DNN v\S+|BLAS_INFO=\w+)", shown)
+    ]
     return "; ".join(found) or "unknown"
 
 

@@ -57,14 +57,21 @@ def read(pid: int) -> Process | None:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
-    name, rest = stat.split("(", 1)[1].rsplit(")", 1)  # the command name in (...) may hold spaces and ")"
+    name, rest = stat.split("(", 1)[1].rsplit(
+        ")", 1
+    )  # the command name in (...) may hold spaces and ")"
     fields = rest.split()
     marker = next((v for v in environ.split(b"\0") if v.startswith(_MARKER)), None)
     run_dir = marker[len(_MARKER) :].decode(errors="replace") if marker is not None else None
     return Process(
-        pid=pid, ppid=int(fields[1]), state=fields[0], started=int(fields[19]),
-        argv=tuple(a.decode(errors="replace") for a in argv.split(b"\0") if a), run_dir=run_dir, name=name,
-    )  # fmt: skip
+        pid=pid,
+        ppid=int(fields[1]),
+        state=fields[0],
+        started=int(fields[19]),
+        argv=tuple(a.decode(errors="replace") for a in argv.split(b"\0") if a),
+        run_dir=run_dir,
+        name=name,
+    )
 
 
 def table() -> dict[int, Process]:
@@ -137,7 +144,9 @@ def role(proc: Process, procs: dict[int, Process]) -> str:
     argv, module = proc.argv, _module(proc.argv)
     if module == "harness" and "run" in argv:
         return "launcher"
-    if module in ("torch.distributed.run", "harness.launch.elastic") or any(Path(a).name == "torchrun" for a in argv[:2]):
+    if module in ("torch.distributed.run", "harness.launch.elastic") or any(
+        Path(a).name == "torchrun" for a in argv[:2]
+    ):
         return "torchrun"
     if module == "harness.rank.train":
         return "rank"  # an exec'd rank: torchrun starts ``python -u -m harness.rank.train``
@@ -146,7 +155,11 @@ def role(proc: Process, procs: dict[int, Process]) -> str:
             return "rank"  # a forked rank keeps its forkserver's command line; it names itself (run_forked_rank)
         parent = procs.get(proc.ppid)
         # Any other forkserver child is not a rank: e.g. an import's ``ldconfig -p`` between fork and exec.
-        return "other" if parent is not None and any(FORKSERVER in arg for arg in parent.argv) else "forkserver"
+        return (
+            "other"
+            if parent is not None and any(FORKSERVER in arg for arg in parent.argv)
+            else "forkserver"
+        )
     return "other"
 
 

@@ -39,7 +39,15 @@ CHECKPOINT_DIR = "checkpoint"
 RUN_DIR_ENV = "QWEN3_RUN_DIR"
 
 #: What rank 0 writes into provenance.json (``harness.config.provenance.provenance``); the launcher adds "inputs".
-RANK_PROVENANCE_KEYS = ("tokenizer", "weights", "model", "data", "seed", "dtype", "allowed_mismatches")
+RANK_PROVENANCE_KEYS = (
+    "tokenizer",
+    "weights",
+    "model",
+    "data",
+    "seed",
+    "dtype",
+    "allowed_mismatches",
+)
 #: The named state of a run whose ranks ended before rank 0 wrote provenance.json.
 NO_PROVENANCE = "ranks failed before provenance was written"
 
@@ -78,7 +86,9 @@ def claim(parent: Path, name: str) -> Path:
             return path
         _MADE[path] = [path, *new_parents]
         return path
-    raise FileExistsError(f"{parent} already holds {name} and 9,999 numbered siblings; clear out old runs")
+    raise FileExistsError(
+        f"{parent} already holds {name} and 9,999 numbered siblings; clear out old runs"
+    )
 
 
 def release(path: Path) -> None:

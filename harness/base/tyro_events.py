@@ -51,7 +51,9 @@ def describe(event, cli_overrides: list[str], suggest) -> str:
         got = f", not {value!r}" if value is not None else ""
         return f"{name} takes {event.argument.lowered.metavar}{got} ({reason})"
     if "MissingArgs" in kinds:
-        return "missing required option " + ", ".join(a.arg.display_name() for a in event.missing_arguments)
+        return "missing required option " + ", ".join(
+            a.arg.display_name() for a in event.missing_arguments
+        )
     return f"tyro's {type(event).__name__}"  # a kind of refusal added after tyro 1.0.17
 
 

@@ -13,26 +13,57 @@ from dataclasses import asdict
 from pathlib import Path
 
 import harness.bump
+from harness.base.environment import pins
 from harness.bump.candidate import build_venv, moves, resolve
 from harness.bump.comparison import compare
-from harness.bump.plan import BASELINE_VENV, BUMP_REPORTS, EXIT_CANNOT_REHEARSE, EXIT_OK, BumpError, Plan, plan, rel
+from harness.bump.plan import (
+    BASELINE_VENV,
+    BUMP_REPORTS,
+    EXIT_CANNOT_REHEARSE,
+    EXIT_OK,
+    BumpError,
+    Plan,
+    plan,
+    rel,
+)
 from harness.bump.report import versions_line, write_refusal, write_report
 from harness.bump.results import load_run
 from harness.bump.tier import BASELINE_MAX_AGE_H, TierRun, baseline_is_current, run_tier
-from harness.base.environment import pins
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m harness.bump", description=harness.bump.__doc__.split("\n\n")[0])
-    parser.add_argument("pins", nargs="*", help="name==version, e.g. transformers==5.23.0 torch==2.15.0")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan; resolve, install and run nothing")
-    parser.add_argument("--report-only", action="store_true", help="rebuild the bump report from the last runs")
-    parser.add_argument("--baseline", type=Path, help="a report dir with tests.json (and junit.xml) to use as the baseline")
-    parser.add_argument("--rerun-baseline", action="store_true", help="run the baseline even if a current one exists")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.bump", description=harness.bump.__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "pins", nargs="*", help="name==version, e.g. transformers==5.23.0 torch==2.15.0"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan; resolve, install and run nothing"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="rebuild the bump report from the last runs"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a report dir with tests.json (and junit.xml) to use as the baseline",
+    )
+    parser.add_argument(
+        "--rerun-baseline",
+        action="store_true",
+        help="run the baseline even if a current one exists",
+    )
     parser.add_argument("--baseline-max-age-h", type=float, default=BASELINE_MAX_AGE_H)
-    parser.add_argument("--reports", type=Path, default=BUMP_REPORTS, help="where bump reports go (report/bump)")
-    parser.add_argument("--bisect", action="store_true", help="which package and release move a check "
-                        "(harness/bump/bisect.py; `--bisect --help` for its options)")  # fmt: skip
+    parser.add_argument(
+        "--reports", type=Path, default=BUMP_REPORTS, help="where bump reports go (report/bump)"
+    )
+    parser.add_argument(
+        "--bisect",
+        action="store_true",
+        help="which package and release move a check "
+        "(harness/bump/bisect.py; `--bisect --help` for its options)",
+    )
     return parser.parse_args(argv)
 
 
@@ -41,8 +72,12 @@ def get_baseline(plan: Plan, args: argparse.Namespace, log=print) -> Path:
     if args.baseline:
         return args.baseline
     recorded = TierRun.load(plan.baseline)
-    if not args.rerun_baseline and (args.report_only or baseline_is_current(recorded, plan.lock, args.baseline_max_age_h)):
-        log(f"reusing the baseline in {rel(plan.baseline)} (finished {recorded.finished if recorded else '?'})")
+    if not args.rerun_baseline and (
+        args.report_only or baseline_is_current(recorded, plan.lock, args.baseline_max_age_h)
+    ):
+        log(
+            f"reusing the baseline in {rel(plan.baseline)} (finished {recorded.finished if recorded else '?'})"
+        )
         return plan.baseline
     run_tier(BASELINE_VENV / "bin" / "python", plan.baseline, plan.lock, log)
     return plan.baseline
@@ -66,7 +101,9 @@ def rerun_broken(python: Path, bump: Plan, tests: list[str], log=print) -> dict[
 
 def main(argv: list[str] | None = None, log=print) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--bisect" in argv:  # which package and release of a candidate set moves a check (harness/bump/bisect.py)
+    if (
+        "--bisect" in argv
+    ):  # which package and release of a candidate set moves a check (harness/bump/bisect.py)
         from harness.bump.bisect import main as bisect
 
         return bisect([a for a in argv if a != "--bisect"], log)
@@ -84,7 +121,9 @@ def main(argv: list[str] | None = None, log=print) -> int:
         if not args.report_only:
             resolve(bump, log=log)
         elif not bump.candidate_lock.exists():
-            raise BumpError(f"{rel(bump.candidate_lock)} does not exist: run the rehearsal without --report-only first")
+            raise BumpError(
+                f"{rel(bump.candidate_lock)} does not exist: run the rehearsal without --report-only first"
+            )
         moved = moves(pins(bump.lock), pins(bump.candidate_lock), bump.pins)
         for m in moved:
             log(f"  {m.line()}")
@@ -101,8 +140,10 @@ def main(argv: list[str] | None = None, log=print) -> int:
     comparison = compare(lock_run, cand_run, moved)
     if comparison.broke() and not args.report_only:
         comparison = comparison.with_reruns(rerun_broken(python, bump, comparison.broke(), log))
-    runs = {label: asdict(TierRun.load(d) or TierRun(python="?", report_dir=str(d)))
-            for label, d in (("baseline", baseline_dir), ("candidate", bump.candidate_report))}
+    runs = {
+        label: asdict(TierRun.load(d) or TierRun(python="?", report_dir=str(d)))
+        for label, d in (("baseline", baseline_dir), ("candidate", bump.candidate_report))
+    }
     meta = {
         "date": dt.date.today().isoformat(),
         "lock_versions": versions_line(lock_run[2]),
@@ -110,11 +151,15 @@ def main(argv: list[str] | None = None, log=print) -> int:
         **runs,
     }
     write_report(bump, comparison, moved, meta)
-    log(f"bump report: {rel(bump.report_md)} ({', '.join(f'{k} {v}' for k, v in sorted(comparison.counts().items()))})")
+    log(
+        f"bump report: {rel(bump.report_md)} ({', '.join(f'{k} {v}' for k, v in sorted(comparison.counts().items()))})"
+    )
     for b in comparison.published:
         log(f"  BROKEN published check: {b.recipe} {b.key}: {b.verdict}")
     if comparison.broke():
-        log(f"  which package and release: make bisect BISECT_ARGS=\"--from-bump {rel(bump.report_json)}\"")
+        log(
+            f'  which package and release: make bisect BISECT_ARGS="--from-bump {rel(bump.report_json)}"'
+        )
     return comparison.exit_code
 
 

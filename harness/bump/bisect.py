@@ -33,18 +33,20 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from harness.base.environment import pins
 from harness.bump.candidate import moves
 from harness.bump.layer import Layer, installed
 from harness.bump.plan import BASELINE_VENV, LOCK, BumpError, Pin, rel, sha256
 from harness.bump.results import load_run
 from harness.bump.tier import run_tier
 from harness.night import upstream
-from harness.base.environment import pins
 from recipes.tiers import REPO_ROOT
 
 #: Each point runs the tests this many times; a test whose outcomes differ is "flaky" there.
 RUNS = 2
-BISECT_REPORTS = upstream.BISECT_REPORTS  # read back by every upstream report (harness/night/upstream.py)
+BISECT_REPORTS = (
+    upstream.BISECT_REPORTS
+)  # read back by every upstream report (harness/night/upstream.py)
 EXIT_NAMED, EXIT_NOT_NAMED, EXIT_CANNOT = 0, 1, 2
 
 
@@ -62,7 +64,11 @@ class Point:
         seen = self.outcomes[test]
         if len(set(seen)) == 1:
             return seen[0]
-        return f"flaky (passed {seen.count('passed')} of {len(seen)})" if "passed" in seen else " / ".join(seen)
+        return (
+            f"flaky (passed {seen.count('passed')} of {len(seen)})"
+            if "passed" in seen
+            else " / ".join(seen)
+        )
 
     @property
     def state(self) -> str:
@@ -85,16 +91,24 @@ class Finding:
     moved: list[tuple[str, object, object]] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
     flaky: list[str] = field(default_factory=list)
-    unmet: list[str] = field(default_factory=list)  # pip check at the named release: what --no-deps left unmet
+    unmet: list[str] = field(
+        default_factory=list
+    )  # pip check at the named release: what --no-deps left unmet
     stopped: str = ""
     points: list[dict] = field(default_factory=list)
 
     def headline(self) -> str:
         if not self.package or not self.new:
             return f"no release named: {self.stopped}"
-        what = "; ".join(f"{k}: {short(a)} → {short(b)}" for k, a, b in self.moved) or "breaks " + ", ".join(self.broken)
+        what = "; ".join(
+            f"{k}: {short(a)} → {short(b)}" for k, a, b in self.moved
+        ) or "breaks " + ", ".join(self.broken)
         verb = "moves " if self.moved else ""
-        context = f" (with {' '.join(f'{n}=={v}' for n, v in self.context.items())})" if self.context else ""
+        context = (
+            f" (with {' '.join(f'{n}=={v}' for n, v in self.context.items())})"
+            if self.context
+            else ""
+        )
         return f"{self.package} {self.old} → {self.new}{context} {verb}{what}"
 
 
@@ -106,36 +120,60 @@ def short(value) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def release_list(name: str, base: Path, index_args: tuple[str, ...], pre: bool = False) -> list[str]:
+def release_list(
+    name: str, base: Path, index_args: tuple[str, ...], pre: bool = False
+) -> list[str]:
     """Every release of ``name`` the index offers (``pip index versions --json``), oldest first."""
-    command = [str(base), "-m", "pip", "index", "versions", name, "--json", "--disable-pip-version-check", *index_args]
+    command = [
+        str(base),
+        "-m",
+        "pip",
+        "index",
+        "versions",
+        name,
+        "--json",
+        "--disable-pip-version-check",
+        *index_args,
+    ]
     out = subprocess.run(command + (["--pre"] if pre else []), capture_output=True, text=True)
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["?"])[-1]
-        raise BumpError(f"`pip index versions {' '.join([name, *index_args])}` found no releases: {last}")
+        raise BumpError(
+            f"`pip index versions {' '.join([name, *index_args])}` found no releases: {last}"
+        )
     return sorted(json.loads(out.stdout)["versions"], key=Version)
 
 
 def between(releases: list[str], old: str, new: str) -> list[str]:
     """The releases after ``old`` up to and including ``new`` (which must be one of them)."""
     if Version(new) <= Version(old):
-        raise BumpError(f"{new} is not after the pinned {old}: the bisection goes from the lock's release to a later one")
+        raise BumpError(
+            f"{new} is not after the pinned {old}: the bisection goes from the lock's release to a later one"
+        )
     if new not in releases:
         latest = ", ".join(sorted(releases, key=Version)[-5:])
-        raise BumpError(f"{new} is not among the index's releases (latest: {latest}): check the pin, --find-links or --index-url")
+        raise BumpError(
+            f"{new} is not among the index's releases (latest: {latest}): check the pin, --find-links or --index-url"
+        )
     return sorted((r for r in releases if Version(old) < Version(r) <= Version(new)), key=Version)
 
 
 def from_bump(path: Path) -> tuple[dict[str, str], list[str]]:
     """A ``make bump`` report's moved packages (asked first) and the tests that broke there (after its re-runs)."""
     if not path.is_file():
-        raise BumpError(f"{rel(path)} does not exist: make bump PKGS=... writes report/bump/<name>.json")
+        raise BumpError(
+            f"{rel(path)} does not exist: make bump PKGS=... writes report/bump/<name>.json"
+        )
     data = json.loads(path.read_text())
     if "moved" not in data:
-        raise BumpError(f"{rel(path)} is not a rehearsed bump's report (no 'moved'): {data.get('not_rehearsed', '?')}")
+        raise BumpError(
+            f"{rel(path)} is not a rehearsed bump's report (no 'moved'): {data.get('not_rehearsed', '?')}"
+        )
     tests = [row["test"] for row in data["tests"] if row["change"] == "broke"]
     if not tests:
-        raise BumpError(f"nothing broke in {rel(path)} (flaky and expected ones are not breaks): nothing to bisect")
+        raise BumpError(
+            f"nothing broke in {rel(path)} (flaky and expected ones are not breaks): nothing to bisect"
+        )
     return {m["name"]: m["new"] for m in data["moved"] if m["new"]}, tests
 
 
@@ -168,7 +206,11 @@ class Runner:
             for test in self.tests:
                 outcomes[test].append(results[test].outcome if test in results else "absent")
             if i == 1:
-                values = {f"{g['recipe']}.{g['tier']}.{g['key']}": g.get("measured") for g in goldens if g["test"] in self.tests}
+                values = {
+                    f"{g['recipe']}.{g['tier']}.{g['key']}": g.get("measured")
+                    for g in goldens
+                    if g["test"] in self.tests
+                }
         point = Point(label, dict(versions), outcomes, values, round(time.monotonic() - start, 1))
         verdicts = ", ".join(f"{t.split('::')[-1]} {point.verdict(t)}" for t in self.tests)
         self.log(f"  {point.state} in {point.seconds:.0f} s: {verdicts}")
@@ -176,18 +218,30 @@ class Runner:
         return point
 
 
-def releases_to_bisect(locked: dict[str, str], candidates: dict[str, str], base: Path,
-                       index_args: tuple[str, ...]) -> dict[str, list[str]]:
+def releases_to_bisect(
+    locked: dict[str, str], candidates: dict[str, str], base: Path, index_args: tuple[str, ...]
+) -> dict[str, list[str]]:
     """Each candidate's releases after its pin up to the candidate, checked before any point runs."""
     for name, new in candidates.items():
         if Version(new) <= Version(locked[name]):
-            raise BumpError(f"{name} {new} is not after the pinned {locked[name]}: the bisection goes from the lock's "
-                            f"release to a later one")  # fmt: skip
-    return {name: between(release_list(name, base, index_args, Version(new).is_prerelease), locked[name], new)
-            for name, new in candidates.items()}  # fmt: skip
+            raise BumpError(
+                f"{name} {new} is not after the pinned {locked[name]}: the bisection goes from the lock's "
+                f"release to a later one"
+            )
+    return {
+        name: between(
+            release_list(name, base, index_args, Version(new).is_prerelease), locked[name], new
+        )
+        for name, new in candidates.items()
+    }
 
 
-def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], releases_of: dict[str, list[str]]) -> Finding:
+def bisect(
+    runner: Runner,
+    locked: dict[str, str],
+    candidates: dict[str, str],
+    releases_of: dict[str, list[str]],
+) -> Finding:
     """Step 1 (package) then step 2 (release); stops, saying why, at a flaky or unclear point."""
     finding = Finding(tests=list(runner.tests))
 
@@ -219,8 +273,10 @@ def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], r
                 finding.context = {n: v for n, v in applied.items() if n != name}
                 break
     if culprit is None:
-        finding.stopped = ("the candidate set does not break them here (with every package the bump's resolver moved? "
-                           "--from-bump or --candidate-lock adds them)")  # fmt: skip
+        finding.stopped = (
+            "the candidate set does not break them here (with every package the bump's resolver moved? "
+            "--from-bump or --candidate-lock adds them)"
+        )
         return finding
     base = {**locked, **finding.context}
     releases = releases_of[culprit]
@@ -237,7 +293,9 @@ def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], r
     finding.package, finding.new = culprit, releases[hi]
     finding.old = releases[lo] if lo >= 0 else locked[culprit]
     finding.broken = [t for t in runner.tests if bad.verdict(t) == "failed"]
-    finding.moved = [(k, good.values.get(k), v) for k, v in sorted(bad.values.items()) if good.values.get(k) != v]
+    finding.moved = [
+        (k, good.values.get(k), v) for k, v in sorted(bad.values.items()) if good.values.get(k) != v
+    ]
     runner.layer.apply(runner.layered(bad.versions))
     finding.unmet = runner.layer.unmet()
     return finding
@@ -246,35 +304,71 @@ def bisect(runner: Runner, locked: dict[str, str], candidates: dict[str, str], r
 def conclude(finding: Finding, runner: Runner) -> Finding:
     """The finding with every point run and every flaky verdict seen on the way."""
     for point in runner.points.values():
-        finding.points.append({"label": point.label, "versions": point.versions, "state": point.state,
-                               "verdicts": {t: point.verdict(t) for t in runner.tests}, "seconds": point.seconds})  # fmt: skip
-        finding.flaky += [f"{t}: {point.verdict(t)} at {point.label}" for t in runner.tests
-                          if point.verdict(t).startswith("flaky")]  # fmt: skip
+        finding.points.append(
+            {
+                "label": point.label,
+                "versions": point.versions,
+                "state": point.state,
+                "verdicts": {t: point.verdict(t) for t in runner.tests},
+                "seconds": point.seconds,
+            }
+        )
+        finding.flaky += [
+            f"{t}: {point.verdict(t)} at {point.label}"
+            for t in runner.tests
+            if point.verdict(t).startswith("flaky")
+        ]
     return finding
 
 
 def markdown(finding: Finding) -> str:
-    lines = [f"# Bisection: {finding.headline()}", "", f"Tests: {', '.join(f'`{t}`' for t in finding.tests)}", ""]
+    lines = [
+        f"# Bisection: {finding.headline()}",
+        "",
+        f"Tests: {', '.join(f'`{t}`' for t in finding.tests)}",
+        "",
+    ]
     lines += [f"- flaky: `{f}`" for f in finding.flaky] + ([""] if finding.flaky else [])
-    lines += [f"- unmet at {finding.package} {finding.new} (installed --no-deps over the lock): {u}" for u in finding.unmet]
+    lines += [
+        f"- unmet at {finding.package} {finding.new} (installed --no-deps over the lock): {u}"
+        for u in finding.unmet
+    ]
     lines += [""] if finding.unmet else []
-    lines += [f"Each point run {RUNS} times in one layered venv.", "", "| point | versions | state | verdicts | s |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        f"Each point run {RUNS} times in one layered venv.",
+        "",
+        "| point | versions | state | verdicts | s |",
+        "|---|---|---|---|---|",
+    ]
     for p in finding.points:
         versions = " ".join(f"{n}=={v}" for n, v in p["versions"].items())
         verdicts = "; ".join(f"{t.split('::')[-1]}: {v}" for t, v in p["verdicts"].items())
-        lines.append(f"| {p['label']} | {versions} | {p['state']} | {verdicts} | {p['seconds']:.0f} |")
+        lines.append(
+            f"| {p['label']} | {versions} | {p['state']} | {verdicts} | {p['seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m harness.bump --bisect", description=__doc__.split("\n\n")[0])
-    parser.add_argument("pins", nargs="*", help="the candidate set, name==version (make bump's PKGS)")
-    parser.add_argument("--test", action="append", default=[], help="a test node id that breaks (repeatable)")
-    parser.add_argument("--from-bump", type=Path, help="a make bump report (.json): its moves and what broke")
-    parser.add_argument("--candidate-lock", type=Path, help="also every package a bump's candidate lock moved")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.bump --bisect", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "pins", nargs="*", help="the candidate set, name==version (make bump's PKGS)"
+    )
+    parser.add_argument(
+        "--test", action="append", default=[], help="a test node id that breaks (repeatable)"
+    )
+    parser.add_argument(
+        "--from-bump", type=Path, help="a make bump report (.json): its moves and what broke"
+    )
+    parser.add_argument(
+        "--candidate-lock", type=Path, help="also every package a bump's candidate lock moved"
+    )
     parser.add_argument("--lock", type=Path, default=LOCK)
-    parser.add_argument("--find-links", help="a directory of wheels: the only index (pip --no-index --find-links)")
+    parser.add_argument(
+        "--find-links", help="a directory of wheels: the only index (pip --no-index --find-links)"
+    )
     parser.add_argument("--index-url", help="a PEP 503 index instead of pip's configured one")
     parser.add_argument("--base-python", type=Path, default=BASELINE_VENV / "bin" / "python")
     parser.add_argument("--venv", type=Path, help="the layered venv (default .venv-bisect-<hash>)")
@@ -290,15 +384,25 @@ def main(argv: list[str] | None = None, log=print) -> int:
             moved, broke = from_bump(args.from_bump)
             asked, args.test = asked or moved, args.test or broke
         if not args.test:
-            raise BumpError('no test to bisect: make bisect PKGS="name==version ..." TEST="tests/cpu/test_x.py::test_y"')
+            raise BumpError(
+                'no test to bisect: make bisect PKGS="name==version ..." TEST="tests/cpu/test_x.py::test_y"'
+            )
         locked = pins(args.lock)
         if args.candidate_lock:
-            asked |= {m.name: m.new for m in moves(locked, pins(args.candidate_lock)) if m.new and m.name not in asked}
+            asked |= {
+                m.name: m.new
+                for m in moves(locked, pins(args.candidate_lock))
+                if m.new and m.name not in asked
+            }
         missing = [n for n in asked if n not in locked]
         if not asked:
-            raise BumpError('nothing to bisect: make bisect PKGS="name==version ..." or BISECT_ARGS="--from-bump <report>"')
+            raise BumpError(
+                'nothing to bisect: make bisect PKGS="name==version ..." or BISECT_ARGS="--from-bump <report>"'
+            )
         if missing:
-            raise BumpError(f"{', '.join(missing)} not in {rel(args.lock)}: a bisection starts from the lock's pin")
+            raise BumpError(
+                f"{', '.join(missing)} not in {rel(args.lock)}: a bisection starts from the lock's pin"
+            )
         for version in asked.values():
             Version(version)
     except (BumpError, InvalidVersion) as e:
@@ -310,15 +414,21 @@ def main(argv: list[str] | None = None, log=print) -> int:
     digest = hashlib.sha256(f"{sha256(args.lock)}\n{name}".encode()).hexdigest()[:12]
     layer = Layer(args.venv or REPO_ROOT / f".venv-bisect-{digest}", args.base_python, index_args)
     try:
-        releases_of = releases_to_bisect({n: locked[n] for n in asked}, asked, args.base_python, index_args)
+        releases_of = releases_to_bisect(
+            {n: locked[n] for n in asked}, asked, args.base_python, index_args
+        )
         runner = Runner(layer, args.test, args.reports / name, args.lock, log)
-        finding = conclude(bisect(runner, {n: locked[n] for n in asked}, asked, releases_of), runner)
+        finding = conclude(
+            bisect(runner, {n: locked[n] for n in asked}, asked, releases_of), runner
+        )
     except BumpError as e:
         log(f"bisect: {e}")
         return EXIT_CANNOT
     args.reports.mkdir(parents=True, exist_ok=True)
     (args.reports / f"{name}.md").write_text(markdown(finding))
-    (args.reports / f"{name}.json").write_text(json.dumps({"headline": finding.headline(), **asdict(finding)}, indent=2) + "\n")
+    (args.reports / f"{name}.json").write_text(
+        json.dumps({"headline": finding.headline(), **asdict(finding)}, indent=2) + "\n"
+    )
     log(finding.headline())
     for line in finding.flaky:
         log(f"  flaky: {line}")

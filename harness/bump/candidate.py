@@ -18,12 +18,17 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 
-from harness.bump.plan import BumpError, Pin, Plan, rel
 from harness.base.environment import normalize
+from harness.bump.plan import BumpError, Pin, Plan, rel
 
 #: pip-compile as ``make lock`` runs it.
 PIP_COMPILE_ARGS = (
-    "--quiet", "--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url", "--no-emit-find-links",
+    "--quiet",
+    "--generate-hashes",
+    "--allow-unsafe",
+    "--strip-extras",
+    "--no-emit-index-url",
+    "--no-emit-find-links",
 )
 #: Retries of pip-compile, each also releasing the pins the previous one had to discard.
 RESOLVE_ATTEMPTS = 3
@@ -37,7 +42,7 @@ def pinned_requirements_in(text: str, bump: tuple[Pin, ...]) -> str:
         req = requirement(line)
         name = normalize(req.name) if req else None
         if name in wanted:
-            comment = line[line.index("#"):] if "#" in line else "#"
+            comment = line[line.index("#") :] if "#" in line else "#"
             out.append(f"{wanted[name]}  {comment} (bump rehearsal)")
             seen.add(name)
         else:
@@ -91,7 +96,8 @@ def cap_refusals(bump: tuple[Pin, ...], caps: list[Cap]) -> list[str]:
         f"lifting it (`rm -r {Path(cap.source).parent}`) is a machine-wide decision, and the build is several GB"
         for pin in bump
         for cap in caps
-        if cap.name == pin.name and not SpecifierSet(cap.specifier).contains(pin.version, prereleases=True)
+        if cap.name == pin.name
+        and not SpecifierSet(cap.specifier).contains(pin.version, prereleases=True)
     ]
 
 
@@ -125,7 +131,9 @@ def moves(old: dict[str, str], new: dict[str, str], bump: tuple[Pin, ...] = ()) 
 
 def discarded(pip_compile_output: str) -> list[str]:
     """Packages pip-compile had to release from the old lock ("Discarding name==v ... to proceed")."""
-    return sorted({normalize(m) for m in re.findall(r"Discarding ([A-Za-z0-9_.\-]+)==", pip_compile_output)})
+    return sorted(
+        {normalize(m) for m in re.findall(r"Discarding ([A-Za-z0-9_.\-]+)==", pip_compile_output)}
+    )
 
 
 def resolve(plan: Plan, python: str = sys.executable, log=print) -> Path:
@@ -137,11 +145,17 @@ def resolve(plan: Plan, python: str = sys.executable, log=print) -> Path:
     refused = cap_refusals(plan.pins, read_caps(pip_constraint_files(python)))
     if refused:
         raise BumpError("; ".join(refused))
-    plan.candidate_in.write_text(pinned_requirements_in(plan.requirements_in.read_text(), plan.pins))
+    plan.candidate_in.write_text(
+        pinned_requirements_in(plan.requirements_in.read_text(), plan.pins)
+    )
     released = [p.name for p in plan.pins]
     for attempt in range(1, RESOLVE_ATTEMPTS + 1):
-        shutil.copyfile(plan.lock, plan.candidate_lock)  # pip-compile keeps an existing output's pins
-        upgrades = [str(p) for p in plan.pins] + [n for n in released if n not in {p.name for p in plan.pins}]
+        shutil.copyfile(
+            plan.lock, plan.candidate_lock
+        )  # pip-compile keeps an existing output's pins
+        upgrades = [str(p) for p in plan.pins] + [
+            n for n in released if n not in {p.name for p in plan.pins}
+        ]
         log(f"resolving (attempt {attempt}): pip-compile -P {' -P '.join(upgrades)}")
         command = [python, "-m", "piptools", "compile", *PIP_COMPILE_ARGS, "--verbose"]
         command += [arg for u in upgrades for arg in ("-P", u)]
@@ -155,8 +169,10 @@ def resolve(plan: Plan, python: str = sys.executable, log=print) -> Path:
             break
         released += more
     tail = " | ".join(line for line in (out.stdout + out.stderr).strip().splitlines()[-3:])
-    raise BumpError(f"pip-compile found no candidate lock for {' '.join(map(str, plan.pins))}: {tail} "
-                    f"(full log: {rel(plan.work)}/pip-compile-*.log)")
+    raise BumpError(
+        f"pip-compile found no candidate lock for {' '.join(map(str, plan.pins))}: {tail} "
+        f"(full log: {rel(plan.work)}/pip-compile-*.log)"
+    )
 
 
 def build_venv(plan: Plan, log=print) -> Path:
@@ -168,9 +184,14 @@ def build_venv(plan: Plan, log=print) -> Path:
         return python
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(plan.venv)], check=True)
-    log(f"installing {rel(plan.candidate_lock)} into {rel(plan.venv)} (a CUDA torch build is several GB)")
+    log(
+        f"installing {rel(plan.candidate_lock)} into {rel(plan.venv)} (a CUDA torch build is several GB)"
+    )
     pip = [str(python), "-m", "pip", "install", "--quiet"]
-    for command in (pip + ["--upgrade", "pip"], pip + ["--require-hashes", "--no-deps", "-r", str(plan.candidate_lock)]):
+    for command in (
+        pip + ["--upgrade", "pip"],
+        pip + ["--require-hashes", "--no-deps", "-r", str(plan.candidate_lock)],
+    ):
         out = subprocess.run(command, capture_output=True, text=True)
         if out.returncode != 0:
             tail = " | ".join(out.stderr.strip().splitlines()[-3:])

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from harness.base.environment import normalize
 from harness.bump.candidate import Move
 from harness.bump.plan import EXIT_OK, EXIT_PUBLISHED_BROKEN
 from harness.bump.results import Result, first_line, shape_line
-from harness.base.environment import normalize
 from recipes.upstream_shape import MARKER
 
 #: Canaries: a test that passes while an upstream defect a workaround exists for is still there.
@@ -98,8 +98,14 @@ class Comparison:
             outcomes = reruns.get(row.test)
             if row.change == "broke" and outcomes:
                 passed = outcomes.count("passed")
-                change = f"flaky (passed {passed} of {len(outcomes)} re-runs)" if passed else "broke"
-                message = row.message if passed else f"{row.message} (failed {len(outcomes)} of {len(outcomes)} re-runs)"
+                change = (
+                    f"flaky (passed {passed} of {len(outcomes)} re-runs)" if passed else "broke"
+                )
+                message = (
+                    row.message
+                    if passed
+                    else f"{row.message} (failed {len(outcomes)} of {len(outcomes)} re-runs)"
+                )
                 row = replace(row, change=change, message=message)
             rows.append(row)
         return replace(self, rows=rows)
@@ -128,10 +134,17 @@ def drift_is_the_bump(result: Result, moved: list[Move]) -> bool:
 
 def change(test: str, lock: Result, candidate: Result, moved: list[Move]) -> str:
     """How a test's verdict changed from the lock to the candidate, in a word or two."""
-    if test == LOCK_DRIFT_TEST and candidate.outcome == "failed" and drift_is_the_bump(candidate, moved):
+    if (
+        test == LOCK_DRIFT_TEST
+        and candidate.outcome == "failed"
+        and drift_is_the_bump(candidate, moved)
+    ):
         return "expected (the bump)"
-    if test in LOCK_COUPLED_TESTS and candidate.outcome == "failed" and lock.outcome == "passed" and any(
-        re.search(rf"\b{re.escape(m.name)}\b", candidate.message) for m in moved
+    if (
+        test in LOCK_COUPLED_TESTS
+        and candidate.outcome == "failed"
+        and lock.outcome == "passed"
+        and any(re.search(rf"\b{re.escape(m.name)}\b", candidate.message) for m in moved)
     ):
         return "expected (the bump)"
     if lock.outcome == candidate.outcome:
@@ -151,8 +164,10 @@ def change(test: str, lock: Result, candidate: Result, moved: list[Move]) -> str
 
 def canary_meaning(lock: str, candidate: str) -> str:
     if lock == "passed" and candidate == "failed":
-        return ("the defect is gone upstream (or the canary cannot tell any more): "
-                "its workaround can go, once the message below confirms it")
+        return (
+            "the defect is gone upstream (or the canary cannot tell any more): "
+            "its workaround can go, once the message below confirms it"
+        )
     if lock == "failed" and candidate == "passed":
         return "the defect is back upstream: keep (or restore) its workaround"
     return f"{lock} → {candidate}"
@@ -168,7 +183,9 @@ def difference(old, new) -> float | None:
     if isinstance(old, numbers) and isinstance(new, numbers) and not isinstance(old, bool):
         return new - old
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old:
-        steps = [b - a for a, b in zip(old, new) if isinstance(a, numbers) and isinstance(b, numbers)]
+        steps = [
+            b - a for a, b in zip(old, new) if isinstance(a, numbers) and isinstance(b, numbers)
+        ]
         return max(steps, key=abs) if len(steps) == len(old) else None
     return None
 
@@ -185,8 +202,15 @@ def compare(lock_run: tuple, candidate_run: tuple, moved: list[Move]) -> Compari
         message = first_line(cand.message if cand.outcome == "failed" else lock.message)
         rows.append(Row(test, lock.outcome, cand.outcome, what, message if what != "same" else ""))
         if what == "canary flipped":
-            canaries.append(CanaryFlip(test, lock.outcome, cand.outcome, canary_meaning(lock.outcome, cand.outcome),
-                                       first_line(cand.message or lock.message)))
+            canaries.append(
+                CanaryFlip(
+                    test,
+                    lock.outcome,
+                    cand.outcome,
+                    canary_meaning(lock.outcome, cand.outcome),
+                    first_line(cand.message or lock.message),
+                )
+            )
 
     old = {golden_key(r): r for r in lock_goldens}
     new = {golden_key(r): r for r in cand_goldens}
@@ -194,18 +218,38 @@ def compare(lock_run: tuple, candidate_run: tuple, moved: list[Move]) -> Compari
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, {}), new.get(key, {})
         if a.get("measured") != b.get("measured"):
-            golden_moves.append(GoldenMove(
-                *key, lane=b.get("lane") or a.get("lane"), old=a.get("measured"), new=b.get("measured"),
-                difference=difference(a.get("measured"), b.get("measured")), verdict=b.get("verdict"),
-            ))
+            golden_moves.append(
+                GoldenMove(
+                    *key,
+                    lane=b.get("lane") or a.get("lane"),
+                    old=a.get("measured"),
+                    new=b.get("measured"),
+                    difference=difference(a.get("measured"), b.get("measured")),
+                    verdict=b.get("verdict"),
+                )
+            )
 
     published = [
-        BrokenClaim(r["recipe"], r["key"], r.get("lane"), r.get("published"), r.get("measured"), r["verdict"])
+        BrokenClaim(
+            r["recipe"],
+            r["key"],
+            r.get("lane"),
+            r.get("published"),
+            r.get("measured"),
+            r["verdict"],
+        )
         for r in cand_goldens
         if r.get("lane") in CLAIM_LANES and r.get("verdict") not in PASSING_VERDICTS
     ]
     published += [
-        BrokenClaim(r["recipe"], r["key"], r.get("lane"), r.get("published"), None, "not measured on the candidate")
+        BrokenClaim(
+            r["recipe"],
+            r["key"],
+            r.get("lane"),
+            r.get("published"),
+            None,
+            "not measured on the candidate",
+        )
         for key, r in old.items()
         if r.get("lane") in CLAIM_LANES and key not in new
     ]
@@ -215,5 +259,7 @@ def compare(lock_run: tuple, candidate_run: tuple, moved: list[Move]) -> Compari
         for line in result.message.splitlines():
             if MARKER in line:
                 by_message.setdefault(shape_line(line), []).append(test)
-    workarounds = [BrokenWorkaround(m, tuple(sorted(set(t)))) for m, t in sorted(by_message.items())]
+    workarounds = [
+        BrokenWorkaround(m, tuple(sorted(set(t)))) for m, t in sorted(by_message.items())
+    ]
     return Comparison(rows, canaries, golden_moves, workarounds, published)

@@ -13,23 +13,29 @@ import json
 import subprocess
 from pathlib import Path
 
-from harness.bump.plan import BumpError, rel
 from harness.base.environment import normalize
+from harness.bump.plan import BumpError, rel
 
 BASE_PTH = "_qwen3_base_layer.pth"
 STATE = "layer.json"
 
 
 def purelib(python: Path) -> str:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
 def installed(python: Path) -> dict[str, str]:
     """Every distribution ``python`` sees, name → version (the first on its path, as imports find it)."""
-    code = ("import importlib.metadata as m, json\nseen = {}\nfor d in m.distributions():\n"
-            "    seen.setdefault(d.metadata['Name'], d.version)\nprint(json.dumps(seen))")  # fmt: skip
+    code = (
+        "import importlib.metadata as m, json\nseen = {}\nfor d in m.distributions():\n"
+        "    seen.setdefault(d.metadata['Name'], d.version)\nprint(json.dumps(seen))"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
     return {normalize(k): v for k, v in json.loads(out.stdout).items() if k}
 
@@ -53,7 +59,9 @@ class Layer:
             return
         subprocess.run([str(self.base), "-m", "venv", "--without-pip", str(self.venv)], check=True)
         base_site = purelib(self.base)
-        (Path(purelib(self.python)) / BASE_PTH).write_text(f"import site; site.addsitedir({base_site!r})\n")
+        (Path(purelib(self.python)) / BASE_PTH).write_text(
+            f"import site; site.addsitedir({base_site!r})\n"
+        )
         self.state_path.write_text("{}\n")
 
     def pip(self, *args: str) -> None:
@@ -65,10 +73,23 @@ class Layer:
 
     def unmet(self) -> list[str]:
         """``pip check``'s lines about the layer's own packages: a requirement ``--no-deps`` left unmet."""
-        out = subprocess.run([str(self.base), "-m", "pip", "--python", str(self.python), "check", "--disable-pip-version-check"],
-                             capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [
+                str(self.base),
+                "-m",
+                "pip",
+                "--python",
+                str(self.python),
+                "check",
+                "--disable-pip-version-check",
+            ],
+            capture_output=True,
+            text=True,
+        )
         mine = set(self.state())
-        return [line for line in out.stdout.splitlines() if normalize(line.split(" ", 1)[0]) in mine]
+        return [
+            line for line in out.stdout.splitlines() if normalize(line.split(" ", 1)[0]) in mine
+        ]
 
     def apply(self, wanted: dict[str, str]) -> None:
         """The layer holds exactly ``wanted`` (name → version): others removed, the base's copy shows through."""
@@ -79,5 +100,12 @@ class Layer:
             self.pip("uninstall", "--yes", "--quiet", *gone)
         new = [f"{n}=={v}" for n, v in sorted(wanted.items()) if have.get(n) != v]
         if new:
-            self.pip("install", "--quiet", "--no-deps", "--disable-pip-version-check", *self.pip_args, *new)
+            self.pip(
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--disable-pip-version-check",
+                *self.pip_args,
+                *new,
+            )
         self.state_path.write_text(json.dumps(dict(sorted(wanted.items())), indent=2) + "\n")

@@ -47,7 +47,9 @@ class Pin:
         specs = list(req.specifier) if req else []
         exact = len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version
         if not exact or req.extras or req.marker:
-            raise BumpError(f"{text!r} is not an exact pin: write PKGS=\"name==version ...\" (e.g. transformers==5.23.0)")
+            raise BumpError(
+                f'{text!r} is not an exact pin: write PKGS="name==version ..." (e.g. transformers==5.23.0)'
+            )
         return cls(normalize(req.name), specs[0].version)
 
     def __str__(self) -> str:
@@ -94,7 +96,8 @@ class Plan:
     def lines(self) -> list[str]:
         return [
             f"bump {self.name}: {' '.join(map(str, self.pins))}",
-            f"  candidate lock  {rel(self.candidate_lock)}" + ("  (= the lock: nothing to resolve)" if self.unchanged() else ""),
+            f"  candidate lock  {rel(self.candidate_lock)}"
+            + ("  (= the lock: nothing to resolve)" if self.unchanged() else ""),
             f"  candidate venv  {rel(self.venv)}",
             f"  candidate run   {rel(self.candidate_report)}/tests.json",
             f"  baseline run    {rel(self.baseline)}/tests.json (on {rel(BASELINE_VENV)})",
@@ -116,7 +119,9 @@ def sha256(path: Path) -> str:
 def plan(specs: list[str], reports: Path = BUMP_REPORTS, lock: Path = LOCK) -> Plan:
     """The plan for ``specs`` (``name==version`` strings); the venv name hashes the lock and the pins."""
     if not specs:
-        raise BumpError('nothing to bump: make bump PKGS="transformers==5.23.0 [torch==2.15.0 ...]"')
+        raise BumpError(
+            'nothing to bump: make bump PKGS="transformers==5.23.0 [torch==2.15.0 ...]"'
+        )
     parsed = sorted({Pin.parse(s) for s in specs}, key=lambda p: p.name)
     twice = sorted({p.name for p in parsed if sum(q.name == p.name for q in parsed) > 1})
     if twice:
@@ -124,9 +129,13 @@ def plan(specs: list[str], reports: Path = BUMP_REPORTS, lock: Path = LOCK) -> P
     locked = pins(lock)
     unknown = [p.name for p in parsed if p.name not in locked]
     if unknown:
-        raise BumpError(f"{', '.join(unknown)} not in {lock.name}: a bump replaces pins the lock has")
+        raise BumpError(
+            f"{', '.join(unknown)} not in {lock.name}: a bump replaces pins the lock has"
+        )
     name = "+".join(f"{p.name}-{p.version}" for p in parsed)
-    digest = hashlib.sha256((sha256(lock) + "\n" + "\n".join(map(str, parsed))).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(
+        (sha256(lock) + "\n" + "\n".join(map(str, parsed))).encode()
+    ).hexdigest()[:12]
     return Plan(
         pins=tuple(parsed),
         name=name,

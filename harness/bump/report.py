@@ -24,7 +24,13 @@ CHANGE_ORDER = ("canary flipped", "broke", "fixed", "not run", "new", "expected 
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.10g}"
-    return "–" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return (
+        "–"
+        if value is None
+        else json.dumps(value)
+        if isinstance(value, (list, dict))
+        else str(value)
+    )
 
 
 def _golden_cell(value) -> str:
@@ -41,7 +47,9 @@ def _cell(text: str) -> str:
 def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) -> str:
     """The bump report: one table first, then canaries, goldens, workarounds, published checks."""
     c = comparison
-    verdict = ("**breaks a published-number check**" if c.published else "no published-number check broken")
+    verdict = (
+        "**breaks a published-number check**" if c.published else "no published-number check broken"
+    )
     lines = [
         f"# Bump rehearsal: {' '.join(map(str, plan.pins))}",
         "",
@@ -50,8 +58,11 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
         "",
     ]
     if code_changed(meta):
-        lines += ["**The code (recipes/, harness/, tests/, fixtures/) changed between the two runs**: a verdict that changed "
-                  "may be the code's doing, not the bump's.", ""]
+        lines += [
+            "**The code (recipes/, harness/, tests/, fixtures/) changed between the two runs**: a verdict that changed "
+            "may be the code's doing, not the bump's.",
+            "",
+        ]
     order = {change: i for i, change in enumerate(CHANGE_ORDER)}
     rows = sorted(c.rows, key=lambda r: (order.get(r.change, order["same"] - 0.5), r.test))
     lines += md_table(
@@ -61,39 +72,81 @@ def markdown(plan: Plan, comparison: Comparison, moved: list[Move], meta: dict) 
     lines += ["", "## What moved in the lock", ""]
     lines += [f"- {m.line()}" for m in moved] or ["- nothing (the candidate is the lock)"]
     lines += ["", "## Canaries that flipped", ""]
-    lines += [f"- `{f.test}`: {f.lock} → {f.candidate}: {f.meaning}. {_cell(f.message)}" for f in c.canaries] or [
-        "- none: every upstream defect a workaround exists for is in the same state on the candidate"]
+    lines += [
+        f"- `{f.test}`: {f.lock} → {f.candidate}: {f.meaning}. {_cell(f.message)}"
+        for f in c.canaries
+    ] or [
+        "- none: every upstream defect a workaround exists for is in the same state on the candidate"
+    ]
     lines += ["", "## Goldens that moved", ""]
+
     def golden_table(moves: list[GoldenMove]) -> list[str]:
-        header = ["recipe", "tier", "value", "lane", "lock", "candidate", "difference (new − old)", "candidate verdict"]
-        return md_table(header, [
-            [g.recipe, g.tier, g.key, g.lane or "–", _golden_cell(g.old), _golden_cell(g.new), _fmt(g.difference),
-             g.verdict or "not measured"]
-            for g in moves
-        ])  # fmt: skip
+        header = [
+            "recipe",
+            "tier",
+            "value",
+            "lane",
+            "lock",
+            "candidate",
+            "difference (new − old)",
+            "candidate verdict",
+        ]
+        return md_table(
+            header,
+            [
+                [
+                    g.recipe,
+                    g.tier,
+                    g.key,
+                    g.lane or "–",
+                    _golden_cell(g.old),
+                    _golden_cell(g.new),
+                    _fmt(g.difference),
+                    g.verdict or "not measured",
+                ]
+                for g in moves
+            ],
+        )
 
     moved_goldens = [g for g in c.goldens if g.old is not None and g.new is not None]
     one_sided = [g for g in c.goldens if g.old is None or g.new is None]
-    lines += golden_table(moved_goldens) if moved_goldens else [
-        "- none: every golden value measured in both runs is bitwise the same"]
+    lines += (
+        golden_table(moved_goldens)
+        if moved_goldens
+        else ["- none: every golden value measured in both runs is bitwise the same"]
+    )
     if one_sided:
-        lines += ["", "Measured in one run only (– : not measured there; a new test, a test that failed first, "
-                  "or the code changed between the runs):", ""] + golden_table(one_sided)
+        lines += [
+            "",
+            "Measured in one run only (– : not measured there; a new test, a test that failed first, "
+            "or the code changed between the runs):",
+            "",
+        ] + golden_table(one_sided)
     lines += ["", "## Workarounds that broke", ""]
-    lines += [f"- {_cell(w.message)} ({len(w.tests)} test(s): {', '.join(w.tests[:3])}"
-              f"{', …' if len(w.tests) > 3 else ''})" for w in c.workarounds] or [
-        "- none: every workaround found the upstream shape it relies on"]
+    lines += [
+        f"- {_cell(w.message)} ({len(w.tests)} test(s): {', '.join(w.tests[:3])}"
+        f"{', …' if len(w.tests) > 3 else ''})"
+        for w in c.workarounds
+    ] or ["- none: every workaround found the upstream shape it relies on"]
     lines += ["", "## Published-number checks the candidate breaks", ""]
-    lines += [f"- {b.recipe} {b.key} ({b.lane}): published {_fmt(b.published)}, measured {_fmt(b.measured)}: {b.verdict}"
-              for b in c.published] or ["- none"]
+    lines += [
+        f"- {b.recipe} {b.key} ({b.lane}): published {_fmt(b.published)}, measured {_fmt(b.measured)}: {b.verdict}"
+        for b in c.published
+    ] or ["- none"]
     lines += ["", "## Runs", ""]
     for label in ("baseline", "candidate"):
         run = meta[label]
-        if run.get("finished") is None:  # --baseline DIR from another run: no run.json of ours beside it
-            lines.append(f"- {label}: the report in {run['report_dir']} (given with --baseline; how it ran is not recorded)")
+        if (
+            run.get("finished") is None
+        ):  # --baseline DIR from another run: no run.json of ours beside it
+            lines.append(
+                f"- {label}: the report in {run['report_dir']} (given with --baseline; how it ran is not recorded)"
+            )
             continue
-        lines.append(f"- {label}: `{run['python']}`, {run['summary']} in {run['seconds']} s "
-                     f"(finished {run['finished']}; report {run['report_dir']})")
+        lines.append(
+            f"- {label}: `{run['python']}`, {run['summary']} in {run['seconds']} s "
+            f"(finished {run['finished']}; report {run['report_dir']})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -129,6 +182,18 @@ def write_refusal(plan: Plan, reason: str) -> None:
     """A rehearsal that could not run still leaves a report saying why (the README table cites it)."""
     plan.report_md.parent.mkdir(parents=True, exist_ok=True)
     date = dt.date.today().isoformat()
-    plan.report_md.write_text(f"# Bump rehearsal: {' '.join(map(str, plan.pins))}\n\n{date}: not rehearsed: {reason}\n")
-    plan.report_json.write_text(json.dumps({"bump": [str(p) for p in plan.pins], "date": date,
-                                            "exit_code": EXIT_CANNOT_REHEARSE, "not_rehearsed": reason}, indent=2) + "\n")
+    plan.report_md.write_text(
+        f"# Bump rehearsal: {' '.join(map(str, plan.pins))}\n\n{date}: not rehearsed: {reason}\n"
+    )
+    plan.report_json.write_text(
+        json.dumps(
+            {
+                "bump": [str(p) for p in plan.pins],
+                "date": date,
+                "exit_code": EXIT_CANNOT_REHEARSE,
+                "not_rehearsed": reason,
+            },
+            indent=2,
+        )
+        + "\n"
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.bump.plan import BumpError, rel
 from recipes.upstream_shape import MARKER
 
+
 @dataclass(frozen=True)
 class Result:
     """One test's outcome in one run, with its failure message (first line) and recorded values."""
@@ -51,11 +52,15 @@ def load_run(report_dir: Path) -> tuple[dict[str, Result], list[dict], dict]:
     """(results by test id, golden rows, versions) of one run's tests.json and junit.xml."""
     path = report_dir / "tests.json"
     if not path.exists():
-        raise BumpError(f"{rel(path)} does not exist: that cpu-tier run wrote no report (see {rel(report_dir)}/pytest.log)")
+        raise BumpError(
+            f"{rel(path)} does not exist: that cpu-tier run wrote no report (see {rel(report_dir)}/pytest.log)"
+        )
     data = json.loads(path.read_text())
     messages = junit_messages(report_dir / "junit.xml")
     results = {
-        t["test"]: Result(t["outcome"], messages.get(junit_key(t["test"]), ""), t.get("properties", {}))
+        t["test"]: Result(
+            t["outcome"], messages.get(junit_key(t["test"]), ""), t.get("properties", {})
+        )
         for t in data["tests"]
     }
     return results, data.get("goldens", []), data.get("versions", {})

@@ -14,8 +14,8 @@ from harness.options.run_options import RunOptions
 
 def check_inputs(opts: RunOptions, config) -> None:
     """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
-    from harness.checks.preflight import check_checkpoint_tensors
     from harness.checks.mismatch import check as check_mismatches
+    from harness.checks.preflight import check_checkpoint_tensors
 
     check_layers(opts, config)
     check_training_sizes(config)
@@ -83,7 +83,12 @@ def check_parallelism(opts: RunOptions, config) -> None:
     p = config.parallelism
     world = opts.nproc * opts.nnodes
     tp = p.tensor_parallel_degree
-    fixed = tp * p.context_parallel_degree * p.pipeline_parallel_degree * p.data_parallel_replicate_degree
+    fixed = (
+        tp
+        * p.context_parallel_degree
+        * p.pipeline_parallel_degree
+        * p.data_parallel_replicate_degree
+    )
     if tp < 1 or world % fixed:
         raise PreflightError(
             f"--parallelism.tensor_parallel_degree {tp} does not divide the {world} rank(s) of the run "
@@ -100,8 +105,12 @@ def check_parallelism(opts: RunOptions, config) -> None:
     from recipes.tiers import REPO_ROOT
 
     dataset_path = getattr(config.dataloader, "dataset_path", None)
-    data = (REPO_ROOT / dataset_path).resolve() if dataset_path else None  # the ranks' working directory
-    if data is None or not data.is_dir():  # a missing one is preflight's refusal (a dry run's stand-in: none)
+    data = (
+        (REPO_ROOT / dataset_path).resolve() if dataset_path else None
+    )  # the ranks' working directory
+    if (
+        data is None or not data.is_dir()
+    ):  # a missing one is preflight's refusal (a dry run's stand-in: none)
         return
     records = count_records(data, dp)
     if records < dp:
@@ -142,9 +151,9 @@ def check_built(opts: RunOptions, config) -> list[str]:
     from harness.checks.kernels import check_kernel_constraints
 
     check_compile(config, opts.tier)
-    return [f"compile: {'off' if not config.compile.enable else config.compile.backend}"] + check_kernel_constraints(
-        config, opts.tier
-    )
+    return [
+        f"compile: {'off' if not config.compile.enable else config.compile.backend}"
+    ] + check_kernel_constraints(config, opts.tier)
 
 
 def check_config(opts: RunOptions, config) -> list[str]:

@@ -35,7 +35,9 @@ def read_json_object(path: Path, fix: str) -> dict:
     except UnicodeDecodeError as e:
         raise PreflightError(f"{path} is not UTF-8 text (byte {e.start}); {fix}") from None
     except json.JSONDecodeError as e:
-        raise PreflightError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}") from None
+        raise PreflightError(
+            f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}"
+        ) from None
     if not isinstance(data, dict):
         raise PreflightError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}")
     return data
@@ -68,7 +70,9 @@ def check_model_config(path: Path, hf: dict, recipe: str, init: str) -> None:
     model_type = hf.get("model_type")
     if model_type not in accepted:
         trains = " or ".join(f"{t!r} ({MODEL_TYPES[t][0]})" for t in accepted)
-        others = [r.name for r in RECIPES.values() if model_type in r.model_types and init in r.inits]
+        others = [
+            r.name for r in RECIPES.values() if model_type in r.model_types and init in r.inits
+        ]
         instead = f", or run recipe {' or '.join(others)} on it" if others else ""
         said = f": model_type is {model_type!r}" if "model_type" in hf else " has no model_type"
         raise PreflightError(
@@ -99,7 +103,10 @@ def config_value(hf: dict, name: str):
 #: What each declared type means for a config.json value.
 KINDS = {
     int: ("a positive integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
-    float: ("a positive number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
+    float: (
+        "a positive number",
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+    ),
     bool: ("true or false", lambda v: isinstance(v, bool)),
 }
 
@@ -144,7 +151,9 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
             slices = {key: f.get_slice(key) for key in f.keys()}
             return {key: (s.get_dtype(), s.get_shape()) for key, s in slices.items()}
     except SafetensorError as e:
-        what = "is truncated" if "not fully covered" in str(e) else "has a corrupt safetensors header"
+        what = (
+            "is truncated" if "not fully covered" in str(e) else "has a corrupt safetensors header"
+        )
         raise PreflightError(f"{path} {what} ({one_line(e)}); {WEIGHTS_FIX}") from None
     except OSError as e:
         raise PreflightError(f"{path} cannot be read ({e.strerror}); {WEIGHTS_FIX}") from None
@@ -230,10 +239,20 @@ def check_index(index: Path, headers: dict[str, dict]) -> None:
 
 # --- tokenizer -----------------------------------------------------------------------------
 
-TOKENIZER_FIX = "copy the model's tokenizer.json and tokenizer_config.json there from the model's source"
+TOKENIZER_FIX = (
+    "copy the model's tokenizer.json and tokenizer_config.json there from the model's source"
+)
 #: Special-token keys torchtitan's HuggingFaceTokenizer reads from tokenizer_config.json
 #: (torchtitan/components/tokenizer.py ``_infer_special_tokens``): a string, {"content": ...} or null.
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 def check_tokenizer_dir(tokenizer_dir: Path) -> int:
@@ -254,7 +273,9 @@ def check_tokenizer_dir(tokenizer_dir: Path) -> int:
     vocab_size = load_tokenizer(path).get_vocab_size()
     config = tokenizer_dir / "tokenizer_config.json"
     if config.exists():
-        check_tokenizer_config(config, read_json_object(config, "re-copy it from the model's source, or delete it"))
+        check_tokenizer_config(
+            config, read_json_object(config, "re-copy it from the model's source, or delete it")
+        )
     return vocab_size
 
 
@@ -276,22 +297,35 @@ def check_tokenizer_config(path: Path, config: dict) -> None:
     fix = "re-copy tokenizer_config.json from the model's source"
     for key in SPECIAL_TOKEN_KEYS:
         token = config.get(key)
-        valid = token is None or isinstance(token, str) or isinstance(token, dict) and isinstance(token.get("content"), str)
+        valid = (
+            token is None
+            or isinstance(token, str)
+            or isinstance(token, dict)
+            and isinstance(token.get("content"), str)
+        )
         if not valid:
-            raise PreflightError(f'{path}: {key} is {token!r}, not a string or {{"content": "..."}}; {fix}')
+            raise PreflightError(
+                f'{path}: {key} is {token!r}, not a string or {{"content": "..."}}; {fix}'
+            )
     decoder = config.get("added_tokens_decoder", {})
     if not isinstance(decoder, dict):
-        raise PreflightError(f"{path}: added_tokens_decoder is a JSON {type(decoder).__name__}, not an object; {fix}")
+        raise PreflightError(
+            f"{path}: added_tokens_decoder is a JSON {type(decoder).__name__}, not an object; {fix}"
+        )
     for token_id, token in decoder.items():
         if isinstance(token, dict) and "content" in token and not str(token_id).isdigit():
-            raise PreflightError(f"{path}: added_tokens_decoder key {token_id!r} is not a token id; {fix}")
+            raise PreflightError(
+                f"{path}: added_tokens_decoder key {token_id!r} is not a token id; {fix}"
+            )
 
 
 # --- data ----------------------------------------------------------------------------------
 
 #: The fix every data refusal names.
 JSONL_FIX = 'each line must be one JSON object with a non-empty "text" string, e.g. {"text": "..."}'
-DATASET_FIX = 'point --dataset-dir at a directory of *.jsonl files with one {"text": ...} object per line'
+DATASET_FIX = (
+    'point --dataset-dir at a directory of *.jsonl files with one {"text": ...} object per line'
+)
 
 
 def check_dataset_dir(data: Path | None) -> list[Path]:
@@ -299,7 +333,9 @@ def check_dataset_dir(data: Path | None) -> list[Path]:
     if data is None or not data.exists():
         raise PreflightError(f"--dataset-dir {data} does not exist; {DATASET_FIX}")
     if not data.is_dir():
-        raise PreflightError(f"--dataset-dir {data} is a file, not a directory; {DATASET_FIX} (e.g. {data.parent})")
+        raise PreflightError(
+            f"--dataset-dir {data} is a file, not a directory; {DATASET_FIX} (e.g. {data.parent})"
+        )
     files = train_files(data)
     for path in files:
         check_jsonl_text(path)
@@ -324,7 +360,9 @@ def train_files(data: Path) -> list[Path]:
             'put the corpus there as one {"text": ...} object per line'
         ) from None
     except Exception as e:  # noqa: BLE001 -- datasets' resolver raises many types; each is a refusal
-        raise PreflightError(f"datasets cannot read --dataset-dir {data} ({one_line(e)}); {DATASET_FIX}") from None
+        raise PreflightError(
+            f"datasets cannot read --dataset-dir {data} ({one_line(e)}); {DATASET_FIX}"
+        ) from None
     configs = module.builder_configs_parameters.builder_configs
     splits = configs[0].data_files or {}
     reader = module.module_path.rsplit(".", 1)[-1]
@@ -386,10 +424,12 @@ def check_jsonl_text(path: Path) -> int:
 #: Byte-order marks an editor writes ("UTF-8 with BOM", "UTF-16"), longest first; datasets' JSON reader
 #: (pyarrow) reads UTF-8 only and fails on each on every rank ("Expected object or value").
 BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32 text", "utf-32"), (b"\x00\x00\xfe\xff", "UTF-32 text", "utf-32"),
-    (b"\xef\xbb\xbf", "UTF-8 text with a byte-order mark", "utf-8-sig"), (b"\xff\xfe", "UTF-16 text", "utf-16"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text", "utf-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text", "utf-32"),
+    (b"\xef\xbb\xbf", "UTF-8 text with a byte-order mark", "utf-8-sig"),
+    (b"\xff\xfe", "UTF-16 text", "utf-16"),
     (b"\xfe\xff", "UTF-16 text", "utf-16"),
-)  # fmt: skip
+)
 
 
 def check_encoding(path: Path, head: bytes) -> None:
@@ -418,5 +458,7 @@ def jsonl_problem(raw: bytes) -> str | None:
         return f"a JSON {type(record).__name__}, not an object"
     text = record.get("text")
     if not isinstance(text, str) or not text.strip():
-        return 'no non-empty "text" string' + ("" if "text" in record else f" (keys: {', '.join(sorted(record)) or 'none'})")
+        return 'no non-empty "text" string' + (
+            "" if "text" in record else f" (keys: {', '.join(sorted(record)) or 'none'})"
+        )
     return None

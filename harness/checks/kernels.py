@@ -81,16 +81,24 @@ def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
     checked = []
     rope = sys.modules.get("recipes.kernels.rope")
     if rope is not None:
-        ropes = [cfg for _, cfg, _, _ in config.traverse(rope.NKIRoPE.Config) if cfg.enforce_kernel_constraints]
+        ropes = [
+            cfg
+            for _, cfg, _, _ in config.traverse(rope.NKIRoPE.Config)
+            if cfg.enforce_kernel_constraints
+        ]
         if ropes:
             lnc = tier_lnc(tier)
             check_seq_len(config.training.seq_len, lnc)
-            checked.append(f"rope_hf: seq_len {config.training.seq_len} % (128 x LNC {lnc}) == 0 ({len(ropes)} nodes)")
+            checked.append(
+                f"rope_hf: seq_len {config.training.seq_len} % (128 x LNC {lnc}) == 0 ({len(ropes)} nodes)"
+            )
     experts = sys.modules.get("recipes.kernels.grouped_experts")
     if experts is not None and TIERS[tier].runs_nki_kernels:
         nodes = [cfg for _, cfg, _, _ in config.traverse(experts.TrnGroupedExperts.Config)]
         lnc = tier_lnc(tier)
         for shape in sorted({(cfg.dim, cfg.hidden_dim) for cfg in nodes}):
             check_moe_shapes(*shape, lnc)
-            checked.append(f"grouped_experts: dim {shape[0]}, hidden_dim {shape[1]} at LNC {lnc} ({len(nodes)} nodes)")
+            checked.append(
+                f"grouped_experts: dim {shape[0]}, hidden_dim {shape[1]} at LNC {lnc} ({len(nodes)} nodes)"
+            )
     return checked

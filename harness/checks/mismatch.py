@@ -64,7 +64,9 @@ def config_json_dims(config) -> dict:
     dims = {key: hf.get(key) for key in COMPARED_DIMS}
     dims["max_seq_len"] = hf.get("max_position_embeddings")
     # --layers keeps the first N: the backend's model config carries the count it builds.
-    dims["num_hidden_layers"] = getattr(config.model_spec.model, "num_hidden_layers", None) or dims["num_hidden_layers"]
+    dims["num_hidden_layers"] = (
+        getattr(config.model_spec.model, "num_hidden_layers", None) or dims["num_hidden_layers"]
+    )
     return dims
 
 
@@ -81,11 +83,25 @@ def mismatches(opts: RunOptions, config) -> list[Mismatch]:
     tokenizer_dir = Path(config.hf_assets_path).resolve()
     vocab = tokenizer_vocab(tokenizer_dir)
     if vocab > dims["vocab_size"]:
-        found.append(Mismatch("vocab", f"the tokenizer in {tokenizer_dir} has {vocab} tokens, more than the "
-                                       f"model's {dims['vocab_size']} embedding rows"))
-    if opts.init == "hf" and opts.model_dir is not None and tokenizer_dir != opts.model_dir.resolve():
-        found.append(Mismatch("tokenizer", f"weights come from {opts.model_dir} but the tokenizer from "
-                                           f"{tokenizer_dir}; the weights were trained with their own tokenizer"))
+        found.append(
+            Mismatch(
+                "vocab",
+                f"the tokenizer in {tokenizer_dir} has {vocab} tokens, more than the "
+                f"model's {dims['vocab_size']} embedding rows",
+            )
+        )
+    if (
+        opts.init == "hf"
+        and opts.model_dir is not None
+        and tokenizer_dir != opts.model_dir.resolve()
+    ):
+        found.append(
+            Mismatch(
+                "tokenizer",
+                f"weights come from {opts.model_dir} but the tokenizer from "
+                f"{tokenizer_dir}; the weights were trained with their own tokenizer",
+            )
+        )
     hf = checkpoint_config(opts) if opts.init == "hf" else None
     return found + (size_mismatches(opts, config, hf, dims) if hf is not None else [])
 
@@ -94,14 +110,22 @@ def size_mismatches(opts: RunOptions, config, hf: dict, dims: dict | None = None
     """config.json (``hf``) against the model the recipe builds: every compared size, the norm and RoPE, seq_len."""
     dims = built_dims(config) if dims is None else dims
     found = [
-        Mismatch(key, f"{key}: {opts.model_dir / 'config.json'} says {hf[key]!r}, recipe {opts.recipe!r} builds {dims[key]!r}")
+        Mismatch(
+            key,
+            f"{key}: {opts.model_dir / 'config.json'} says {hf[key]!r}, recipe {opts.recipe!r} builds {dims[key]!r}",
+        )
         for key in COMPARED_DIMS
         if key in hf and key in dims and hf[key] != dims[key]
-    ]  # fmt: skip
+    ]
     found += norm_and_rope_mismatches(opts, config, hf)
     limit = hf.get("max_position_embeddings")
     if limit and config.training.seq_len > limit:
-        found.append(Mismatch("seq_len", f"seq_len {config.training.seq_len} is above max_position_embeddings {limit}"))
+        found.append(
+            Mismatch(
+                "seq_len",
+                f"seq_len {config.training.seq_len} is above max_position_embeddings {limit}",
+            )
+        )
     return found
 
 
@@ -116,7 +140,9 @@ def norm_and_rope(config) -> dict:
         return {}
     rope = layers[0].attention.rope
     rope_type = ROPE_TYPES.get(rope.scaling, rope.scaling)
-    if rope_type == "yarn" and rope.rope_factor <= 1.0:  # torchtitan applies yarn only above factor 1
+    if (
+        rope_type == "yarn" and rope.rope_factor <= 1.0
+    ):  # torchtitan applies yarn only above factor 1
         rope_type = "default"
     return {"rms_norm_eps": norm.eps, "rope_type": rope_type}
 
@@ -145,12 +171,22 @@ def norm_and_rope_mismatches(opts: RunOptions, config, hf: dict) -> list[Mismatc
     found = []
     eps = hf.get("rms_norm_eps")
     if eps is not None and eps != built["rms_norm_eps"]:
-        found.append(Mismatch("rms_norm_eps", f"rms_norm_eps: {path} says {eps!r}, recipe {opts.recipe!r} builds "
-                                              f"RMSNorm eps {built['rms_norm_eps']!r}"))  # fmt: skip
+        found.append(
+            Mismatch(
+                "rms_norm_eps",
+                f"rms_norm_eps: {path} says {eps!r}, recipe {opts.recipe!r} builds "
+                f"RMSNorm eps {built['rms_norm_eps']!r}",
+            )
+        )
     rope_type, said = config_rope_type(hf)
     if rope_type != built["rope_type"]:
-        found.append(Mismatch("rope_scaling", f"RoPE scaling: {path} says rope_type {rope_type!r} ({said}), recipe "
-                                              f"{opts.recipe!r} builds {built['rope_type']!r} RoPE"))  # fmt: skip
+        found.append(
+            Mismatch(
+                "rope_scaling",
+                f"RoPE scaling: {path} says rope_type {rope_type!r} ({said}), recipe "
+                f"{opts.recipe!r} builds {built['rope_type']!r} RoPE",
+            )
+        )
     return found
 
 
@@ -161,7 +197,9 @@ def refuse(found: list[Mismatch], opts: RunOptions) -> list[Mismatch]:
         raise MismatchError(
             "; ".join(m.message for m in refused)
             + ". Fix the inputs, or accept with "
-            + " ".join(f"--allow-mismatch {name}" for name in dict.fromkeys(m.name for m in refused))
+            + " ".join(
+                f"--allow-mismatch {name}" for name in dict.fromkeys(m.name for m in refused)
+            )
         )
     return [m for m in found if m.name in opts.allow_mismatch]
 

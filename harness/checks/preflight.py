@@ -11,14 +11,31 @@ import os
 from pathlib import Path
 
 from harness.checks import inputs as input_checks
+from harness.checks.inputs import (
+    JSONL_FIX,
+    PreflightError,
+    check_jsonl_text,
+    jsonl_problem,
+    read_safetensors_header,
+)
+from harness.checks.targets import (
+    check_dump_folder_target,
+    check_export_target,
+    check_output_dir,
+    check_run_target,
+)
 from harness.checks.weights import check_config_matches_weights
-from harness.checks.inputs import JSONL_FIX, PreflightError, check_jsonl_text, jsonl_problem, read_safetensors_header
-from harness.checks.targets import check_dump_folder_target, check_export_target, check_output_dir, check_run_target
 from harness.options.run_options import INITS, RunOptions
 from recipes.tiers import TIERS
 
-__all__ = ["JSONL_FIX", "PreflightError", "check_jsonl_text", "jsonl_problem", "preflight",
-           "read_safetensors_header"]  # fmt: skip
+__all__ = [
+    "JSONL_FIX",
+    "PreflightError",
+    "check_jsonl_text",
+    "jsonl_problem",
+    "preflight",
+    "read_safetensors_header",
+]
 
 
 def check_names(opts: RunOptions) -> None:
@@ -42,7 +59,6 @@ def check_names(opts: RunOptions) -> None:
 
 def check_tier(opts: RunOptions) -> None:
     from recipes.platform import tier_unavailable
-
     from recipes.tiers import rank_start_problem
 
     reason = tier_unavailable(opts.tier) or rank_start_problem(TIERS[opts.tier])
@@ -118,10 +134,22 @@ HARNESS_SET_SIZES = ("threads",)
 
 
 def check_sizes(opts: RunOptions) -> None:
-    for name in ("nproc", "steps", "seq_len", "local_batch_size", "layers", "rdzv_timeout", *HARNESS_SET_SIZES):
+    for name in (
+        "nproc",
+        "steps",
+        "seq_len",
+        "local_batch_size",
+        "layers",
+        "rdzv_timeout",
+        *HARNESS_SET_SIZES,
+    ):
         value = getattr(opts, name)
         if value is not None and value < 1:
-            what = f"RunOptions.{name} (set by the harness)" if name in HARNESS_SET_SIZES else f"--{name.replace('_', '-')}"
+            what = (
+                f"RunOptions.{name} (set by the harness)"
+                if name in HARNESS_SET_SIZES
+                else f"--{name.replace('_', '-')}"
+            )
             raise PreflightError(f"{what} must be a positive integer, got {value}")
 
 
@@ -146,7 +174,9 @@ def check_mismatch_names(opts: RunOptions) -> None:
 
 def check_nodes(opts: RunOptions) -> None:
     if opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
-        raise PreflightError(f"--node-rank {opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes {opts.nnodes}")
+        raise PreflightError(
+            f"--node-rank {opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes {opts.nnodes}"
+        )
     if opts.nnodes > 1 and not opts.rdzv_endpoint:
         raise PreflightError(
             f"--nnodes {opts.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, reachable from every node)"
@@ -160,7 +190,13 @@ def check_rdzv_endpoint(endpoint: str) -> None:
     host, colon, port = endpoint.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    fine = bool(colon) and bool(host.strip()) and " " not in endpoint and port.isdigit() and 0 < int(port) < 65536
+    fine = (
+        bool(colon)
+        and bool(host.strip())
+        and " " not in endpoint
+        and port.isdigit()
+        and 0 < int(port) < 65536
+    )
     if not fine:
         raise PreflightError(
             f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (a host name or address, a colon and a port 1-65535); "
@@ -256,7 +292,9 @@ def check_export_dir(opts: RunOptions) -> None:
     if export_dir is None:
         return
     if not opts.export:
-        raise PreflightError(f"--export-dir {export_dir} and --no-export contradict each other; drop one")
+        raise PreflightError(
+            f"--export-dir {export_dir} and --no-export contradict each other; drop one"
+        )
     if opts.model_dir is not None:
         source = opts.model_dir.resolve()
         target = export_dir.resolve()
@@ -298,7 +336,9 @@ def check_hf_model(opts: RunOptions) -> None:
     from recipes.registry import get_recipe
 
     recipe = get_recipe(opts.recipe)
-    if not recipe.builds_from_config:  # its module names the ARCHITECTURES it trains and its tutorial's HUB_ID
+    if (
+        not recipe.builds_from_config
+    ):  # its module names the ARCHITECTURES it trains and its tutorial's HUB_ID
         return
     module = importlib.import_module(recipe.module)
     ARCHITECTURES, HUB_ID = module.ARCHITECTURES, module.HUB_ID  # noqa: N806
@@ -336,8 +376,15 @@ def check_torchtitan_names(opts: RunOptions) -> None:
 
 
 #: What can be checked from the options alone, on any machine (the dry run runs these too).
-OPTION_CHECKS = (check_names, check_sizes, check_forward_only, check_nodes, check_mismatch_names, check_torchtitan_names,
-                 check_cpu_dataset)  # fmt: skip
+OPTION_CHECKS = (
+    check_names,
+    check_sizes,
+    check_forward_only,
+    check_nodes,
+    check_mismatch_names,
+    check_torchtitan_names,
+    check_cpu_dataset,
+)
 
 
 def preflight(opts: RunOptions) -> RunOptions:
@@ -345,7 +392,9 @@ def preflight(opts: RunOptions) -> RunOptions:
     for check in OPTION_CHECKS:
         check(opts)
     resolved = opts.resolved()
-    check_tier(resolved)  # no device at all is the first thing a user on the wrong machine must hear
+    check_tier(
+        resolved
+    )  # no device at all is the first thing a user on the wrong machine must hear
     check_trn2_dataset(resolved)
     check_hf_model(resolved)
     check_model_dir(resolved)
@@ -376,5 +425,7 @@ def check_config_paths(opts: RunOptions, config) -> None:
         input_checks.check_dataset_dir(dataset_dir)
     run_dir = where(config.dump_folder)
     if run_dir is not None and run_dir != opts.run_dir:
-        check_output_dir(run_dir, "pass a --dump_folder that is a writable directory, or a new path in one")
+        check_output_dir(
+            run_dir, "pass a --dump_folder that is a writable directory, or a new path in one"
+        )
         check_dump_folder_target(opts, run_dir)

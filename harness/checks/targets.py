@@ -33,8 +33,12 @@ def relation(target: Path, other: Path) -> str | None:
 
 def named_inputs(opts: RunOptions) -> list[tuple[str, Path]]:
     """The run's input directories, each with the name a refusal gives it (``opts`` resolved)."""
-    named = [("--model-dir", opts.model_dir), ("--tokenizer-dir", opts.tokenizer_dir),
-             ("--dataset-dir", opts.dataset_dir), ("the suite's fixtures/", FIXTURES)]  # fmt: skip
+    named = [
+        ("--model-dir", opts.model_dir),
+        ("--tokenizer-dir", opts.tokenizer_dir),
+        ("--dataset-dir", opts.dataset_dir),
+        ("the suite's fixtures/", FIXTURES),
+    ]
     return [(name, Path(path).resolve()) for name, path in named if path is not None]
 
 
@@ -42,7 +46,9 @@ def named_inputs(opts: RunOptions) -> list[tuple[str, Path]]:
 def tracked_files(root: Path = REPO_ROOT) -> tuple[Path, ...]:
     """Every file git tracks in the repository (none outside a git checkout)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=30)
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ()
     if out.returncode != 0:
@@ -61,8 +67,11 @@ def running_run_dirs() -> dict[Path, int]:
 
     procs = table()
     own = {os.getpid(), *descendants_of(os.getpid(), procs)}
-    return {Path(p.run_dir): pid for pid, p in sorted(procs.items())
-            if p.run_dir and p.alive and pid not in own}  # fmt: skip
+    return {
+        Path(p.run_dir): pid
+        for pid, p in sorted(procs.items())
+        if p.run_dir and p.alive and pid not in own
+    }
 
 
 def check_target(target: Path, what: str, opts: RunOptions, fix: str) -> None:
@@ -75,12 +84,21 @@ def check_target(target: Path, what: str, opts: RunOptions, fix: str) -> None:
             raise PreflightError(
                 f"{what} {target} {how} {name} {path}; a run never deletes or overwrites its inputs: {fix}"
             )
-    tracked = [f for f in tracked_files() if relation(target, f) is not None
-               and not (runs is not None and relation(f, runs) == "lies inside")]  # fmt: skip
+    tracked = [
+        f
+        for f in tracked_files()
+        if relation(target, f) is not None
+        and not (runs is not None and relation(f, runs) == "lies inside")
+    ]
     if tracked:
-        held = (f"is the tracked file {tracked[0].relative_to(REPO_ROOT)}" if tracked[0] == target else
-                f"contains {len(tracked)} tracked file(s) of the repository (e.g. {tracked[0].relative_to(REPO_ROOT)})")
-        raise PreflightError(f"{what} {target} {held}; a run never deletes or overwrites them: {fix}")
+        held = (
+            f"is the tracked file {tracked[0].relative_to(REPO_ROOT)}"
+            if tracked[0] == target
+            else f"contains {len(tracked)} tracked file(s) of the repository (e.g. {tracked[0].relative_to(REPO_ROOT)})"
+        )
+        raise PreflightError(
+            f"{what} {target} {held}; a run never deletes or overwrites them: {fix}"
+        )
     for run_dir, pid in running_run_dirs().items():
         how = relation(target, run_dir.resolve())
         if how is not None:
@@ -93,18 +111,24 @@ def check_target(target: Path, what: str, opts: RunOptions, fix: str) -> None:
 def check_export_target(opts: RunOptions) -> None:
     """``--export-dir``: written, and replaced with ``--overwrite``."""
     if opts.export_dir is not None:
-        check_target(opts.export_dir, "--export-dir", opts, "choose an --export-dir outside every input")
+        check_target(
+            opts.export_dir, "--export-dir", opts, "choose an --export-dir outside every input"
+        )
 
 
 def check_run_target(opts: RunOptions) -> None:
     """The run's directory (``REPORT_DIR/runs/NAME``: checkpoints, records, logs): written and cleared."""
     if opts.run_dir is not None:
-        check_target(opts.run_dir, "the run directory", opts, "pass a --report-dir outside every input")
+        check_target(
+            opts.run_dir, "the run directory", opts, "pass a --report-dir outside every input"
+        )
 
 
 def check_dump_folder_target(opts: RunOptions, dump_folder: Path) -> None:
     """torchtitan's ``--dump_folder``, where it moves the run's checkpoints and records."""
-    check_target(dump_folder, "--dump_folder", opts, "drop --dump_folder, or pass one outside every input")
+    check_target(
+        dump_folder, "--dump_folder", opts, "drop --dump_folder, or pass one outside every input"
+    )
 
 
 def check_output_dir(path: Path, fix: str) -> None:

@@ -21,7 +21,6 @@ import ast
 import functools
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from recipes import titan
 from recipes.tiers import REPO_ROOT
@@ -49,8 +48,14 @@ class Row:
         return f"  {label} {self.entry.qualified}: {self.detail}\n           needed by {where}"
 
     def to_dict(self) -> dict:
-        return {"name": self.entry.name, "qualified": self.entry.qualified, "status": self.status,
-                "required": self.entry.required, "detail": self.detail, "files": list(self.files)}  # fmt: skip
+        return {
+            "name": self.entry.name,
+            "qualified": self.entry.qualified,
+            "status": self.status,
+            "required": self.entry.required,
+            "detail": self.detail,
+            "files": list(self.files),
+        }
 
 
 #: Harness files relying on a name without importing it from recipes.titan or wrapping it with
@@ -58,13 +63,21 @@ class Row:
 RELIED_ON_BY = {
     "Trainer": ("harness/rank/train.py",),
     "on_parse_error": ("harness/config/titan_cli.py",),
-    "Trainer attributes": ("harness/rank/faults.py", "harness/rank/first_batch.py", "harness/rank/train.py"),
+    "Trainer attributes": (
+        "harness/rank/faults.py",
+        "harness/rank/first_batch.py",
+        "harness/rank/train.py",
+    ),
 }
 
 
 def _hook_wrapped(node: ast.AST) -> str | None:
     """The hook name of a ``wrap_hook(owner, "Name", wrap)`` call, else None."""
-    if not isinstance(node, ast.Call) or len(node.args) < 2 or not isinstance(node.args[1], ast.Constant):
+    if (
+        not isinstance(node, ast.Call)
+        or len(node.args) < 2
+        or not isinstance(node.args[1], ast.Constant)
+    ):
         return None
     func = node.func
     called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
@@ -85,7 +98,11 @@ def _importers() -> dict[str, tuple[str, ...]]:
                 names = []
                 if isinstance(node, ast.ImportFrom) and node.module == "recipes.titan":
                     names = [a.name for a in node.names]
-                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "titan":
+                elif (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "titan"
+                ):
                     names = [node.attr]
                 elif _hook_wrapped(node):
                     names = [_hook_wrapped(node)]
@@ -97,7 +114,9 @@ def _importers() -> dict[str, tuple[str, ...]]:
 def users(entry: titan.TitanName) -> tuple[str, ...]:
     """The suite files that need ``entry``: its importers and wrappers, the product files it declares and
     the harness files of :data:`RELIED_ON_BY`."""
-    return tuple(sorted({*_importers().get(entry.name, ()), *entry.files, *RELIED_ON_BY.get(entry.name, ())}))
+    return tuple(
+        sorted({*_importers().get(entry.name, ()), *entry.files, *RELIED_ON_BY.get(entry.name, ())})
+    )
 
 
 def tier_tags(tier: str) -> set[str]:
@@ -133,9 +152,13 @@ def summary(rows: list[Row], tier: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.checks.titan", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.checks.titan", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--tier", default="trn2", choices=sorted(TIER_EXCLUDES))
-    parser.add_argument("--all", action="store_true", help="list every name, not only the missing and absent ones")
+    parser.add_argument(
+        "--all", action="store_true", help="list every name, not only the missing and absent ones"
+    )
     args = parser.parse_args(argv)
     if args.tier == "cpu":
         from recipes import platform

@@ -33,24 +33,60 @@ class Size:
 
 
 SIZES = (
-    Size("hidden_size", r"model\.embed_tokens\.weight", lambda s, _: s[1], lambda s, _: "its columns"),
+    Size(
+        "hidden_size", r"model\.embed_tokens\.weight", lambda s, _: s[1], lambda s, _: "its columns"
+    ),
     Size("vocab_size", r"model\.embed_tokens\.weight", lambda s, _: s[0], lambda s, _: "its rows"),
-    Size("head_dim", LAYER + r"self_attn\.q_norm\.weight", lambda s, _: s[0], lambda s, _: "its length (the per-head norm)"),
-    Size("num_attention_heads", LAYER + r"self_attn\.q_proj\.weight", lambda s, d: s[0] / d["head_dim"],
-         lambda s, d: f"{s[0]} rows / head_dim {d['head_dim']}"),
-    Size("num_key_value_heads", LAYER + r"self_attn\.k_proj\.weight", lambda s, d: s[0] / d["head_dim"],
-         lambda s, d: f"{s[0]} rows / head_dim {d['head_dim']}"),
-    Size("intermediate_size", LAYER + r"mlp\.gate_proj\.weight", lambda s, _: s[0], lambda s, _: "its rows"),
-    Size("moe_intermediate_size", LAYER + r"mlp\.experts\.\d+\.gate_proj\.weight", lambda s, _: s[0],
-         lambda s, _: "its rows"),
-    Size("num_local_experts", LAYER + r"mlp\.gate\.weight", lambda s, _: s[0], lambda s, _: "the router's rows"),
-    Size("num_experts", LAYER + r"mlp\.gate\.weight", lambda s, _: s[0], lambda s, _: "the router's rows"),
-)  # fmt: skip
+    Size(
+        "head_dim",
+        LAYER + r"self_attn\.q_norm\.weight",
+        lambda s, _: s[0],
+        lambda s, _: "its length (the per-head norm)",
+    ),
+    Size(
+        "num_attention_heads",
+        LAYER + r"self_attn\.q_proj\.weight",
+        lambda s, d: s[0] / d["head_dim"],
+        lambda s, d: f"{s[0]} rows / head_dim {d['head_dim']}",
+    ),
+    Size(
+        "num_key_value_heads",
+        LAYER + r"self_attn\.k_proj\.weight",
+        lambda s, d: s[0] / d["head_dim"],
+        lambda s, d: f"{s[0]} rows / head_dim {d['head_dim']}",
+    ),
+    Size(
+        "intermediate_size",
+        LAYER + r"mlp\.gate_proj\.weight",
+        lambda s, _: s[0],
+        lambda s, _: "its rows",
+    ),
+    Size(
+        "moe_intermediate_size",
+        LAYER + r"mlp\.experts\.\d+\.gate_proj\.weight",
+        lambda s, _: s[0],
+        lambda s, _: "its rows",
+    ),
+    Size(
+        "num_local_experts",
+        LAYER + r"mlp\.gate\.weight",
+        lambda s, _: s[0],
+        lambda s, _: "the router's rows",
+    ),
+    Size(
+        "num_experts",
+        LAYER + r"mlp\.gate\.weight",
+        lambda s, _: s[0],
+        lambda s, _: "the router's rows",
+    ),
+)
 
 
 def tensors_of(headers: dict[str, dict]) -> dict[str, tuple[str, list[int]]]:
     """``{tensor: (file name, shape)}`` over every shard's header."""
-    return {key: (name, shape) for name, header in headers.items() for key, (_, shape) in header.items()}
+    return {
+        key: (name, shape) for name, header in headers.items() for key, (_, shape) in header.items()
+    }
 
 
 def first(tensors: dict, pattern: str) -> str | None:
@@ -71,7 +107,9 @@ def weights_sizes(headers: dict[str, dict]) -> dict[str, tuple[int | float, str]
             continue
         name, shape = tensors[key]
         sizes[size.key] = size.read(shape, sizes)
-        why[size.key] = f"{key} in {name} has shape {list(shape)}; {size.key} = {size.how(shape, sizes)}"
+        why[size.key] = (
+            f"{key} in {name} has shape {list(shape)}; {size.key} = {size.how(shape, sizes)}"
+        )
     layers = {int(m.group(1)) for key in tensors if (m := re.match(LAYER, key))}
     if layers:
         sizes["num_hidden_layers"] = max(layers) + 1
@@ -83,7 +121,12 @@ def check_config_matches_weights(config_path: Path, hf: dict, headers: dict[str,
     """Every size config.json states is the one its weights' shapes fix; else one line naming both."""
     for key, (held, why) in weights_sizes(headers).items():
         said = hf.get(key)
-        if said is None or isinstance(said, bool) or not isinstance(said, (int, float)) or said == held:
+        if (
+            said is None
+            or isinstance(said, bool)
+            or not isinstance(said, (int, float))
+            or said == held
+        ):
             continue
         shown = int(held) if float(held).is_integer() else round(held, 3)
         raise PreflightError(

@@ -14,8 +14,8 @@ import contextlib
 import dataclasses
 import logging
 
-from harness.checks.preflight import check_config_paths, preflight
 from harness.checks.built_config import check_config
+from harness.checks.preflight import check_config_paths, preflight
 from harness.options.run_options import RunOptions
 
 
@@ -54,7 +54,9 @@ def checked_config(opts: RunOptions, cli_overrides: list[str] = ()) -> tuple[Run
     resolved = preflight(opts)
     with without_expected_warnings():
         config = build_config(resolved, cli_overrides)
-        check_config_paths(resolved, config)  # the files torchtitan options (--hf_assets_path, --dump_folder) moved to
+        check_config_paths(
+            resolved, config
+        )  # the files torchtitan options (--hf_assets_path, --dump_folder) moved to
         check_config(resolved, config)
     return resolved, config
 

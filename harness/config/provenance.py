@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.checks.mismatch import Mismatch, built_dims
 from harness.options.run_options import RunOptions
 
+
 def sha256_of(paths: list[Path], header_only: bool = False) -> str:
     """One digest over files; for safetensors only the header (names, dtypes, shapes, offsets)."""
     digest = hashlib.sha256()
@@ -30,7 +31,9 @@ def sha256_of(paths: list[Path], header_only: bool = False) -> str:
 
 def dataset_files(dataset_dir: Path) -> list[Path]:
     """The files the data loader reads: ``*.jsonl`` and ``*.json`` (both JSON lines), as preflight checks them."""
-    return sorted(p for pattern in ("*.jsonl", "*.json") for p in dataset_dir.glob(pattern) if p.is_file())
+    return sorted(
+        p for pattern in ("*.jsonl", "*.json") for p in dataset_dir.glob(pattern) if p.is_file()
+    )
 
 
 def dataset_info(dataset_dir: Path) -> dict:
@@ -57,7 +60,11 @@ def dataset_info(dataset_dir: Path) -> dict:
 def tokenizer_info(tokenizer_dir: Path) -> dict:
     from tokenizers import Tokenizer
 
-    files = [p for p in (tokenizer_dir / "tokenizer.json", tokenizer_dir / "tokenizer_config.json") if p.is_file()]
+    files = [
+        p
+        for p in (tokenizer_dir / "tokenizer.json", tokenizer_dir / "tokenizer_config.json")
+        if p.is_file()
+    ]
     return {
         "path": str(tokenizer_dir),
         "vocab_size": Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size(),
@@ -80,7 +87,11 @@ def weights_info(opts: RunOptions) -> dict | None:
 
 #: Where file digests are kept between runs, keyed by path, size, mtime and inode: a trn2 night
 #: hashes the 8 GB of Qwen3-4B weights once, not once per launch.
-DIGEST_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qwen3-trn-repro" / "sha256.json"
+DIGEST_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "qwen3-trn-repro"
+    / "sha256.json"
+)
 
 
 def file_sha256(path: Path, cache: dict | None = None) -> str:
@@ -103,20 +114,44 @@ def _digests(files: list[Path], cache: dict) -> dict[str, str]:
     return {p.name: file_sha256(p, cache) for p in files}
 
 
-def input_files(opts: RunOptions, tokenizer_dir: Path | None = None, dataset_dir: Path | None = None) -> dict:
+def input_files(
+    opts: RunOptions, tokenizer_dir: Path | None = None, dataset_dir: Path | None = None
+) -> dict:
     """The files a run reads, by role: weights (*.safetensors + index), config.json, tokenizer, dataset."""
-    tokenizer_dir = Path(tokenizer_dir or opts.tokenizer_dir) if (tokenizer_dir or opts.tokenizer_dir) else None
-    dataset_dir = Path(dataset_dir or opts.dataset_dir) if (dataset_dir or opts.dataset_dir) else None
+    tokenizer_dir = (
+        Path(tokenizer_dir or opts.tokenizer_dir) if (tokenizer_dir or opts.tokenizer_dir) else None
+    )
+    dataset_dir = (
+        Path(dataset_dir or opts.dataset_dir) if (dataset_dir or opts.dataset_dir) else None
+    )
     model_dir = opts.model_dir if opts.init == "hf" else None
-    weights = sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("*.safetensors.index.json")]) if model_dir else []
-    config = [model_dir / "config.json"] if model_dir and (model_dir / "config.json").is_file() else []
-    tokenizer = [p for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()] if tokenizer_dir else []
-    return {"weights": weights, "config.json": config, "tokenizer": tokenizer,
-            "dataset": dataset_files(dataset_dir) if dataset_dir else []}  # fmt: skip
+    weights = (
+        sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("*.safetensors.index.json")])
+        if model_dir
+        else []
+    )
+    config = (
+        [model_dir / "config.json"] if model_dir and (model_dir / "config.json").is_file() else []
+    )
+    tokenizer = (
+        [p for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()]
+        if tokenizer_dir
+        else []
+    )
+    return {
+        "weights": weights,
+        "config.json": config,
+        "tokenizer": tokenizer,
+        "dataset": dataset_files(dataset_dir) if dataset_dir else [],
+    }
 
 
-def input_key(opts: RunOptions, kept_defects: list[str] = (), tokenizer_dir: Path | None = None,
-              dataset_dir: Path | None = None) -> dict:  # fmt: skip
+def input_key(
+    opts: RunOptions,
+    kept_defects: list[str] = (),
+    tokenizer_dir: Path | None = None,
+    dataset_dir: Path | None = None,
+) -> dict:
     """What a golden keyed by inputs records: sha256 of every input file, the allowed mismatches, the kept defects.
 
     Two runs with equal keys read the same bytes under the same accepted deviations;
@@ -146,7 +181,9 @@ def run_kept_defects(opts: RunOptions) -> list[str]:
     some, ``harness.declare.catalogue``; every rank inherits it)."""
     from harness.declare import catalogue
 
-    if not catalogue.entry(opts.recipe).keeps_defects or not os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
+    if not catalogue.entry(opts.recipe).keeps_defects or not os.environ.get(
+        "QWEN3_HF_KEEP_DEFECTS"
+    ):
         return []
     from recipes.hf_as_published import kept_defects
 
@@ -209,7 +246,10 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
             "global_batch_size": config.training.local_batch_size * dp,
         },
         "seed": config.debug.seed,
-        "dtype": {"params": config.training.mixed_precision_param, "export": config.checkpoint.export_dtype},
+        "dtype": {
+            "params": config.training.mixed_precision_param,
+            "export": config.checkpoint.export_dtype,
+        },
         "allowed_mismatches": [m.message for m in allowed],
         **({"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2" else {}),
         **({"config_source": config_source(opts.recipe, opts.tier)} if forked(opts.recipe) else {}),
@@ -237,5 +277,3 @@ def config_source(recipe: str, tier: str) -> str:
     from recipes.registry import get_recipe
 
     return importlib.import_module(get_recipe(recipe).module).config_source(tier)
-
-

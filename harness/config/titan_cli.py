@@ -20,10 +20,10 @@ import difflib
 import io
 import sys
 
-from harness.checks.errors import PreflightError
 from harness.base.tyro_events import ParseRefused as _Refused
 from harness.base.tyro_events import _spelling, describe
 from harness.base.tyro_events import refuse as _refuse
+from harness.checks.errors import PreflightError
 
 _staged = None
 
@@ -38,7 +38,9 @@ NO_HOOK = "this tyro has no tyro._errors.on_parse_error"
 def staged():
     """The config ``apply_cli_overrides`` is parsing overrides onto; only torchtitan's ConfigManager calls this."""
     if _staged is None:
-        raise RuntimeError("harness.config.titan_cli.staged is called by apply_cli_overrides' ConfigManager only")
+        raise RuntimeError(
+            "harness.config.titan_cli.staged is called by apply_cli_overrides' ConfigManager only"
+        )
     return _staged
 
 
@@ -47,7 +49,9 @@ def _parse(cli_overrides: list[str], on_parse_error):
     from recipes.titan import ConfigManager
 
     with on_parse_error(_refuse) if on_parse_error else contextlib.nullcontext():
-        return ConfigManager().parse_args(["--module", __name__, "--config", "staged", *cli_overrides])
+        return ConfigManager().parse_args(
+            ["--module", __name__, "--config", "staged", *cli_overrides]
+        )
 
 
 def apply_cli_overrides(config, cli_overrides: list[str]):
@@ -72,7 +76,9 @@ def apply_cli_overrides(config, cli_overrides: list[str]):
         if e.code in (0, None):  # --help: show it, as torchtitan.train would
             sys.stdout.write(printed.getvalue())
             raise
-        sys.stderr.write(printed.getvalue())  # no event reached the hook: tyro printed its own reason
+        sys.stderr.write(
+            printed.getvalue()
+        )  # no event reached the hook: tyro printed its own reason
         why = "tyro exited without a parse-error event" if on_parse_error else NO_HOOK
         raise PreflightError(_refusal(f"see tyro's message above ({why})", cli_overrides)) from None
     finally:
@@ -88,8 +94,13 @@ def cli_override_error(event, cli_overrides: list[str], config, on_parse_error) 
     is one torchtitan's parser takes on that config.
     """
     try:
-        what = describe(event, cli_overrides, lambda flag: closest_option(config, flag, on_parse_error))
-    except (AttributeError, TypeError) as e:  # the event is tyro's private API: a new tyro may reshape it
+        what = describe(
+            event, cli_overrides, lambda flag: closest_option(config, flag, on_parse_error)
+        )
+    except (
+        AttributeError,
+        TypeError,
+    ) as e:  # the event is tyro's private API: a new tyro may reshape it
         what = f"{type(event).__name__} (tyro's event could not be read: {e})"
     return PreflightError(_refusal(what, cli_overrides))
 

@@ -21,7 +21,11 @@ CLASS_KEY = "_class"
 
 def qualified(obj) -> str:
     """``module.QualName`` of a class, function or the type of a dataclass instance."""
-    target = obj if isinstance(obj, type) or callable(obj) and not dataclasses.is_dataclass(obj) else type(obj)
+    target = (
+        obj
+        if isinstance(obj, type) or callable(obj) and not dataclasses.is_dataclass(obj)
+        else type(obj)
+    )
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
 
 

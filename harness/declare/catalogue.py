@@ -114,13 +114,22 @@ class Launch:
     def lane_name(self) -> str:
         return LANES[self.lane].name
 
-    def options(self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0) -> RunOptions:
+    def options(
+        self, run_dir: Path | None = None, checkout: Path | None = None, seed: int = 0
+    ) -> RunOptions:
         """The run's options as ``python -m harness run`` resolves them on trn2."""
         extra = {"seq_len": launch_seq_len(self.seq_len)} if self.seq_len else {}
         return LANES[self.lane].options(
-            checkout, init=self.init, steps=self.steps, seed=seed, export=self.export, run_dir=run_dir,
-            overrides=list(self.overrides), nproc=TRN2.nproc, **extra,
-        )  # fmt: skip
+            checkout,
+            init=self.init,
+            steps=self.steps,
+            seed=seed,
+            export=self.export,
+            run_dir=run_dir,
+            overrides=list(self.overrides),
+            nproc=TRN2.nproc,
+            **extra,
+        )
 
     def describe(self) -> str:
         bits = [f"{self.recipe}/{self.lane_name}", f"init {self.init}", f"{self.steps} step(s)"]
@@ -199,104 +208,282 @@ ENTRIES: dict[str, Entry] = {
     e.recipe: e
     for e in (
         Entry(
-            recipe="hf_backend", tutorial="config 1", kind="dense", upstream=Upstream("4B"),
+            recipe="hf_backend",
+            tutorial="config 1",
+            kind="dense",
+            upstream=Upstream("4B"),
             lanes=(
-                Lane("as_published", "hf_backend", "config 1 as the tutorial ran it: torchtitan's test tokenizer and "
-                     "c4_test from the checkout, upstream's RoPE init (inv_freq left uninitialised)",
-                     titan_dataset=True, titan_tokenizer=True, kept_defects=("inv_freq",), published=True),
-                Lane("tokenizer_fixed", "hf_backend", "config 1 as published with the weights' own tokenizer",
-                     titan_dataset=True, kept_defects=("inv_freq",)),
-                Lane("inv_freq_fixed", "hf_backend", "config 1 as published with inv_freq recomputed",
-                     titan_dataset=True, titan_tokenizer=True),
-                Lane("corrected", "hf_backend", "the suite's recipe: the weights' own tokenizer, inv_freq recomputed, "
-                     "$QWEN3_DATASET_DIR"),
+                Lane(
+                    "as_published",
+                    "hf_backend",
+                    "config 1 as the tutorial ran it: torchtitan's test tokenizer and "
+                    "c4_test from the checkout, upstream's RoPE init (inv_freq left uninitialised)",
+                    titan_dataset=True,
+                    titan_tokenizer=True,
+                    kept_defects=("inv_freq",),
+                    published=True,
+                ),
+                Lane(
+                    "tokenizer_fixed",
+                    "hf_backend",
+                    "config 1 as published with the weights' own tokenizer",
+                    titan_dataset=True,
+                    kept_defects=("inv_freq",),
+                ),
+                Lane(
+                    "inv_freq_fixed",
+                    "hf_backend",
+                    "config 1 as published with inv_freq recomputed",
+                    titan_dataset=True,
+                    titan_tokenizer=True,
+                ),
+                Lane(
+                    "corrected",
+                    "hf_backend",
+                    "the suite's recipe: the weights' own tokenizer, inv_freq recomputed, "
+                    "$QWEN3_DATASET_DIR",
+                ),
             ),
             # One step: upstream's uninitialised inv_freq makes step 2 NaN (DESIGN.md), step 1 sometimes, and torchtitan
             # stops at a non-finite loss before any export; steps past 1 serve nothing (the band is config1-corrected's).
             launches=(
-                Launch("config1-as_published", "hf_backend.as_published", "hf", 1,
-                       ("step1_loss_hf 6.54", "reference + diagnosis"), (_HF, _REF), reference=True, suspects=2,
-                       family="4B hf backend"),
-                Launch("config1-as_published-random", "hf_backend.as_published", "random", 1,
-                       ("step1_loss_random 12.43",), (_HF,), family="4B hf backend"),
-                Launch("config1-corrected", "hf_backend.corrected", "hf", LANE_STEPS,
-                       ("reference (judged)", "band", "export round trip"), (_REF, _CURVES, _HF), export=True,
-                       reference=True, family="4B hf backend"),
+                Launch(
+                    "config1-as_published",
+                    "hf_backend.as_published",
+                    "hf",
+                    1,
+                    ("step1_loss_hf 6.54", "reference + diagnosis"),
+                    (_HF, _REF),
+                    reference=True,
+                    suspects=2,
+                    family="4B hf backend",
+                ),
+                Launch(
+                    "config1-as_published-random",
+                    "hf_backend.as_published",
+                    "random",
+                    1,
+                    ("step1_loss_random 12.43",),
+                    (_HF,),
+                    family="4B hf backend",
+                ),
+                Launch(
+                    "config1-corrected",
+                    "hf_backend.corrected",
+                    "hf",
+                    LANE_STEPS,
+                    ("reference (judged)", "band", "export round trip"),
+                    (_REF, _CURVES, _HF),
+                    export=True,
+                    reference=True,
+                    family="4B hf backend",
+                ),
                 # Diagnosis: on a stable night neither launches (harness.night.standing); the night puts them last.
-                Launch("config1-tokenizer_fixed", "hf_backend.tokenizer_fixed", "hf", 1, ("diagnosis: the tokenizer",),
-                       (_REF,), reference=True, suspects=1, when=ON_CHANGE, explains="config1-as_published",
-                       family="4B hf backend"),
-                Launch("config1-inv_freq_fixed", "hf_backend.inv_freq_fixed", "hf", 1, ("diagnosis: inv_freq",),
-                       (_REF,), reference=True, suspects=1, when=ON_CHANGE, explains="config1-as_published",
-                       family="4B hf backend"),
+                Launch(
+                    "config1-tokenizer_fixed",
+                    "hf_backend.tokenizer_fixed",
+                    "hf",
+                    1,
+                    ("diagnosis: the tokenizer",),
+                    (_REF,),
+                    reference=True,
+                    suspects=1,
+                    when=ON_CHANGE,
+                    explains="config1-as_published",
+                    family="4B hf backend",
+                ),
+                Launch(
+                    "config1-inv_freq_fixed",
+                    "hf_backend.inv_freq_fixed",
+                    "hf",
+                    1,
+                    ("diagnosis: inv_freq",),
+                    (_REF,),
+                    reference=True,
+                    suspects=1,
+                    when=ON_CHANGE,
+                    explains="config1-as_published",
+                    family="4B hf backend",
+                ),
             ),
             claims=(
-                ClaimJudge("hf_backend.trn2.step1_loss_hf", "config1-as_published",
-                           f"{_HF}::test_published_step1_loss_from_pretrained_weights"),
-                ClaimJudge("hf_backend.trn2.step1_loss_random", "config1-as_published-random",
-                           f"{_HF}::test_published_step1_loss_from_random_init"),
-                ClaimJudge("hf_backend.trn2.export_missing_keys", "config1-corrected",
-                           f"{_HF}::test_export_round_trip", not_as_published=_EXPORT_ON_CORRECTED),
-                ClaimJudge("hf_backend.trn2.export_unexpected_keys", "config1-corrected",
-                           f"{_HF}::test_export_round_trip", not_as_published=_EXPORT_ON_CORRECTED),
+                ClaimJudge(
+                    "hf_backend.trn2.step1_loss_hf",
+                    "config1-as_published",
+                    f"{_HF}::test_published_step1_loss_from_pretrained_weights",
+                ),
+                ClaimJudge(
+                    "hf_backend.trn2.step1_loss_random",
+                    "config1-as_published-random",
+                    f"{_HF}::test_published_step1_loss_from_random_init",
+                ),
+                ClaimJudge(
+                    "hf_backend.trn2.export_missing_keys",
+                    "config1-corrected",
+                    f"{_HF}::test_export_round_trip",
+                    not_as_published=_EXPORT_ON_CORRECTED,
+                ),
+                ClaimJudge(
+                    "hf_backend.trn2.export_unexpected_keys",
+                    "config1-corrected",
+                    f"{_HF}::test_export_round_trip",
+                    not_as_published=_EXPORT_ON_CORRECTED,
+                ),
             ),
-            band_launch="config1-corrected", proxy=Proxy(fixture_config=True), bf16_experts=True,
+            band_launch="config1-corrected",
+            proxy=Proxy(fixture_config=True),
+            bf16_experts=True,
         ),
         Entry(
-            recipe="native_qwen3", tutorial="config 2", kind="dense", upstream=Upstream("4B"),
+            recipe="native_qwen3",
+            tutorial="config 2",
+            kind="dense",
+            upstream=Upstream("4B"),
             lanes=(
-                Lane("as_published", "native_qwen3", 'config 2 as the tutorial ran it: model_registry("4B")\'s RoPE '
-                     "theta 1e6 (config.json says 5e6), c4_test from the checkout",
-                     titan_dataset=True, allow_mismatch=("rope_theta",), published=True),
-                Lane("corrected", "native_qwen3", "config 2 with config.json's RoPE theta 5e6, $QWEN3_DATASET_DIR",
-                     rope_theta=5e6),
+                Lane(
+                    "as_published",
+                    "native_qwen3",
+                    'config 2 as the tutorial ran it: model_registry("4B")\'s RoPE '
+                    "theta 1e6 (config.json says 5e6), c4_test from the checkout",
+                    titan_dataset=True,
+                    allow_mismatch=("rope_theta",),
+                    published=True,
+                ),
+                Lane(
+                    "corrected",
+                    "native_qwen3",
+                    "config 2 with config.json's RoPE theta 5e6, $QWEN3_DATASET_DIR",
+                    rope_theta=5e6,
+                ),
             ),
             launches=(
-                Launch("config2-as_published", "native_qwen3.as_published", "hf", LANE_STEPS,
-                       ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"),
-                       (_NATIVE, _REF, _CURVES), export=True, reference=True, suspects=1, family="4B native"),
-                Launch("config2-as_published-random", "native_qwen3.as_published", "random", 1,
-                       ("step1_loss_random 12.43",), (_NATIVE,), family="4B native"),
-                Launch("config2-corrected", "native_qwen3.corrected", "hf", 1, ("reference (judged)",), (_REF,),
-                       reference=True, family="4B native"),
-                Launch("config2-torchtitan-train", "native_qwen3.as_published", "hf", 1,
-                       ("torchtitan's own entry gives the harness's step 1",), (_NATIVE,), entry="torchtitan.train",
-                       when=ON_CHANGE, family="4B native"),  # the harness's launch vs torchtitan's: moves with code
+                Launch(
+                    "config2-as_published",
+                    "native_qwen3.as_published",
+                    "hf",
+                    LANE_STEPS,
+                    ("step1_loss_hf 6.54", "export round trip", "band", "reference + diagnosis"),
+                    (_NATIVE, _REF, _CURVES),
+                    export=True,
+                    reference=True,
+                    suspects=1,
+                    family="4B native",
+                ),
+                Launch(
+                    "config2-as_published-random",
+                    "native_qwen3.as_published",
+                    "random",
+                    1,
+                    ("step1_loss_random 12.43",),
+                    (_NATIVE,),
+                    family="4B native",
+                ),
+                Launch(
+                    "config2-corrected",
+                    "native_qwen3.corrected",
+                    "hf",
+                    1,
+                    ("reference (judged)",),
+                    (_REF,),
+                    reference=True,
+                    family="4B native",
+                ),
+                Launch(
+                    "config2-torchtitan-train",
+                    "native_qwen3.as_published",
+                    "hf",
+                    1,
+                    ("torchtitan's own entry gives the harness's step 1",),
+                    (_NATIVE,),
+                    entry="torchtitan.train",
+                    when=ON_CHANGE,
+                    family="4B native",
+                ),  # the harness's launch vs torchtitan's: moves with code
             ),
             claims=(
-                ClaimJudge("native_qwen3.trn2.step1_loss_hf", "config2-as_published",
-                           f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights"),
-                ClaimJudge("native_qwen3.trn2.step1_loss_random", "config2-as_published-random",
-                           f"{_NATIVE}::test_published_step1_loss_from_random_init"),
-                ClaimJudge("native_qwen3.trn2.export_missing_keys", "config2-as_published",
-                           f"{_NATIVE}::test_export_round_trip_keys"),
-                ClaimJudge("native_qwen3.trn2.export_unexpected_keys", "config2-as_published",
-                           f"{_NATIVE}::test_export_round_trip_keys"),
+                ClaimJudge(
+                    "native_qwen3.trn2.step1_loss_hf",
+                    "config2-as_published",
+                    f"{_NATIVE}::test_published_step1_loss_from_pretrained_weights",
+                ),
+                ClaimJudge(
+                    "native_qwen3.trn2.step1_loss_random",
+                    "config2-as_published-random",
+                    f"{_NATIVE}::test_published_step1_loss_from_random_init",
+                ),
+                ClaimJudge(
+                    "native_qwen3.trn2.export_missing_keys",
+                    "config2-as_published",
+                    f"{_NATIVE}::test_export_round_trip_keys",
+                ),
+                ClaimJudge(
+                    "native_qwen3.trn2.export_unexpected_keys",
+                    "config2-as_published",
+                    f"{_NATIVE}::test_export_round_trip_keys",
+                ),
             ),
-            band_launch="config2-as_published", proxy=Proxy(), localized=True,
+            band_launch="config2-as_published",
+            proxy=Proxy(),
+            localized=True,
         ),
         Entry(
-            recipe="nki_moe", tutorial="config 3", kind="moe",
+            recipe="nki_moe",
+            tutorial="config 3",
+            kind="moe",
             upstream=Upstream("30B-A3B", n_layers=4, num_experts=64, top_k=4),
             lanes=(
-                Lane("as_published", "nki_moe", "config 3 as the tutorial builds it (the fork's qwen3_nki_moe_config "
-                     "when importable), c4_test from the checkout", titan_dataset=True, published=True),
+                Lane(
+                    "as_published",
+                    "nki_moe",
+                    "config 3 as the tutorial builds it (the fork's qwen3_nki_moe_config "
+                    "when importable), c4_test from the checkout",
+                    titan_dataset=True,
+                    published=True,
+                ),
             ),
             launches=(
-                Launch("config3-as_published", "nki_moe.as_published", "random", LANE_STEPS, ("trains", "band"),
-                       (_MOE, _CURVES), family="MoE"),
-                Launch("config3-rope_hf", "nki_moe.as_published", "random", LANE_STEPS, ("trains with rope_hf",),
-                       (_MOE,), overrides=("rope_hf",), seq_len=2048, family="MoE"),
+                Launch(
+                    "config3-as_published",
+                    "nki_moe.as_published",
+                    "random",
+                    LANE_STEPS,
+                    ("trains", "band"),
+                    (_MOE, _CURVES),
+                    family="MoE",
+                ),
+                Launch(
+                    "config3-rope_hf",
+                    "nki_moe.as_published",
+                    "random",
+                    LANE_STEPS,
+                    ("trains with rope_hf",),
+                    (_MOE,),
+                    overrides=("rope_hf",),
+                    seq_len=2048,
+                    family="MoE",
+                ),
             ),
             claims=(
-                ClaimJudge("nki_moe.trn2.rope_q_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
-                ClaimJudge("nki_moe.trn2.rope_k_max_abs_diff", None, _KERNEL, "one NeuronCore, float32, no launch"),
+                ClaimJudge(
+                    "nki_moe.trn2.rope_q_max_abs_diff",
+                    None,
+                    _KERNEL,
+                    "one NeuronCore, float32, no launch",
+                ),
+                ClaimJudge(
+                    "nki_moe.trn2.rope_k_max_abs_diff",
+                    None,
+                    _KERNEL,
+                    "one NeuronCore, float32, no launch",
+                ),
             ),
-            band_launch="config3-as_published", proxy=None, band_init="random",
+            band_launch="config3-as_published",
+            proxy=None,
+            band_init="random",
             fork=Fork("qwen3_nki_moe_config", "config 3"),
         ),
     )
-}  # fmt: skip
+}
 
 # --- derived views, refilled in place from ENTRIES (so every importer sees an added entry) -----------
 
@@ -317,8 +504,16 @@ def _derive() -> None:
     entries = ENTRIES.values()
     for view, value in (
         (LANES, {x.key: x for e in entries for x in e.lanes}),
-        (LAUNCHES, {x.name: x for when in (EVERY_NIGHT, ON_CHANGE) for e in entries for x in e.launches
-                    if x.when == when}),
+        (
+            LAUNCHES,
+            {
+                x.name: x
+                for when in (EVERY_NIGHT, ON_CHANGE)
+                for e in entries
+                for x in e.launches
+                if x.when == when
+            },
+        ),
         (CLAIM_JUDGES, {j.claim: j for e in entries for j in e.claims}),
         (BAND_LAUNCH, {e.recipe: e.band_launch for e in entries}),
         (UPSTREAM, {e.recipe: e.upstream for e in entries}),
@@ -358,12 +553,16 @@ def forked() -> Entry | None:
 def missing(recipe: str) -> list[str]:
     """What ``recipe``'s entry lacks, one phrase each ([] when complete)."""
     if recipe not in ENTRIES:
-        return [f"an Entry in harness/declare/catalogue.py ENTRIES (every part: lanes, launches, claims, upstream, proxy, band)"]
+        return [
+            "an Entry in harness/declare/catalogue.py ENTRIES (every part: lanes, launches, claims, upstream, proxy, band)"
+        ]
     e, found = ENTRIES[recipe], []
     if not e.lanes:
         found.append("lanes")
     if any(x.recipe != recipe for x in e.lanes):
-        found.append(f"lanes of its own (some name {sorted({x.recipe for x in e.lanes} - {recipe})})")
+        found.append(
+            f"lanes of its own (some name {sorted({x.recipe for x in e.lanes} - {recipe})})"
+        )
     if sum(x.published for x in e.lanes) != 1:
         found.append("exactly one published (as-published) lane")
     if e.kind not in ("dense", "moe"):
@@ -396,9 +595,13 @@ def _missing_judges(e: Entry) -> list[str]:
     found = []
     if not e.claims:
         found.append("a judge of each published trn2 claim it must reproduce (none declared)")
-    unknown = [j.claim for j in e.claims if j.claim.split(".")[-1] not in CLAIMS or j.claim.count(".") != 2]
+    unknown = [
+        j.claim for j in e.claims if j.claim.split(".")[-1] not in CLAIMS or j.claim.count(".") != 2
+    ]
     if unknown:
-        found.append(f"judges of claims named <recipe>.<tier>.<key of harness.declare.published.CLAIMS> (not {unknown})")
+        found.append(
+            f"judges of claims named <recipe>.<tier>.<key of harness.declare.published.CLAIMS> (not {unknown})"
+        )
     launches = {x.name for x in e.launches}
     stray = [j.claim for j in e.claims if j.launch is not None and j.launch not in launches]
     if stray:

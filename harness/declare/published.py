@@ -39,7 +39,11 @@ CLAIMS = {
         Claim("step1_loss_random", 12.43, "step-1 loss, random init (Qwen3-4B width/vocab)"),
         Claim("rope_q_max_abs_diff", 0.0, "rope_hf vs torchtitan RoPE, float32, q"),
         Claim("rope_k_max_abs_diff", 0.0, "rope_hf vs torchtitan RoPE, float32, k"),
-        Claim("export_missing_keys", ["lm_head.weight"], "HF export load_state_dict missing keys (tied)"),
+        Claim(
+            "export_missing_keys",
+            ["lm_head.weight"],
+            "HF export load_state_dict missing keys (tied)",
+        ),
         Claim("export_unexpected_keys", [], "HF export load_state_dict unexpected keys"),
     )
 }
@@ -69,15 +73,21 @@ def pin_differences(lock: Path | None = None, neuron: Path | None = None) -> lis
     from recipes.platform import neuron_versions
 
     lock, neuron = lock or CPU_LOCK, neuron or neuron_versions.REQUIREMENTS
-    wanted = [(lock, name) for name in CPU_SHARED] + [(neuron, n) for n in ("torch", "torch-neuronx", "transformers")]
+    wanted = [(lock, name) for name in CPU_SHARED] + [
+        (neuron, n) for n in ("torch", "torch-neuronx", "transformers")
+    ]
     out = []
     for path, name in wanted:
         pin = neuron_versions.pins(path).get(name)
         if pin is None or not names_release(pin, PINS[name]):
-            out.append(f"{path.name}: {name} is pinned {pin or 'nowhere'}, the tutorial's is {PINS[name]} "
-                       f"(harness.declare.published.PINS); pin the tutorial's, or say in the report why not")  # fmt: skip
+            out.append(
+                f"{path.name}: {name} is pinned {pin or 'nowhere'}, the tutorial's is {PINS[name]} "
+                f"(harness.declare.published.PINS); pin the tutorial's, or say in the report why not"
+            )
     titan = f"{neuron_versions.TORCHTITAN_NEURON_REF} ({neuron_versions.TORCHTITAN_VERSION})"
     if titan != PINS["torchtitan-neuron"]:
-        out.append(f"recipes/platform/neuron_versions.py: TorchTitan Neuron is {titan}, the tutorial's is "
-                   f"{PINS['torchtitan-neuron']}")  # fmt: skip
+        out.append(
+            f"recipes/platform/neuron_versions.py: TorchTitan Neuron is {titan}, the tutorial's is "
+            f"{PINS['torchtitan-neuron']}"
+        )
     return out

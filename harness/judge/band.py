@@ -64,7 +64,9 @@ def band_key(steps: int) -> str:
     return f"loss_curve_{steps}"
 
 
-def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed: int = 0, **extra) -> RunOptions:
+def band_options(
+    recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed: int = 0, **extra
+) -> RunOptions:
     """The run a band is made of, and the run the neuron test checks against it.
 
     On trn2 it is the recipe's band lane run of the nightly (its catalogue entry's band launch,
@@ -84,12 +86,21 @@ def band_options(recipe: str, tier: str = "trn2", steps: int = BAND_STEPS, seed:
     init = entry.band_init
     allow = list(entry.published_lane.allow_mismatch) if init == "hf" else []
     return RunOptions(
-        recipe=recipe, tier=tier, nproc=tier_preset.nproc, steps=steps, init=init, seed=seed,
-        allow_mismatch=allow, export=False, **extra,
-    )  # fmt: skip
+        recipe=recipe,
+        tier=tier,
+        nproc=tier_preset.nproc,
+        steps=steps,
+        init=init,
+        seed=seed,
+        allow_mismatch=allow,
+        export=False,
+        **extra,
+    )
 
 
-def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = None) -> verdicts.Verdict:
+def judge_curve(
+    recipe: str, tier: str, losses: list[float], env: dict | None = None
+) -> verdicts.Verdict:
     """A curve against its recorded band; "unmeasured" (with the values) while none is recorded.
 
     A band nobody has recorded yet says nothing about the curve, so it never fails a night;
@@ -101,9 +112,17 @@ def judge_curve(recipe: str, tier: str, losses: list[float], env: dict | None = 
         _, values = goldens.load(recipe, tier_name)
         return verdicts.compare(key, losses, values, {}, env)
     path = goldens.goldens_path(recipe, tier_name)
-    missing = goldens.Golden(key=key, value=[], tolerance=0.0, lane="band", reason=f"no band recorded in {path}",
-                             unmeasured=why)  # fmt: skip
-    return verdicts.Verdict(key=key, measured=losses, golden=missing, passed=None, kind=goldens.NOT_JUDGED)
+    missing = goldens.Golden(
+        key=key,
+        value=[],
+        tolerance=0.0,
+        lane="band",
+        reason=f"no band recorded in {path}",
+        unmeasured=why,
+    )
+    return verdicts.Verdict(
+        key=key, measured=losses, golden=missing, passed=None, kind=goldens.NOT_JUDGED
+    )
 
 
 def unrecorded(recipe: str, tier: str, steps: int) -> str | None:
@@ -112,8 +131,10 @@ def unrecorded(recipe: str, tier: str, steps: int) -> str | None:
     path = goldens.goldens_path(recipe, tier_name)
     if path.exists() and key in goldens.load(recipe, tier_name)[1]:
         return None
-    return (f"{path} has no {key!r}: record it on a trn2.48xlarge with `python -m harness.judge.band record "
-            f"{recipe}` ({BAND_RUNS} runs of {steps} steps) and commit it")
+    return (
+        f"{path} has no {key!r}: record it on a trn2.48xlarge with `python -m harness.judge.band record "
+        f"{recipe}` ({BAND_RUNS} runs of {steps} steps) and commit it"
+    )
 
 
 def loss_fall(losses: list[float]) -> dict:
@@ -137,8 +158,14 @@ def loss_fall(losses: list[float]) -> dict:
     noise = math.sqrt(math.fsum(r * r for r in residuals) / (n - 2))
     se = noise / math.sqrt(sxx) * (n - 1)
     fall = -slope * (n - 1)
-    return {"steps": n, "fall": fall, "noise": noise, "se": se, "sigmas": FALL_SIGMAS,
-            "trains": fall > FALL_SIGMAS * se}  # fmt: skip
+    return {
+        "steps": n,
+        "fall": fall,
+        "noise": noise,
+        "se": se,
+        "sigmas": FALL_SIGMAS,
+        "trains": fall > FALL_SIGMAS * se,
+    }
 
 
 #: How many standard errors the fitted drop must exceed (see loss_fall).
@@ -169,7 +196,9 @@ def false_alarm_per_step(n: int, k: float) -> float:
     return t_tail(k / math.sqrt(1 + 1 / n), n - 1)
 
 
-def compute_band(runs: list[list[float]], k: float = BAND_K, min_halfwidth: float = MIN_HALFWIDTH) -> dict:
+def compute_band(
+    runs: list[list[float]], k: float = BAND_K, min_halfwidth: float = MIN_HALFWIDTH
+) -> dict:
     """Per step: mean, sample std (n - 1) and half-width max(k·std, min_halfwidth) of ``runs``."""
     if len(runs) < 2:
         raise BandError(f"a band needs at least 2 runs, got {len(runs)}: a std needs two")
@@ -179,8 +208,12 @@ def compute_band(runs: list[list[float]], k: float = BAND_K, min_halfwidth: floa
     for i, run in enumerate(runs):
         if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in run):
             raise BandError(f"run {i} has a non-finite loss; a band never holds NaN/inf")
-    if not (math.isfinite(k) and k > 0) or not (math.isfinite(min_halfwidth) and min_halfwidth >= 0):
-        raise BandError(f"k must be > 0 and the floor ≥ 0, got k={k}, min_halfwidth={min_halfwidth}")
+    if not (math.isfinite(k) and k > 0) or not (
+        math.isfinite(min_halfwidth) and min_halfwidth >= 0
+    ):
+        raise BandError(
+            f"k must be > 0 and the floor ≥ 0, got k={k}, min_halfwidth={min_halfwidth}"
+        )
     n = len(runs)
     mean, std = [], []
     for step in zip(*runs):
@@ -224,7 +257,9 @@ def band_entry(
             "false_alarm_per_step": false_alarm_per_step(n, k),
             "options": options,
             "command": command,
-            "environment": environment if environment is not None else goldens.environment_metadata(),
+            "environment": environment
+            if environment is not None
+            else goldens.environment_metadata(),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
     }
@@ -254,7 +289,9 @@ def read_run(run_dir: Path) -> tuple[list[float], dict]:
     return [s["loss"] for s in read_steps(run_dir) if "loss" in s], read_run_json(run_dir)
 
 
-def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None) -> list[Path]:
+def record(
+    recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None
+) -> list[Path]:
     """Launch ``runs`` runs of :func:`band_options` one after another; return their run directories."""
     from harness.checks.preflight import preflight
 
@@ -265,15 +302,22 @@ def record(recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work
         seed = seeds[i % len(seeds)]
         run_dir = Path(work_dir) / f"{recipe}-{tier}-run{i}-seed{seed}"
         opts = preflight(band_options(recipe, tier, steps, seed, run_dir=run_dir))
-        print(f"[band] run {i + 1}/{runs}: {recipe} on {tier}, seed {seed}, {steps} steps -> {run_dir}", flush=True)
+        print(
+            f"[band] run {i + 1}/{runs}: {recipe} on {tier}, seed {seed}, {steps} steps -> {run_dir}",
+            flush=True,
+        )
         result = launch(opts)  # the band lanes keep no defect: no lane environment to set
         if len(result.losses) != steps:
-            raise BandError(f"run {i + 1} recorded {len(result.losses)} of {steps} steps ({run_dir})")
+            raise BandError(
+                f"run {i + 1} recorded {len(result.losses)} of {steps} steps ({run_dir})"
+            )
         dirs.append(run_dir)
     return dirs
 
 
-def make_band(recipe: str, tier: str, run_dirs: list[Path], k: float, min_halfwidth: float, command: str) -> Path:
+def make_band(
+    recipe: str, tier: str, run_dirs: list[Path], k: float, min_halfwidth: float, command: str
+) -> Path:
     curves, options, seeds = [], [], []
     for run_dir in run_dirs:
         losses, opts = read_run(run_dir)
@@ -283,8 +327,14 @@ def make_band(recipe: str, tier: str, run_dirs: list[Path], k: float, min_halfwi
     recipes_seen = {o.get("recipe", recipe) for o in options}
     if recipes_seen != {recipe}:
         raise BandError(f"the runs are of {sorted(recipes_seen)}, not only {recipe!r}")
-    same = {k_: v for k_, v in options[0].items() if all(o.get(k_) == v for o in options) and k_ != "run_dir"}
-    entry = band_entry(curves, k=k, min_halfwidth=min_halfwidth, command=command, options=same, seeds=seeds)
+    same = {
+        k_: v
+        for k_, v in options[0].items()
+        if all(o.get(k_) == v for o in options) and k_ != "run_dir"
+    }
+    entry = band_entry(
+        curves, k=k, min_halfwidth=min_halfwidth, command=command, options=same, seeds=seeds
+    )
     path = write_band(recipe, tier, band_key(len(curves[0])), entry)
     width = entry["tolerance"]
     print(
@@ -295,30 +345,61 @@ def make_band(recipe: str, tier: str, run_dirs: list[Path], k: float, min_halfwi
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.judge.band", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.judge.band", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("record", "compute"):
         p = sub.add_parser(name)
         p.add_argument("recipe")
         p.add_argument("--tier", default="trn2")
-        p.add_argument("--k", type=float, default=BAND_K, help=f"half-width = k·std (default {BAND_K:g})")
         p.add_argument(
-            "--min-halfwidth", type=float, default=MIN_HALFWIDTH, help=f"per-step floor (default {MIN_HALFWIDTH:g})"
+            "--k", type=float, default=BAND_K, help=f"half-width = k·std (default {BAND_K:g})"
+        )
+        p.add_argument(
+            "--min-halfwidth",
+            type=float,
+            default=MIN_HALFWIDTH,
+            help=f"per-step floor (default {MIN_HALFWIDTH:g})",
         )
         if name == "record":
-            p.add_argument("--runs", type=int, default=BAND_RUNS, help=f"repetitions (default {BAND_RUNS})")
-            p.add_argument("--steps", type=int, default=BAND_STEPS, help=f"steps per run (default {BAND_STEPS})")
-            p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, cycled over the runs (default 0)")
-            p.add_argument("--work-dir", type=Path, default=Path("report") / "band", help="where the runs go")
+            p.add_argument(
+                "--runs", type=int, default=BAND_RUNS, help=f"repetitions (default {BAND_RUNS})"
+            )
+            p.add_argument(
+                "--steps",
+                type=int,
+                default=BAND_STEPS,
+                help=f"steps per run (default {BAND_STEPS})",
+            )
+            p.add_argument(
+                "--seeds",
+                type=int,
+                nargs="+",
+                default=[0],
+                help="seeds, cycled over the runs (default 0)",
+            )
+            p.add_argument(
+                "--work-dir", type=Path, default=Path("report") / "band", help="where the runs go"
+            )
         else:
-            p.add_argument("run_dirs", type=Path, nargs="+", help="finished run directories (steps.jsonl, run.json)")
+            p.add_argument(
+                "run_dirs",
+                type=Path,
+                nargs="+",
+                help="finished run directories (steps.jsonl, run.json)",
+            )
     args = parser.parse_args(argv)
-    command = "python -m harness.judge.band " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m harness.judge.band " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
     try:
         if args.command == "record":
             if args.runs < 2:
                 raise BandError(f"--runs {args.runs}: a band needs at least 2 runs")
-            run_dirs = record(args.recipe, args.tier, args.runs, args.steps, args.seeds, args.work_dir)
+            run_dirs = record(
+                args.recipe, args.tier, args.runs, args.steps, args.seeds, args.work_dir
+            )
         else:
             run_dirs = args.run_dirs
         make_band(args.recipe, args.tier, run_dirs, args.k, args.min_halfwidth, command)

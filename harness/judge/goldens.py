@@ -59,7 +59,17 @@ GOLDENS_DIR = Path(os.environ.get("QWEN3_GOLDENS_DIR") or FIXTURES / "goldens")
 LOCK_FILE = REPO_ROOT / "requirements-lock.txt"
 LANES = ("exact", "proxy", "published", "band")
 CLAIM_LANES = ("proxy", "published")
-ENTRY_KEYS = {"value", "claim", "tolerance", "lane", "reason", "portable_rtol", "band", "inputs", "unmeasured"}
+ENTRY_KEYS = {
+    "value",
+    "claim",
+    "tolerance",
+    "lane",
+    "reason",
+    "portable_rtol",
+    "band",
+    "inputs",
+    "unmeasured",
+}
 #: Verdicts that neither pass nor fail (``harness.judge.verdicts.Verdict.passed`` is None): the value is recorded with why it cannot be judged yet.
 NOT_JUDGED = "unmeasured"
 INPUTS_DIFFER = "inputs differ from the recorded run"
@@ -105,8 +115,10 @@ def why_not_judged(golden: "Golden") -> str:
     """Why a golden cannot judge a measurement yet: its tolerance is unmeasured, or no night's inputs are recorded."""
     if golden.unmeasured:
         return golden.unmeasured
-    return ("no night's inputs are recorded for it yet: the first night measures them, "
-            "`python -m harness.night.ci record-inputs` records them, and later nights are judged on them")
+    return (
+        "no night's inputs are recorded for it yet: the first night measures them, "
+        "`python -m harness.night.ci record-inputs` records them, and later nights are judged on them"
+    )
 
 
 def lock_sha256(path: Path = LOCK_FILE) -> str | None:
@@ -170,7 +182,9 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
         raise GoldenError(f"{path}: {key!r} must be an object with value/tolerance/lane/reason")
     unknown = set(entry) - ENTRY_KEYS
     if unknown:
-        raise GoldenError(f"{path}: {key!r} has unknown field(s) {sorted(unknown)}; allowed: {sorted(ENTRY_KEYS)}")
+        raise GoldenError(
+            f"{path}: {key!r} has unknown field(s) {sorted(unknown)}; allowed: {sorted(ENTRY_KEYS)}"
+        )
     for required in ("tolerance", "lane", "reason"):
         if required not in entry:
             raise GoldenError(f"{path}: {key!r} has no {required!r}; every golden states it")
@@ -178,9 +192,13 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
     if lane not in LANES:
         raise GoldenError(f"{path}: {key!r} lane {lane!r} is not one of {LANES}")
     if "portable_rtol" in entry and lane != "exact":
-        raise GoldenError(f"{path}: {key!r} is a {lane} entry; only exact values have a 'portable_rtol'")
+        raise GoldenError(
+            f"{path}: {key!r} is a {lane} entry; only exact values have a 'portable_rtol'"
+        )
     if "band" in entry and lane != "band":
-        raise GoldenError(f"{path}: {key!r} is a {lane} entry; only lane 'band' has a 'band' record")
+        raise GoldenError(
+            f"{path}: {key!r} is a {lane} entry; only lane 'band' has a 'band' record"
+        )
     if lane in CLAIM_LANES:
         if "value" in entry:
             raise GoldenError(
@@ -189,18 +207,24 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
             )
         claim = entry.get("claim")
         if claim not in CLAIMS:
-            raise GoldenError(f"{path}: {key!r} claim {claim!r} is not one of harness.declare.published.CLAIMS {sorted(CLAIMS)}")
+            raise GoldenError(
+                f"{path}: {key!r} claim {claim!r} is not one of harness.declare.published.CLAIMS {sorted(CLAIMS)}"
+            )
         value = CLAIMS[claim].value
     else:
         if "claim" in entry:
             article = "an" if lane == "exact" else "a"
-            raise GoldenError(f"{path}: {key!r} is {article} {lane} entry and cannot name a claim; use lane 'proxy'")
+            raise GoldenError(
+                f"{path}: {key!r} is {article} {lane} entry and cannot name a claim; use lane 'proxy'"
+            )
         if "value" not in entry:
             raise GoldenError(f"{path}: {key!r} has no 'value'; every {lane} golden states it")
         value, claim = entry["value"], None
     tolerance = entry["tolerance"]
     if not _finite(value):
-        raise GoldenError(f"{path}: {key!r} value {value!r} is not finite; goldens never hold NaN/inf")
+        raise GoldenError(
+            f"{path}: {key!r} value {value!r} is not finite; goldens never hold NaN/inf"
+        )
     band = None
     if lane == "band":
         band = _parse_band(path, key, entry, value, tolerance)
@@ -214,31 +238,53 @@ def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
         raise GoldenError(f"{path}: {key!r} portable_rtol {portable!r} must be a finite number ≥ 0")
     inputs = entry.get("inputs")
     if inputs is not None and not isinstance(inputs, dict):
-        raise GoldenError(f"{path}: {key!r} inputs must be null (not recorded yet) or the recorded input key")
+        raise GoldenError(
+            f"{path}: {key!r} inputs must be null (not recorded yet) or the recorded input key"
+        )
     unmeasured = entry.get("unmeasured")
     if unmeasured is not None and not (isinstance(unmeasured, str) and len(unmeasured) > 20):
-        raise GoldenError(f"{path}: {key!r} unmeasured must say why the tolerance is not measured and what will")
+        raise GoldenError(
+            f"{path}: {key!r} unmeasured must say why the tolerance is not measured and what will"
+        )
     return Golden(
-        key=key, value=value, tolerance=tolerance, lane=lane, reason=entry["reason"], claim=claim,
-        portable_rtol=None if portable is None else float(portable), band=band,
-        keyed_by_inputs="inputs" in entry, inputs=inputs, unmeasured=unmeasured,
-    )  # fmt: skip
+        key=key,
+        value=value,
+        tolerance=tolerance,
+        lane=lane,
+        reason=entry["reason"],
+        claim=claim,
+        portable_rtol=None if portable is None else float(portable),
+        band=band,
+        keyed_by_inputs="inputs" in entry,
+        inputs=inputs,
+        unmeasured=unmeasured,
+    )
 
 
 def _parse_band(path: Path, key: str, entry: dict, value, tolerance) -> dict:
     """A band entry: per-step means, per-step half-widths of the same length, and how they were made."""
     if not is_curve(value):
-        raise GoldenError(f"{path}: {key!r} is a band: 'value' must be the per-step means (a list of numbers)")
-    if not (isinstance(tolerance, list) and len(tolerance) == len(value) and all(_tolerance_ok(t) for t in tolerance)):
+        raise GoldenError(
+            f"{path}: {key!r} is a band: 'value' must be the per-step means (a list of numbers)"
+        )
+    if not (
+        isinstance(tolerance, list)
+        and len(tolerance) == len(value)
+        and all(_tolerance_ok(t) for t in tolerance)
+    ):
         raise GoldenError(
             f"{path}: {key!r} is a band: 'tolerance' must be one finite half-width ≥ 0 per step ({len(value)})"
         )
     band = entry.get("band")
     if not isinstance(band, dict) or BAND_KEYS - set(band):
         missing = sorted(BAND_KEYS - set(band)) if isinstance(band, dict) else sorted(BAND_KEYS)
-        raise GoldenError(f"{path}: {key!r} is a band without how it was made: 'band' lacks {missing}")
+        raise GoldenError(
+            f"{path}: {key!r} is a band without how it was made: 'band' lacks {missing}"
+        )
     if not (isinstance(band["n"], int) and band["n"] >= 2 and len(band["runs"]) == band["n"]):
-        raise GoldenError(f"{path}: {key!r} band n={band['n']!r} must be ≥ 2 and count its runs ({len(band['runs'])})")
+        raise GoldenError(
+            f"{path}: {key!r} band n={band['n']!r} must be ≥ 2 and count its runs ({len(band['runs'])})"
+        )
     return band
 
 
@@ -248,7 +294,9 @@ def load(recipe: str, tier: str, path: Path | None = None) -> tuple[dict, dict[s
     try:
         data = json.loads(path.read_text(), parse_constant=lambda c: float(c))
     except FileNotFoundError:
-        raise GoldenError(f"{path} does not exist; regenerate cpu goldens with `make goldens`") from None
+        raise GoldenError(
+            f"{path} does not exist; regenerate cpu goldens with `make goldens`"
+        ) from None
     unknown = set(data) - {"metadata", "values"}
     if unknown:
         raise GoldenError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
@@ -281,21 +329,31 @@ def update_exact(
     path = goldens_path(recipe, tier)
     data = json.loads(path.read_text()) if path.exists() else {"values": {}}
     done = {*measured, *unchanged}
-    stale = sorted(k for k, e in data["values"].items() if e.get("lane") == "exact" and k not in done)
+    stale = sorted(
+        k for k, e in data["values"].items() if e.get("lane") == "exact" and k not in done
+    )
     differs = environment_differences(data.get("metadata") or {}, environment_metadata())
     if stale and differs:
-        raise GoldenError(f"{path}: exact golden(s) {stale} were not measured in this run and the file's environment "
-                          f"differs ({', '.join(differs)}): writing would stamp them as measured here. Measure them in "
-                          "the same run (`make goldens`: the whole cpu tier), or remove them")  # fmt: skip
+        raise GoldenError(
+            f"{path}: exact golden(s) {stale} were not measured in this run and the file's environment "
+            f"differs ({', '.join(differs)}): writing would stamp them as measured here. Measure them in "
+            "the same run (`make goldens`: the whole cpu tier), or remove them"
+        )
     for key, value in measured.items():
         entry = data["values"].get(key)
         if entry is not None and entry.get("lane") in CLAIM_LANES:
-            raise GoldenError(f"{path}: {key!r} is a {entry['lane']} entry (a tutorial claim) and is never regenerated")
+            raise GoldenError(
+                f"{path}: {key!r} is a {entry['lane']} entry (a tutorial claim) and is never regenerated"
+            )
         if entry is not None and entry.get("lane") == "band":
-            raise GoldenError(f"{path}: {key!r} is a band; only `python -m harness.judge.band` writes it")
+            raise GoldenError(
+                f"{path}: {key!r} is a band; only `python -m harness.judge.band` writes it"
+            )
         reason = reasons.get(key) or (entry or {}).get("reason") or ""
         if not reason:
-            raise GoldenError(f"{path}: new golden {key!r} needs a reason (pass reason=... to golden())")
+            raise GoldenError(
+                f"{path}: new golden {key!r} needs a reason (pass reason=... to golden())"
+            )
         new = {"value": value, "tolerance": 0.0, "lane": "exact", "reason": reason}
         portable = portable_rtols.get(key, (entry or {}).get("portable_rtol"))
         if portable is not None:
@@ -344,7 +402,9 @@ class Change:
             diff = f"  ({len(steps)} of {len(self.new)} steps differ, from step {steps[0] + 1}; max |Δ| {worst:.3g})"
         elif is_curve(self.old) and is_curve(self.new):
             diff = f"  ({len(self.old)} → {len(self.new)} steps)"
-        return f"  changed  {where}: {short_value(self.old)} → {short_value(self.new)}{diff}{portable}"
+        return (
+            f"  changed  {where}: {short_value(self.old)} → {short_value(self.new)}{diff}{portable}"
+        )
 
 
 def proposed_changes(proposals: list[dict]) -> list[Change]:
@@ -359,7 +419,16 @@ def proposed_changes(proposals: list[dict]) -> list[Change]:
         portable = p.get("portable_rtol")
         if old != p["value"] or (portable is not None and portable != old_portable):
             changes.append(
-                Change(p["recipe"], p["tier"], p["key"], old, p["value"], p.get("reason", ""), portable, old_portable)
+                Change(
+                    p["recipe"],
+                    p["tier"],
+                    p["key"],
+                    old,
+                    p["value"],
+                    p.get("reason", ""),
+                    portable,
+                    old_portable,
+                )
             )
     return changes
 
@@ -375,10 +444,13 @@ def apply_changes(changes: list[Change], proposals: list[dict] = ()) -> list[Pat
         by_file.setdefault((c.recipe, c.tier), []).append(c)
     return [
         update_exact(
-            recipe, tier, {c.key: c.new for c in group}, {c.key: c.reason for c in group},
+            recipe,
+            tier,
+            {c.key: c.new for c in group},
+            {c.key: c.reason for c in group},
             {c.key: c.portable_rtol for c in group if c.portable_rtol is not None},
             unchanged=[p["key"] for p in proposals if (p["recipe"], p["tier"]) == (recipe, tier)],
-        )  # fmt: skip
+        )
         for (recipe, tier), group in sorted(by_file.items())
     ]
 
@@ -407,17 +479,25 @@ def disagreements(tier: str, goldens_dir: Path | None = None) -> list[str]:
             continue
         golden = values.get(claim.key)
         if golden is None:
-            found.append(f"{path}: published claim {claim.name} ({where}) has no golden {claim.key!r}")
+            found.append(
+                f"{path}: published claim {claim.name} ({where}) has no golden {claim.key!r}"
+            )
         elif golden.lane != "published":
-            found.append(f"{path}: claim {claim.name} is on lane {golden.lane!r}; {where} as lane 'published'")
+            found.append(
+                f"{path}: claim {claim.name} is on lane {golden.lane!r}; {where} as lane 'published'"
+            )
         elif golden.value != claim.value:
-            found.append(f"{path}: claim {claim.name} holds {golden.value!r}; the tutorial's is {claim.value!r}")
+            found.append(
+                f"{path}: claim {claim.name} holds {golden.value!r}; the tutorial's is {claim.value!r}"
+            )
     names = {c.name for c in declared}
     for recipe, values in files.items():
         for golden in (values or {}).values():
             name = f"{recipe}.{tier}.{golden.key}"
             if golden.lane == "published" and name not in names:
-                found.append(f"{goldens_dir / recipe / f'{tier}.json'}: published golden {name} has no judge {where}")
+                found.append(
+                    f"{goldens_dir / recipe / f'{tier}.json'}: published golden {name} has no judge {where}"
+                )
     for path in sorted(goldens_dir.glob(f"*/{tier}.json")):
         if path.parent.name not in files:
             values = load(path.parent.name, tier, path)[1]

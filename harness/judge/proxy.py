@@ -24,7 +24,6 @@ from harness.base.run_dir import STEP1_FORWARD_FILE
 from harness.options.run_options import RunOptions
 from harness.rank.step1_forward import Step1ForwardError
 
-
 # --- host side -------------------------------------------------------------------------------
 
 
@@ -32,7 +31,12 @@ def command(opts: RunOptions, initial_state: bool = False) -> list[str]:
     """The scorer's command for resolved ``opts``: one process, or torchrun's ranks as ``harness.rank.train`` gets them."""
     launcher = [sys.executable]
     if opts.nproc > 1 or opts.nnodes > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={opts.nproc}"]
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={opts.nproc}",
+        ]
     return [*launcher, "-m", "harness.rank.step1_forward", "--run-dir", str(opts.run_dir)] + (
         ["--initial-state"] if initial_state else []
     )
@@ -43,8 +47,8 @@ def run(opts: RunOptions, initial_state: bool = False, timeout_s: float | None =
 
     Adds the children's wall and CPU time as the host saw them (``wall_s``, ``children_cpu_s``).
     """
-    from harness.launch.lifecycle import child_env, write_run_file
     from harness.checks.preflight import preflight
+    from harness.launch.lifecycle import child_env, write_run_file
 
     opts = preflight(opts)
     if opts.nnodes != 1:
@@ -52,12 +56,17 @@ def run(opts: RunOptions, initial_state: bool = False, timeout_s: float | None =
     write_run_file(opts)
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     out = subprocess.run(
-        command(opts, initial_state), env=child_env(opts), capture_output=True, text=True,
+        command(opts, initial_state),
+        env=child_env(opts),
+        capture_output=True,
+        text=True,
         timeout=timeout_s or opts.tier_preset.launch_timeout_s,
-    )  # fmt: skip
+    )
     after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - started
     if out.returncode != 0:
-        raise Step1ForwardError(f"{' '.join(command(opts, initial_state))} exited {out.returncode}:\n{out.stderr[-4000:]}")
+        raise Step1ForwardError(
+            f"{' '.join(command(opts, initial_state))} exited {out.returncode}:\n{out.stderr[-4000:]}"
+        )
     result = json.loads((opts.run_dir / STEP1_FORWARD_FILE).read_text())
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {**result, "wall_s": wall, "children_cpu_s": cpu}
@@ -77,10 +86,24 @@ def proxy_options(recipe: str, seed: int, run_dir: Path, **run) -> RunOptions:
 
     proxy = catalogue.entry(recipe).proxy
     if proxy is None:
-        raise KeyError(f"recipe {recipe!r} declares no 4B-width random-init proxy (harness/declare/catalogue.py)")
-    paths = dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir) if proxy.fixture_config else {}
-    return RunOptions(recipe=recipe, tier="cpu", init="random", seed=seed, run_dir=run_dir, **paths, **run,
-                      **FULL_WIDTH_RANDOM_INIT)  # fmt: skip
+        raise KeyError(
+            f"recipe {recipe!r} declares no 4B-width random-init proxy (harness/declare/catalogue.py)"
+        )
+    paths = (
+        dict(model_dir=QWEN3_4B_INSTRUCT_2507, tokenizer_dir=CPU.tokenizer_dir)
+        if proxy.fixture_config
+        else {}
+    )
+    return RunOptions(
+        recipe=recipe,
+        tier="cpu",
+        init="random",
+        seed=seed,
+        run_dir=run_dir,
+        **paths,
+        **run,
+        **FULL_WIDTH_RANDOM_INIT,
+    )
 
 
 def spread(recipe: str, seeds: list[int], root: Path, echo=print) -> dict:
@@ -89,13 +112,20 @@ def spread(recipe: str, seeds: list[int], root: Path, echo=print) -> dict:
     for seed in seeds:
         result = run(proxy_options(recipe, seed, root / f"{recipe}-seed{seed}"))
         losses[seed] = result["loss"]
-        echo(f"{recipe} seed {seed}: {result['loss']!r} ({result['global_valid_tokens']} tokens, {result['wall_s']:.0f} s)")
+        echo(
+            f"{recipe} seed {seed}: {result['loss']!r} ({result['global_valid_tokens']} tokens, {result['wall_s']:.0f} s)"
+        )
     values = list(losses.values())
     return {
-        "recipe": recipe, "n": len(values), "mean": statistics.fmean(values),
+        "recipe": recipe,
+        "n": len(values),
+        "mean": statistics.fmean(values),
         "std": statistics.stdev(values) if len(values) > 1 else float("nan"),
-        "min": min(values), "max": max(values), "tokens": result["global_valid_tokens"], "losses": losses,
-    }  # fmt: skip
+        "min": min(values),
+        "max": max(values),
+        "tokens": result["global_valid_tokens"],
+        "losses": losses,
+    }
 
 
 def spread_main(argv: list[str]) -> int:
@@ -110,7 +140,9 @@ def spread_main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="step1-spread-") as root:
-        result = spread(args.recipe, list(range(args.first_seed, args.first_seed + args.seeds)), Path(root))
+        result = spread(
+            args.recipe, list(range(args.first_seed, args.first_seed + args.seeds)), Path(root)
+        )
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
@@ -121,7 +153,10 @@ def spread_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] != ["spread"]:
-        print("usage: python -m harness.judge.proxy spread RECIPE [--seeds N] [--first-seed S] [--out FILE]", file=sys.stderr)
+        print(
+            "usage: python -m harness.judge.proxy spread RECIPE [--seeds N] [--first-seed S] [--out FILE]",
+            file=sys.stderr,
+        )
         return 2
     return spread_main(argv[1:])
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.judge import band, goldens
 from harness.declare import catalogue as nightly
+from harness.judge import band, goldens
 from harness.reference.scoring import TOLERANCES, Tolerance
 
 #: |torchtitan.train − harness| at step 1 on the same config, weights and batch (the night's launch whose
@@ -41,21 +41,34 @@ def cannot_fail_yet(tier: str = "trn2") -> list[Unjudgeable]:
         recipe = path.parent.name
         for golden in goldens.load(recipe, tier, path)[1].values():
             if golden.unmeasured or (golden.keyed_by_inputs and golden.inputs is None):
-                found.append(Unjudgeable(f"{recipe}.{tier}.{golden.key}", goldens.why_not_judged(golden)))
+                found.append(
+                    Unjudgeable(f"{recipe}.{tier}.{golden.key}", goldens.why_not_judged(golden))
+                )
     if tier == "trn2":
         for recipe, launch in nightly.BAND_LAUNCH.items():
             steps = nightly.LAUNCHES[launch].steps
             why = band.unrecorded(recipe, tier, steps)
             if why:
-                found.append(Unjudgeable(f"{recipe}.{band.band_tier(tier)}.{band.band_key(steps)}", why))
+                found.append(
+                    Unjudgeable(f"{recipe}.{band.band_tier(tier)}.{band.band_key(steps)}", why)
+                )
     reference = TOLERANCES.get(tier)
     if reference is not None and not reference.measured:
-        found.append(Unjudgeable(f"reference.{tier} (corrected lanes: |measured - reference| <= {reference.value})",
-                                 reference.reason))  # fmt: skip
+        found.append(
+            Unjudgeable(
+                f"reference.{tier} (corrected lanes: |measured - reference| <= {reference.value})",
+                reference.reason,
+            )
+        )
     titan_entry = [x.recipe for x in nightly.LAUNCHES.values() if x.entry == "torchtitan.train"]
     if tier == "trn2" and not TITAN_ENTRY.measured:
-        found += [Unjudgeable(f"{recipe}.{tier}.torchtitan_train_minus_harness (<= {TITAN_ENTRY.value})",
-                              TITAN_ENTRY.reason) for recipe in titan_entry]  # fmt: skip
+        found += [
+            Unjudgeable(
+                f"{recipe}.{tier}.torchtitan_train_minus_harness (<= {TITAN_ENTRY.value})",
+                TITAN_ENTRY.reason,
+            )
+            for recipe in titan_entry
+        ]
     return found
 
 
@@ -63,7 +76,10 @@ def lines(tier: str = "trn2") -> list[str]:
     """The list as markdown: a heading, then one bullet per check with its why."""
     found = cannot_fail_yet(tier)
     if not found:
-        return [f"Every {tier} check can fail: each tolerance is measured, each band and input key recorded."]
-    return [f"### {len(found)} {tier} checks that cannot fail yet (each value is recorded; none of them can fail tonight)", ""] + [
-        f"- `{u.check}`: {u.why}" for u in found
-    ]
+        return [
+            f"Every {tier} check can fail: each tolerance is measured, each band and input key recorded."
+        ]
+    return [
+        f"### {len(found)} {tier} checks that cannot fail yet (each value is recorded; none of them can fail tonight)",
+        "",
+    ] + [f"- `{u.check}`: {u.why}" for u in found]

@@ -13,7 +13,19 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.judge.goldens import environment_differences, environment_metadata, Golden, INPUTS_DIFFER, is_curve, is_number, NOT_JUDGED, PORTABLE_RTOL, REGENERATE, short_value, why_not_judged
+from harness.judge.goldens import (
+    INPUTS_DIFFER,
+    NOT_JUDGED,
+    PORTABLE_RTOL,
+    REGENERATE,
+    Golden,
+    environment_differences,
+    environment_metadata,
+    is_curve,
+    is_number,
+    short_value,
+    why_not_judged,
+)
 from harness.options.run_options import RunOptions
 from recipes.tiers import TIERS
 
@@ -34,9 +46,11 @@ class Verdict:
     def message(self) -> str:
         g = self.golden
         if self.kind == INPUTS_DIFFER:
-            return (f"{self.kind} ({', '.join(self.differs)}): {self.key} measured {short_value(self.measured)}, not "
-                    f"judged against {short_value(g.value)}; re-record with `python -m harness.night.ci record-inputs --replace` "
-                    "only if the new inputs are meant")  # fmt: skip
+            return (
+                f"{self.kind} ({', '.join(self.differs)}): {self.key} measured {short_value(self.measured)}, not "
+                f"judged against {short_value(g.value)}; re-record with `python -m harness.night.ci record-inputs --replace` "
+                "only if the new inputs are meant"
+            )
         if self.kind == NOT_JUDGED:
             return f"{self.kind}: {self.key} measured {short_value(self.measured)} ({g.lane} {short_value(g.value)}): {why_not_judged(g)}"
         if is_curve(g.value):
@@ -51,7 +65,6 @@ class Verdict:
         return text
 
 
-
 def _element_allowed(golden: Golden, i: int, rtol: float) -> float:
     tolerance = golden.tolerance[i] if isinstance(golden.tolerance, list) else golden.tolerance
     return max(tolerance, rtol * abs(golden.value[i]))
@@ -63,7 +76,11 @@ def _within(measured, golden: Golden, rtol: float = 0.0) -> bool:
         return math.isfinite(measured) and abs(measured - golden.value) <= allowed
     if is_curve(golden.value):
         # A curve: every step within its own tolerance (and the relative one), same length.
-        if not (isinstance(measured, list) and len(measured) == len(golden.value) and all(map(is_number, measured))):
+        if not (
+            isinstance(measured, list)
+            and len(measured) == len(golden.value)
+            and all(map(is_number, measured))
+        ):
             return False
         return all(
             math.isfinite(m) and abs(m - g) <= _element_allowed(golden, i, rtol)
@@ -102,7 +119,12 @@ def input_differences(recorded: dict, here: dict | None) -> tuple[str, ...]:
 
 
 def compare(
-    key: str, measured, goldens: dict[str, Golden], metadata: dict, env: dict | None = None, inputs: dict | None = None
+    key: str,
+    measured,
+    goldens: dict[str, Golden],
+    metadata: dict,
+    env: dict | None = None,
+    inputs: dict | None = None,
 ) -> Verdict:
     """Measured vs golden. An exact value from another environment is held to its portable rtol.
 
@@ -115,7 +137,14 @@ def compare(
     if golden.keyed_by_inputs and golden.inputs is not None:
         differs = input_differences(golden.inputs, inputs)
         if differs:
-            return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=INPUTS_DIFFER, differs=differs)
+            return Verdict(
+                key=key,
+                measured=measured,
+                golden=golden,
+                passed=None,
+                kind=INPUTS_DIFFER,
+                differs=differs,
+            )
     if golden.unmeasured or (golden.keyed_by_inputs and golden.inputs is None):
         return Verdict(key=key, measured=measured, golden=golden, passed=None, kind=NOT_JUDGED)
     here = env or (environment_metadata() if golden.lane in ("exact", "band") else {})
@@ -133,15 +162,24 @@ def compare(
     else:
         kind, passed = ("stale golden" if differs else "regression"), False
         rtol = portable_rtol(golden) if golden.lane == "exact" and differs else 0.0
-    return Verdict(key=key, measured=measured, golden=golden, passed=passed, kind=kind, differs=differs, rtol=rtol)
-
+    return Verdict(
+        key=key,
+        measured=measured,
+        golden=golden,
+        passed=passed,
+        kind=kind,
+        differs=differs,
+        rtol=rtol,
+    )
 
 
 #: Step-1 random-init loss at the real Qwen3-4B width/vocab is a published number
 #: the cpu tier can reproduce: one layer, 2048 tokens, one step, one process, scored
 #: forward-only (a step-1 loss is a forward pass before any update; harness.rank.step1_forward
 #: is bitwise the trainer's step 1, tests/cpu/test_step1_forward.py).
-FULL_WIDTH_RANDOM_INIT = dict(layers=1, seq_len=2048, local_batch_size=1, steps=1, nproc=1, export=False, forward_only=True)
+FULL_WIDTH_RANDOM_INIT = dict(
+    layers=1, seq_len=2048, local_batch_size=1, steps=1, nproc=1, export=False, forward_only=True
+)
 #: What makes a run comparable to the full-width golden: its shape, not how step 1 was scored.
 FULL_WIDTH_SHAPE = ("layers", "seq_len", "local_batch_size", "steps", "nproc")
 FULL_WIDTH_GOLDEN = "step1_loss_random_4b_width"
@@ -175,7 +213,9 @@ def reads_tier_inputs(opts: RunOptions) -> bool:
     """
     own = RunOptions(recipe=opts.recipe, tier=opts.tier, init=opts.init).resolved()
     mine = opts.resolved()
-    return all(getattr(mine, k) == getattr(own, k) for k in ("model_dir", "tokenizer_dir", "dataset_dir"))
+    return all(
+        getattr(mine, k) == getattr(own, k) for k in ("model_dir", "tokenizer_dir", "dataset_dir")
+    )
 
 
 def judge(opts: RunOptions, result):
@@ -183,7 +223,11 @@ def judge(opts: RunOptions, result):
     from harness.judge import goldens
 
     key = golden_key(opts)
-    if key is None or not result.losses or not goldens.goldens_path(opts.recipe, opts.tier).exists():
+    if (
+        key is None
+        or not result.losses
+        or not goldens.goldens_path(opts.recipe, opts.tier).exists()
+    ):
         return None
     metadata, values = goldens.load(opts.recipe, opts.tier)
     if key not in values:
@@ -203,14 +247,20 @@ def reference_of(opts: RunOptions, result) -> dict | None:
 
     if opts.init != "hf":
         return None
-    print(f"[{opts.recipe}/{opts.tier}] reference loss: transformers fp32 on the host, same batch ...")
+    print(
+        f"[{opts.recipe}/{opts.tier}] reference loss: transformers fp32 on the host, same batch ..."
+    )
     try:
         check = reference.check_run_dir(Path(result.run_dir))
     except reference.IncompleteRecord as e:
         print(f"  not computed: {e}")
         return {"passed": None, "error": str(e), "summary": f"not computed: {e}"}
     except Exception as e:  # noqa: BLE001 -- reported as a failed check, never lost
-        return {"passed": False, "error": f"{type(e).__name__}: {e}", "summary": f"not computed: {type(e).__name__}: {e}"}
+        return {
+            "passed": False,
+            "error": f"{type(e).__name__}: {e}",
+            "summary": f"not computed: {type(e).__name__}: {e}",
+        }
     if check is None:
         return None
     summary = reference.summary(check)

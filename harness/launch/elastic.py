@@ -85,11 +85,17 @@ def launch_args(argv: list[str]):
 
     args = parse_args(argv)
     if args.standalone:  # torch/distributed/run.py run(): a c10d rendezvous on a free local port
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = (
+            "c10d",
+            "localhost:0",
+            str(uuid.uuid4()),
+        )
     if args.master_port is None:
         args.master_port = 29500
     if not args.module or args.training_script != "harness.rank.train":
-        raise SystemExit(f"harness.launch.elastic: runs `-m harness.rank.train` only, got {args.training_script!r}")
+        raise SystemExit(
+            f"harness.launch.elastic: runs `-m harness.rank.train` only, got {args.training_script!r}"
+        )
     args.start_method = START_METHOD
     return args
 
@@ -101,15 +107,27 @@ def run(argv: list[str]) -> None:
 
     args = launch_args(argv)
     config, _, _ = config_from_args(args)
-    elastic_launch(config=config, entrypoint=run_forked_rank)(args.training_script, list(args.training_script_args))
+    elastic_launch(config=config, entrypoint=run_forked_rank)(
+        args.training_script, list(args.training_script_args)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness.launch.elastic", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preload", default="harness.rank.train", help="comma-separated modules the forkserver imports")
+    parser = argparse.ArgumentParser(
+        prog="harness.launch.elastic", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--preload",
+        default="harness.rank.train",
+        help="comma-separated modules the forkserver imports",
+    )
     args = parser.parse_args(argv)
-    start_forkserver([m for m in args.preload.split(",") if m])  # first: nothing here has imported torch yet
-    from torch.distributed.elastic.multiprocessing.errors import record  # torchrun's import, while the launcher checks
+    start_forkserver(
+        [m for m in args.preload.split(",") if m]
+    )  # first: nothing here has imported torch yet
+    from torch.distributed.elastic.multiprocessing.errors import (
+        record,  # torchrun's import, while the launcher checks
+    )
 
     return record(serve)()
 
@@ -162,6 +180,8 @@ def to_console(path: str) -> None:
 
 
 if __name__ == "__main__":
-    from harness.launch.child import exit_now  # no finalizing of an interpreter full of torch; every rank is reaped
+    from harness.launch.child import (
+        exit_now,  # no finalizing of an interpreter full of torch; every rank is reaped
+    )
 
     exit_now(main())

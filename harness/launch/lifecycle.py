@@ -14,16 +14,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from harness.options.run_options import RunOptions
 from harness.base import processes
 from harness.base.processes import RUN_DIR_ENV
+from harness.base.run_dir import (
+    CONSOLE_FILE,
+    ERROR_FILE,
+    LOGS_DIR,
+    RUN_FILE,
+    read_provenance,
+    read_steps,
+)
+from harness.launch.child import _prctl, die_with_parent
 from harness.launch.rendezvous import RendezvousWait
 from harness.launch.speed import record_run
 from harness.launch.stop import STOP_SIGNALS, Interrupted, deferred, stop_signals_raise  # noqa: F401 -- the launch's names
+from harness.options.run_options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
-from harness.launch.child import _prctl, die_with_parent
-from harness.base.run_dir import CONSOLE_FILE, ERROR_FILE, LOGS_DIR, RUN_FILE, read_provenance, read_steps
 
 LOG_TAIL_LINES = 40
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
@@ -93,14 +100,20 @@ def torchrun_command(opts: RunOptions, cli_overrides: list[str] = ()) -> list[st
     The ranks read ``opts`` from ``DIR/run.json`` (``write_run_file``), not from flags.
     """
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         *rendezvous_args(opts),
         f"--nproc_per_node={opts.nproc}",
-        "--log-dir", str(opts.run_dir / LOGS_DIR),
-        "--redirects", "3",
-        "-m", "harness.rank.train",
-        "--run-dir", str(opts.run_dir),
-    ]  # fmt: skip
+        "--log-dir",
+        str(opts.run_dir / LOGS_DIR),
+        "--redirects",
+        "3",
+        "-m",
+        "harness.rank.train",
+        "--run-dir",
+        str(opts.run_dir),
+    ]
     return cmd + list(cli_overrides)
 
 
@@ -164,7 +177,11 @@ def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
     stop = non_finite_stop(run_dir)
     if stop is None:
         return None
-    good = f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}" if steps else "no good step"
+    good = (
+        f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}"
+        if steps
+        else "no good step"
+    )
     return f"loss became non-finite ({stop[0]}) at step {stop[1]}; {good}"
 
 
@@ -201,9 +218,15 @@ def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
         die_with_parent(TORCHRUN_DEATH_SIGNAL, parent=launcher)
 
     return subprocess.Popen(
-        cmd, env=env, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        start_new_session=True, preexec_fn=preexec,
-    )  # fmt: skip
+        cmd,
+        env=env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
 
 
 #: What every rank imports before its first step, whatever the recipe: torchtitan's own entry module
@@ -263,8 +286,16 @@ def prestart(opts: RunOptions) -> Prestarted | None:
     if tier is None or tier.rank_start != "preloaded":
         return None
     output = tempfile.TemporaryFile()
-    cmd = [sys.executable, "-m", "harness.launch.elastic", "--preload", ",".join(preload_modules(opts.recipe))]
-    proc = _start(cmd, {**child_env(opts), RUN_DIR_ENV: str(opts.run_dir)}, output, stdin=subprocess.PIPE)
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.launch.elastic",
+        "--preload",
+        ",".join(preload_modules(opts.recipe)),
+    ]
+    proc = _start(
+        cmd, {**child_env(opts), RUN_DIR_ENV: str(opts.run_dir)}, output, stdin=subprocess.PIPE
+    )
     return Prestarted(proc, output, opts.run_dir)
 
 
@@ -322,7 +353,10 @@ def end_run(proc: subprocess.Popen, run_dir: Path | None = None) -> None:
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
     proc.wait()
-    while any(processes.still_running(rank) for rank in ranks) and time.monotonic() < deadline + GRACE_S:
+    while (
+        any(processes.still_running(rank) for rank in ranks)
+        and time.monotonic() < deadline + GRACE_S
+    ):
         time.sleep(0.1)
     if run_dir is None:
         return
@@ -363,10 +397,18 @@ def launch(
     run_dir = opts.run_dir
     write_run_file(opts)  # creates run_dir
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    (run_dir / CONSOLE_FILE).unlink(missing_ok=True)  # appended to: a prestarted harness.launch.elastic writes there too
+    (run_dir / CONSOLE_FILE).unlink(
+        missing_ok=True
+    )  # appended to: a prestarted harness.launch.elastic writes there too
     argv = torchrun_command(opts, cli_overrides)
-    env = {**child_env(opts), "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE), RUN_DIR_ENV: str(run_dir)}
-    echo(f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}")
+    env = {
+        **child_env(opts),
+        "TORCHELASTIC_ERROR_FILE": str(run_dir / ERROR_FILE),
+        RUN_DIR_ENV: str(run_dir),
+    }
+    echo(
+        f"[{opts.recipe}/{opts.tier}/init={opts.init}] {opts.nproc} process(es), run dir {run_dir}"
+    )
     started, started_unix_s = time.perf_counter(), time.time()
     shown = 0
     timed_out = stalled = False
@@ -378,7 +420,9 @@ def launch(
     with (run_dir / CONSOLE_FILE).open("ab") as console:
         proc = None
         try:
-            with deferred():  # started and watched as one: a stop signal now is raised in here, never before it
+            with (
+                deferred()
+            ):  # started and watched as one: a stop signal now is raised in here, never before it
                 if prestarted is None:
                     proc = _start(argv, env, console)
                 else:
@@ -397,7 +441,11 @@ def launch(
                 if timeout_s is not None and time.perf_counter() - started > timeout_s:
                     timed_out = True
                     break
-                if stall_timeout_s is not None and shown and time.perf_counter() - progressed > stall_timeout_s:
+                if (
+                    stall_timeout_s is not None
+                    and shown
+                    and time.perf_counter() - progressed > stall_timeout_s
+                ):
                     stalled = True
                     break
         except (Interrupted, KeyboardInterrupt) as stop:
@@ -436,10 +484,14 @@ def launch(
         raise Interrupted(signum, result) from stopped
     if timed_out or stalled or proc.returncode != 0:
         if stalled:
-            why = (f"no new step for {stall_timeout_s:g} s after step {steps[-1]['step']} "
-                   "(a hung collective or a stuck rank); every rank was ended")  # fmt: skip
+            why = (
+                f"no new step for {stall_timeout_s:g} s after step {steps[-1]['step']} "
+                "(a hung collective or a stuck rank); every rank was ended"
+            )
         else:
-            why = waiting.failure() or failure_summary(run_dir, steps, proc.returncode, timeout_s if timed_out else None)
+            why = waiting.failure() or failure_summary(
+                run_dir, steps, proc.returncode, timeout_s if timed_out else None
+            )
         raise LaunchError(
             f"{opts.recipe} on {opts.tier} failed after {result.wall_s:.0f} s: {why}.\n{rank_log_tails(run_dir)}",
             result=result,
@@ -448,7 +500,9 @@ def launch(
     return result
 
 
-def failure_summary(run_dir: Path, steps: list[dict], returncode: int, timeout_s: float | None) -> str:
+def failure_summary(
+    run_dir: Path, steps: list[dict], returncode: int, timeout_s: float | None
+) -> str:
     """Why a run failed, cause first: the timeout, a non-finite loss, or the first failed rank."""
     if timeout_s is not None:
         return f"timed out after {timeout_s:.0f} s (a hung collective or a stuck rank); every rank was ended"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.options.run_options import RunOptions
 from harness.base.run_dir import LOGS_DIR
+from harness.options.run_options import RunOptions
 
 #: Seconds between two "waiting for the other nodes" lines.
 WAIT_NOTE_S = 15.0
@@ -36,20 +36,26 @@ class RendezvousWait:
             return
         if ranks_started(self.opts.run_dir):
             self.done = True
-            self.echo(f"  all {self.opts.nnodes} nodes joined the rendezvous at {self.opts.rdzv_endpoint}; ranks starting")
+            self.echo(
+                f"  all {self.opts.nnodes} nodes joined the rendezvous at {self.opts.rdzv_endpoint}; ranks starting"
+            )
             return
         waited = time.perf_counter() - self.started
         if waited >= self.next_note:
             self.next_note += WAIT_NOTE_S
-            self.echo(f"  waiting {waited:.0f} s of --rdzv-timeout {self.opts.rdzv_timeout} s for all "
-                      f"{self.opts.nnodes} nodes to join the rendezvous at {self.opts.rdzv_endpoint} "
-                      f"(this is node {self.opts.node_rank}; start every other node with the same --nnodes and "
-                      "--rdzv-endpoint, or Ctrl-C)")  # fmt: skip
+            self.echo(
+                f"  waiting {waited:.0f} s of --rdzv-timeout {self.opts.rdzv_timeout} s for all "
+                f"{self.opts.nnodes} nodes to join the rendezvous at {self.opts.rdzv_endpoint} "
+                f"(this is node {self.opts.node_rank}; start every other node with the same --nnodes and "
+                "--rdzv-endpoint, or Ctrl-C)"
+            )
 
     def failure(self) -> str | None:
         """Why the run ended before its ranks started, when the other nodes never joined; else None."""
         if self.opts.nnodes == 1 or ranks_started(self.opts.run_dir):
             return None
-        return (f"the rendezvous at {self.opts.rdzv_endpoint} did not gather --nnodes {self.opts.nnodes} nodes "
-                f"within --rdzv-timeout {self.opts.rdzv_timeout} s, so no rank started; start every node with the "
-                "same --nnodes and --rdzv-endpoint (node 0 first), or check that the endpoint is reachable")  # fmt: skip
+        return (
+            f"the rendezvous at {self.opts.rdzv_endpoint} did not gather --nnodes {self.opts.nnodes} nodes "
+            f"within --rdzv-timeout {self.opts.rdzv_timeout} s, so no rank started; start every node with the "
+            "same --nnodes and --rdzv-endpoint (node 0 first), or check that the endpoint is reachable"
+        )

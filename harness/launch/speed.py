@@ -144,7 +144,9 @@ def run_speed(steps: list[dict], tier: str, nproc: int, started_unix_s: float | 
     tflops = _mean([s.get("tflops") for s in rest])
     peak = peak_tflops(tier)
     first_end = steps[0].get("unix_s") if steps else None
-    to_first = first_end - started_unix_s if first_end is not None and started_unix_s is not None else None
+    to_first = (
+        first_end - started_unix_s if first_end is not None and started_unix_s is not None else None
+    )
     speed = Speed(
         step_time_s=_mean([s.get("step_time_s") for s in rest]),
         tokens_per_s=tps,
@@ -158,7 +160,9 @@ def run_speed(steps: list[dict], tier: str, nproc: int, started_unix_s: float | 
     )
     if tier != "cpu" and started_unix_s is not None:
         cache = neff_cache_dir()
-        speed.neff_cache, speed.neffs_cached_before, speed.neffs_compiled = neff_cache_state(started_unix_s, cache)
+        speed.neff_cache, speed.neffs_cached_before, speed.neffs_compiled = neff_cache_state(
+            started_unix_s, cache
+        )
         speed.neff_cache_dir = str(cache)
     return speed
 
@@ -168,8 +172,12 @@ def git_commit() -> str | None:
     from recipes.tiers import REPO_ROOT
 
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -185,8 +193,8 @@ def run_label(run_dir: str) -> str:
 
 def run_record(result: dict, versions: dict | None = None, night: str | None = None) -> dict:
     """The runs-log line of one finished run (``RunResult.to_dict()``): what it measured and how fast."""
-    from harness.declare.published import CLAIMS
     from harness.base.environment import versions as installed_versions
+    from harness.declare.published import CLAIMS
 
     now = time.gmtime()
     losses = result.get("losses") or [s.get("loss") for s in result.get("steps") or []]
@@ -198,7 +206,18 @@ def run_record(result: dict, versions: dict | None = None, night: str | None = N
         "commit": git_commit(),
         "versions": installed_versions() if versions is None else versions,
         "label": run_label(result["run_dir"]),
-        **{k: result.get(k) for k in ("recipe", "tier", "init", "nproc", "seq_len", "local_batch_size", "returncode")},
+        **{
+            k: result.get(k)
+            for k in (
+                "recipe",
+                "tier",
+                "init",
+                "nproc",
+                "seq_len",
+                "local_batch_size",
+                "returncode",
+            )
+        },
         "steps": len(result.get("steps") or []),
         "step1_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
@@ -224,4 +243,6 @@ def record_run(result) -> None:
     try:
         append_record(Path(log), run_record(result.to_dict()))
     except OSError as e:  # the run itself is kept and reported; only its log line is lost
-        print(f"harness.launch.speed: could not append to ${RUNS_LOG_ENV}={log}: {e}", file=sys.stderr)
+        print(
+            f"harness.launch.speed: could not append to ${RUNS_LOG_ENV}={log}: {e}", file=sys.stderr
+        )

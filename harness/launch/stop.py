@@ -49,8 +49,11 @@ class StopSignals:
         self.received.append(signum)
         if len(self.received) > 1:
             # os.write, not print: a handler may run while the main code is inside a write to stderr.
-            os.write(2, f"{signal.Signals(signum).name} ignored: still ending the run and writing "
-                        "what was measured\n".encode())  # fmt: skip
+            os.write(
+                2,
+                f"{signal.Signals(signum).name} ignored: still ending the run and writing "
+                "what was measured\n".encode(),
+            )
             return
         if self._deferring:
             self._pending = signum

@@ -27,16 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-from harness.judge import goldens, unmeasured
 from harness.declare.claims import published_claims
-from harness.report.results import VERDICT_SUFFIX
+from harness.judge import goldens, unmeasured
 from harness.launch.speed import NIGHT_ENV
+from harness.report.results import VERDICT_SUFFIX
 
 
 def executed(test: dict) -> bool:
     """A test whose body ran: passed, or failed in its call phase. A failure in setup (a fixture, a
     missing trn2 requirement under QWEN3_REQUIRE_TRN2=1) ran nothing, and a skip ran nothing."""
-    return test["outcome"] == "passed" or (test["outcome"] == "failed" and test.get("phase", "call") == "call")
+    return test["outcome"] == "passed" or (
+        test["outcome"] == "failed" and test.get("phase", "call") == "call"
+    )
 
 
 def ran_tests(report: dict, marker: str) -> list[dict]:
@@ -47,14 +49,19 @@ def ran_tests(report: dict, marker: str) -> list[dict]:
 
 def require_ran(report_path: Path, marker: str) -> int:
     if not report_path.exists():
-        print(f"harness.night.ci: {report_path} does not exist: the test run wrote no report", file=sys.stderr)
+        print(
+            f"harness.night.ci: {report_path} does not exist: the test run wrote no report",
+            file=sys.stderr,
+        )
         return 1
     report = json.loads(report_path.read_text())
     ran = ran_tests(report, marker)
     selected = [t for t in report["tests"] if t["test"].startswith(f"tests/{marker}/")]
     if not ran:
         reasons = sorted({t["properties"].get("skip_reason", "") for t in selected} - {""})
-        in_setup = sum(1 for t in selected if t["outcome"] == "failed" and t.get("phase") == "setup")
+        in_setup = sum(
+            1 for t in selected if t["outcome"] == "failed" and t.get("phase") == "setup"
+        )
         print(
             f"harness.night.ci: 0 of {len(selected)} {marker} tests actually ran ({in_setup} failed in setup, "
             f"the rest skipped); a nightly that runs nothing proves nothing. {' '.join(reasons)}",
@@ -85,21 +92,29 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
     """Non-zero unless every published claim of ``tier`` has a measured verdict in the report."""
     claims = published_claims(tier)
     if not claims:
-        print(f"harness.night.ci: no published claim is declared for tier {tier!r} (harness/declare/catalogue.py); "
-              "nothing to require (check --tier)", file=sys.stderr)  # fmt: skip
+        print(
+            f"harness.night.ci: no published claim is declared for tier {tier!r} (harness/declare/catalogue.py); "
+            "nothing to require (check --tier)",
+            file=sys.stderr,
+        )
         return 1
     disagree = goldens.disagreements(tier, goldens_dir)
     if disagree:
         print("\n".join(f"harness.night.ci: {line}" for line in disagree), file=sys.stderr)
         return 1
     if not report_path.exists():
-        print(f"harness.night.ci: {report_path} does not exist: the test run wrote no report, so none of "
-              f"{len(claims)} published {tier} claims was measured", file=sys.stderr)  # fmt: skip
+        print(
+            f"harness.night.ci: {report_path} does not exist: the test run wrote no report, so none of "
+            f"{len(claims)} published {tier} claims was measured",
+            file=sys.stderr,
+        )
         return 1
     report = json.loads(report_path.read_text())
     verdicts = measured_verdicts(report)
     missing = [c for c in claims if c.name not in verdicts]
-    unjudged = [c for c in claims if c.name in verdicts and verdicts[c.name][0] in goldens.UNJUDGED_KINDS]
+    unjudged = [
+        c for c in claims if c.name in verdicts and verdicts[c.name][0] in goldens.UNJUDGED_KINDS
+    ]
     for claim in claims:
         if claim.name in verdicts and claim not in unjudged:
             verdict, test = verdicts[claim.name]
@@ -117,11 +132,14 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
             f"harness.night.ci: {len(unjudged)} of {len(claims)} published {tier} claims were measured but not judged "
             "(`python -m harness.night.ci record-inputs REPORT` records a night's inputs; a changed input is re-recorded "
             "only with --replace):\n"
-            + "\n".join(f"  {UNJUDGED_LABELS[verdicts[c.name][0]]:<13} {c.name} (published {c.value!r}): measured "
-                         f"{values.get(c.name)!r}, {why_unjudged(c.name, verdicts[c.name][0], tier, goldens_dir)}  "
-                         f"[{verdicts[c.name][1]}]" for c in unjudged),
+            + "\n".join(
+                f"  {UNJUDGED_LABELS[verdicts[c.name][0]]:<13} {c.name} (published {c.value!r}): measured "
+                f"{values.get(c.name)!r}, {why_unjudged(c.name, verdicts[c.name][0], tier, goldens_dir)}  "
+                f"[{verdicts[c.name][1]}]"
+                for c in unjudged
+            ),
             file=sys.stderr,
-        )  # fmt: skip
+        )
     print("\n".join(unmeasured.lines(tier)))
     if missing or unjudged:
         return 1
@@ -138,7 +156,9 @@ def why_unjudged(claim: str, kind: str, tier: str, goldens_dir: Path | None = No
     if kind == goldens.INPUTS_DIFFER:
         return f"{kind}: re-record with `python -m harness.night.ci record-inputs --replace` only if the new inputs are meant"
     recipe, _, key = claim.split(".", 2)
-    _, values = goldens.load(recipe, tier, (goldens_dir or goldens.GOLDENS_DIR) / recipe / f"{tier}.json")
+    _, values = goldens.load(
+        recipe, tier, (goldens_dir or goldens.GOLDENS_DIR) / recipe / f"{tier}.json"
+    )
     return f"{kind}: {goldens.why_not_judged(values[key])}"
 
 
@@ -148,8 +168,13 @@ def measured_values(report: dict) -> dict[str, object]:
     for test in report.get("tests", []):
         if executed(test):
             props = test.get("properties", {})
-            found.update({name[: -len(VERDICT_SUFFIX)]: props.get(name[: -len(VERDICT_SUFFIX)])
-                          for name in props if name.endswith(VERDICT_SUFFIX)})  # fmt: skip
+            found.update(
+                {
+                    name[: -len(VERDICT_SUFFIX)]: props.get(name[: -len(VERDICT_SUFFIX)])
+                    for name in props
+                    if name.endswith(VERDICT_SUFFIX)
+                }
+            )
     return found
 
 
@@ -182,7 +207,11 @@ def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | 
         changed = []
         for key, inputs in sorted(keys.items()):
             entry = data.get("values", {}).get(key)
-            if entry is None or "inputs" not in entry or (entry["inputs"] is not None and not replace):
+            if (
+                entry is None
+                or "inputs" not in entry
+                or (entry["inputs"] is not None and not replace)
+            ):
                 continue
             if entry["inputs"] != inputs:
                 entry["inputs"] = inputs
@@ -192,7 +221,10 @@ def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | 
             goldens.load(recipe, tier, path)  # what was written must load
             print(f"recorded the inputs of {', '.join(changed)} in {path}")
             written += len(changed)
-    print(f"{written} input key(s) recorded" + ("" if written else " (nothing unrecorded was measured)"))
+    print(
+        f"{written} input key(s) recorded"
+        + ("" if written else " (nothing unrecorded was measured)")
+    )
     return 0
 
 
@@ -200,14 +232,21 @@ def standing_results(report: dict) -> dict[str, dict]:
     """``launch`` -> tonight's standing record (``harness.night.standing``), from the tests that ran."""
     from harness.night.standing import PROPERTY_PREFIX
 
-    return {name[len(PROPERTY_PREFIX):]: value for test in report.get("tests", []) if executed(test)
-            for name, value in test.get("properties", {}).items() if name.startswith(PROPERTY_PREFIX)}  # fmt: skip
+    return {
+        name[len(PROPERTY_PREFIX) :]: value
+        for test in report.get("tests", [])
+        if executed(test)
+        for name, value in test.get("properties", {}).items()
+        if name.startswith(PROPERTY_PREFIX)
+    }
 
 
 def append_trend(report_path: Path, trend_path: Path) -> int:
     """One line per night: date, versions, and every golden measurement with its verdict."""
     report = json.loads(report_path.read_text())
-    night = os.environ.get(NIGHT_ENV)  # set by the nightly: the night's run records share it (harness history)
+    night = os.environ.get(
+        NIGHT_ENV
+    )  # set by the nightly: the night's run records share it (harness history)
     line = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **({"night": night} if night else {}),
@@ -215,7 +254,9 @@ def append_trend(report_path: Path, trend_path: Path) -> int:
         "goldens": report.get("goldens", []),
         "outcomes": {t["test"]: t["outcome"] for t in report["tests"]},
         "standing": standing_results(report),
-        **({"rehearsal": report["rehearsal"]} if "rehearsal" in report else {}),  # never read as a real night
+        **(
+            {"rehearsal": report["rehearsal"]} if "rehearsal" in report else {}
+        ),  # never read as a real night
     }
     trend_path.parent.mkdir(parents=True, exist_ok=True)
     with trend_path.open("a") as f:
@@ -225,17 +266,25 @@ def append_trend(report_path: Path, trend_path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.night.ci", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.night.ci", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     guard = sub.add_parser("require-ran", help="fail when no test of the marker's folder executed")
     guard.add_argument("report", type=Path)
     guard.add_argument("--marker", default="neuron")
-    claims = sub.add_parser("require-claims", help="fail unless every published claim of the tier was measured")
+    claims = sub.add_parser(
+        "require-claims", help="fail unless every published claim of the tier was measured"
+    )
     claims.add_argument("report", type=Path)
     claims.add_argument("--tier", default="trn2")
-    record = sub.add_parser("record-inputs", help="write measured input keys into goldens that have none yet")
+    record = sub.add_parser(
+        "record-inputs", help="write measured input keys into goldens that have none yet"
+    )
     record.add_argument("report", type=Path)
-    record.add_argument("--replace", action="store_true", help="also overwrite input keys already recorded")
+    record.add_argument(
+        "--replace", action="store_true", help="also overwrite input keys already recorded"
+    )
     trend = sub.add_parser("trend", help="append the night's results to a JSON-lines trend file")
     trend.add_argument("report", type=Path)
     trend.add_argument("trend_file", type=Path)

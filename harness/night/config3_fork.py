@@ -39,6 +39,13 @@ def config3_comparison(inputs) -> dict:
         "fork": BY_NAME[entry.fork.name].qualified,
         "finding": f"{len(found)} difference(s) between the fork's config 3 and the suite's twin",
         "source": source,
-        "differences": [{"path": d["path"], "fork": d["a"], "twin": d["b"],
-                         **({"layers": d["layers"]} if "layers" in d else {})} for d in found],  # fmt: skip
+        "differences": [
+            {
+                "path": d["path"],
+                "fork": d["a"],
+                "twin": d["b"],
+                **({"layers": d["layers"]} if "layers" in d else {}),
+            }
+            for d in found
+        ],
     }

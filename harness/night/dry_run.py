@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes.errors import RecipeError
 from harness.declare.catalogue import Upstream, entry
 from harness.options.run_options import RunOptions
+from recipes.errors import RecipeError
 from recipes.specs import QWEN3_4B_INSTRUCT_2507 as QWEN3_4B_SIZES
 from recipes.specs import read_hf_config, read_hf_dims
 from recipes.tiers import TIERS
@@ -44,10 +44,19 @@ PASSED_ENV_PREFIXES = ("NEURON_", "QWEN3_", "FI_", "TORCH_NEURONX_", "OMP_")
 
 #: Hyper-parameters compared, named as in config.json.
 DIM_KEYS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
-    "tie_word_embeddings", "rope_theta",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "tie_word_embeddings",
+    "rope_theta",
+)
 
 
 class DryRunError(RecipeError):
@@ -100,16 +109,23 @@ def plan_run(opts: RunOptions) -> Plan:
     if model_dir is None and opts.tier == "trn2":
         placeholders.append(
             Placeholder(
-                "--model-dir", "QWEN3_4B_DIR",
+                "--model-dir",
+                "QWEN3_4B_DIR",
                 f"QWEN3_4B_DIR is not set: sizes from {QWEN3_4B_SIZES / 'config.json'} (no weights, no "
                 "tokenizer: tokenizer and weight checks skipped)",
             )
-        )  # fmt: skip
-        opts = dataclasses.replace(opts, model_dir=QWEN3_4B_SIZES, tokenizer_dir=opts.tokenizer_dir or QWEN3_4B_SIZES)
+        )
+        opts = dataclasses.replace(
+            opts, model_dir=QWEN3_4B_SIZES, tokenizer_dir=opts.tokenizer_dir or QWEN3_4B_SIZES
+        )
     dataset = opts.dataset_dir or opts.tier_preset.dataset_path
     if dataset is None:
         placeholders.append(
-            Placeholder("--dataset-dir", "QWEN3_DATASET_DIR", "QWEN3_DATASET_DIR is not set: a real run needs it")
+            Placeholder(
+                "--dataset-dir",
+                "QWEN3_DATASET_DIR",
+                "QWEN3_DATASET_DIR is not set: a real run needs it",
+            )
         )
         opts = dataclasses.replace(opts, dataset_dir=DATASET_STAND_IN)
     build = opts.resolved()
@@ -149,7 +165,9 @@ def check_sizes(opts: RunOptions, config) -> list[str]:
     if opts.init != "hf":
         return []
     allowed = refuse(size_mismatches(opts, config, read_hf_dims(opts.model_dir)), opts)
-    return [f"sizes vs {opts.model_dir / 'config.json'}"] + [f"allowed mismatch {m.message}" for m in allowed]
+    return [f"sizes vs {opts.model_dir / 'config.json'}"] + [
+        f"allowed mismatch {m.message}" for m in allowed
+    ]
 
 
 def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str]]:
@@ -256,7 +274,9 @@ def compare_with_upstream(config, model, opts: RunOptions) -> dict:
         if ours_dims.get(k) != their_dims.get(k)
     }
     shape_diffs = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-    shrink = {k: v for k, v in dataclasses.asdict(upstream).items() if v is not None and k != "flavor"}
+    shrink = {
+        k: v for k, v in dataclasses.asdict(upstream).items() if v is not None and k != "flavor"
+    }
     name = f'model_registry("{upstream.flavor}")' + (f" shrunk {shrink}" if shrink else "")
     if shape_diffs:
         key = shape_diffs[0]
@@ -287,7 +307,9 @@ def model_report(config, opts: RunOptions) -> dict:
         "parameters": parameters,
         "build_s": round(time.perf_counter() - started, 3),
     }
-    if opts.tier == "trn2":  # every recipe has an upstream (harness.declare.catalogue: a missing one fails its test)
+    if (
+        opts.tier == "trn2"
+    ):  # every recipe has an upstream (harness.declare.catalogue: a missing one fails its test)
         report["upstream"] = compare_with_upstream(config, model, opts)
     return report
 
@@ -313,8 +335,14 @@ def launch_env(opts: RunOptions) -> dict:
     from recipes.tiers import REPO_ROOT
 
     return {
-        "set": {**offline_env(), **opts.tier_preset.extra_env, "PYTHONPATH": f"{REPO_ROOT}:$PYTHONPATH"},
-        "passed_through": {k: v for k, v in sorted(os.environ.items()) if k.startswith(PASSED_ENV_PREFIXES)},
+        "set": {
+            **offline_env(),
+            **opts.tier_preset.extra_env,
+            "PYTHONPATH": f"{REPO_ROOT}:$PYTHONPATH",
+        },
+        "passed_through": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith(PASSED_ENV_PREFIXES)
+        },
     }
 
 
@@ -401,15 +429,28 @@ def summary(result: dict, path: Path) -> str:
     dims = model["dims"]
     lines = [
         f"{head} ok: {model['class']} on {model['device']}, {model['parameters']:,} parameters, "
-        + ", ".join(f"{k} {dims[k]}" for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in dims),
+        + ", ".join(
+            f"{k} {dims[k]}"
+            for k in ("hidden_size", "num_hidden_layers", "vocab_size")
+            if k in dims
+        ),
         f"  command: {result['command']}",
         f"  starts:  {result['torchrun']}"
-        + (" (as harness.launch.elastic: ranks forked preloaded)" if result["rank_start"] == "preloaded" else ""),
+        + (
+            " (as harness.launch.elastic: ranks forked preloaded)"
+            if result["rank_start"] == "preloaded"
+            else ""
+        ),
     ]
     upstream = model.get("upstream")
     if upstream:
-        diffs = ", ".join(f"{k} {v['built']} vs {v['upstream']}" for k, v in upstream["differences"].items())
-        lines.append(f"  same parameters as upstream {upstream['spec']}" + (f"; differs in {diffs}" if diffs else ""))
+        diffs = ", ".join(
+            f"{k} {v['built']} vs {v['upstream']}" for k, v in upstream["differences"].items()
+        )
+        lines.append(
+            f"  same parameters as upstream {upstream['spec']}"
+            + (f"; differs in {diffs}" if diffs else "")
+        )
     if "torchtitan_neuron" in result:
         from recipes.platform.torchtitan_checkout import describe
 
@@ -419,7 +460,9 @@ def summary(result: dict, path: Path) -> str:
     return "\n".join(lines)
 
 
-def cmd_dry_run(runs: list[RunOptions], cli_overrides: list[str], report_dir: Path, echo=print) -> int:
+def cmd_dry_run(
+    runs: list[RunOptions], cli_overrides: list[str], report_dir: Path, echo=print
+) -> int:
     """Dry-run every planned run; 0 when all would start, 2 when any would be refused.
 
     On trn2 the nightly's own plan comes first (``harness.night.plan.dry_run_report``): a missing torchtitan
@@ -427,7 +470,12 @@ def cmd_dry_run(runs: list[RunOptions], cli_overrides: list[str], report_dir: Pa
     """
     from recipes.platform import OFFLINE_ENV
 
-    for key, value in OFFLINE_ENV.items():  # what platform.install sets; the trn2 platform itself is not installed
+    for (
+        key,
+        value,
+    ) in (
+        OFFLINE_ENV.items()
+    ):  # what platform.install sets; the trn2 platform itself is not installed
         os.environ.setdefault(key, value)
     refused = 0
     if any(opts.tier == "trn2" for opts in runs):
@@ -439,7 +487,9 @@ def cmd_dry_run(runs: list[RunOptions], cli_overrides: list[str], report_dir: Pa
         echo("")
     for opts in runs:
         if opts.tier not in TIERS:
-            echo(f"python -m harness run: error: unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}")
+            echo(
+                f"python -m harness run: error: unknown tier {opts.tier!r}; choose one of: {', '.join(TIERS)}"
+            )
             return 2
         try:
             plan = plan_run(opts)

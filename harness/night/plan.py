@@ -31,7 +31,14 @@ from pathlib import Path
 
 from harness.declare import catalogue
 from harness.declare.catalogue import (  # noqa: F401  (the plan's names, declared per recipe in the catalogue)
-    BAND_LAUNCH, CLAIM_JUDGES, EVERY_NIGHT, LANE_STEPS, LAUNCHES, ON_CHANGE, ClaimJudge, Launch,
+    BAND_LAUNCH,
+    CLAIM_JUDGES,
+    EVERY_NIGHT,
+    LANE_STEPS,
+    LAUNCHES,
+    ON_CHANGE,
+    ClaimJudge,
+    Launch,
 )
 
 # --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
@@ -93,8 +100,14 @@ def launch_estimate(launch: Launch, first_of_family: bool, new_kernels: int = 0)
         "export": EXPORT_MIN if launch.export else 0.0,
     }
     fixed = sum(parts.values())
-    cold = COMPILE_COLD_MIN if first_of_family else COMPILE_WARM_MIN + new_kernels * KERNEL_COMPILE_COLD_MIN
-    return Estimate(cold=fixed + cold, warm=fixed + COMPILE_WARM_MIN, parts={**parts, "compile (cold)": cold})
+    cold = (
+        COMPILE_COLD_MIN
+        if first_of_family
+        else COMPILE_WARM_MIN + new_kernels * KERNEL_COMPILE_COLD_MIN
+    )
+    return Estimate(
+        cold=fixed + cold, warm=fixed + COMPILE_WARM_MIN, parts={**parts, "compile (cold)": cold}
+    )
 
 
 def host_reference_minutes(launch: Launch, night: str, scored: set[str]) -> float:
@@ -133,11 +146,23 @@ def steps(night: str = CHANGED) -> list[Step]:
     """The night in order: install, names check, the neuron tests (each launch on its own line), guards."""
     out = [
         Step("install the trn2 tier", "make neuron-venv", 1, 0, 0, Estimate(15.0, 2.0)),
-        Step("torchtitan names and hooks against the installed fork", "python -m harness.checks.titan --tier trn2",
-             1, 0, 0, Estimate(0.5, 0.5)),
-        Step("one-core kernel tests (rope_hf, grouped experts) and config 3 fork vs twin", "pytest -m neuron",
-             1, 1, 0, Estimate(KERNEL_COMPILE_COLD_MIN, COMPILE_WARM_MIN)),
-    ]  # fmt: skip
+        Step(
+            "torchtitan names and hooks against the installed fork",
+            "python -m harness.checks.titan --tier trn2",
+            1,
+            0,
+            0,
+            Estimate(0.5, 0.5),
+        ),
+        Step(
+            "one-core kernel tests (rope_hf, grouped experts) and config 3 fork vs twin",
+            "pytest -m neuron",
+            1,
+            1,
+            0,
+            Estimate(KERNEL_COMPILE_COLD_MIN, COMPILE_WARM_MIN),
+        ),
+    ]
     seen: set[str] = set()
     kernels: set[str] = set()
     scored: set[str] = set()
@@ -146,10 +171,28 @@ def steps(night: str = CHANGED) -> list[Step]:
         estimate = launch_estimate(launch, launch.family not in seen, len(new_kernels))
         seen.add(launch.family)
         kernels |= new_kernels
-        out.append(Step(f"launch {launch.name}: {launch.describe()}", "pytest -m neuron", 64, 64, 1, estimate,
-                        launch.name, host_reference_minutes(launch, night, scored)))  # fmt: skip
-    out.append(Step("guards: require-ran, require-claims, record-inputs, trend", "python -m harness.night.ci ...",
-                    1, 0, 0, Estimate(0.5, 0.5)))  # fmt: skip
+        out.append(
+            Step(
+                f"launch {launch.name}: {launch.describe()}",
+                "pytest -m neuron",
+                64,
+                64,
+                1,
+                estimate,
+                launch.name,
+                host_reference_minutes(launch, night, scored),
+            )
+        )
+    out.append(
+        Step(
+            "guards: require-ran, require-claims, record-inputs, trend",
+            "python -m harness.night.ci ...",
+            1,
+            0,
+            0,
+            Estimate(0.5, 0.5),
+        )
+    )
     return out
 
 
@@ -166,14 +209,30 @@ def measured_lines(measured: dict[str, dict]) -> list[str]:
     rows = []
     for name, estimate in launch_estimates().items():
         got = measured.get(name)
-        cells = ["not launched", "–", "–"] if got is None else [
-            f"{got['launch_min']:.1f}", f"{got['reference_min']:.1f}" if got.get("reference_min") is not None else "–",
-            f"{got['steps']}" + (f" (stopped: {got['stopped']})" if got.get("stopped") else "")]  # fmt: skip
+        cells = (
+            ["not launched", "–", "–"]
+            if got is None
+            else [
+                f"{got['launch_min']:.1f}",
+                f"{got['reference_min']:.1f}" if got.get("reference_min") is not None else "–",
+                f"{got['steps']}" + (f" (stopped: {got['stopped']})" if got.get("stopped") else ""),
+            ]
+        )
         rows.append([name, f"{estimate.cold:.0f}", f"{estimate.warm:.0f}", *cells])
     return [
         "Each launch: the plan's estimate (harness/night/plan.py) beside tonight's measurement, in minutes",
         "",
-        *md_table(["launch", "estimate cold", "estimate warm", "measured launch", "measured reference", "steps"], rows),
+        *md_table(
+            [
+                "launch",
+                "estimate cold",
+                "estimate warm",
+                "measured launch",
+                "measured reference",
+                "steps",
+            ],
+            rows,
+        ),
     ]
 
 
@@ -182,7 +241,9 @@ def _clock(plan: list[Step], cache: str) -> tuple[float, float, dict[str, float]
     as the launch ends, beside the later launches (the reference tests run after the last launch)."""
     chip = host = 0.0
     ends = {}
-    for step in plan[:-1]:  # the guards read the reference tests' report: they run after the host is done
+    for step in plan[
+        :-1
+    ]:  # the guards read the reference tests' report: they run after the host is done
         chip += getattr(step.estimate, cache)
         if step.launch:
             ends[step.launch] = chip
@@ -209,7 +270,9 @@ def first_published_verdict(plan: list[Step] | None = None) -> tuple[str, Estima
     judging = {j.launch for j in CLAIM_JUDGES.values() if j.launch}
     first = next((s.launch for s in plan if s.launch in judging), None)
     if first is None:
-        raise ValueError("no launch of the plan judges a published claim (harness.night.plan.CLAIM_JUDGES)")
+        raise ValueError(
+            "no launch of the plan judges a published claim (harness.night.plan.CLAIM_JUDGES)"
+        )
     return first, Estimate(cold=_clock(plan, "cold")[2][first], warm=_clock(plan, "warm")[2][first])
 
 
@@ -226,11 +289,15 @@ def workflow_timeout_minutes() -> int:
 def night_line(night: str) -> str:
     plan = steps(night)
     total = totals(plan)
-    what = {STABLE: "a stable night (no version or input changed; on-change launches and diagnoses carried)",
-            CHANGED: "a changed night (a version or input changed: everything runs)"}[night]  # fmt: skip
-    return (f"{what}: {sum(s.launches for s in plan)} launches of 64 ranks; {total.cold:.0f} min with a cold NEFF "
-            f"cache, {total.warm:.0f} min warm; host reference {total.parts['host reference']:.0f} min, scored "
-            "beside the launches")
+    what = {
+        STABLE: "a stable night (no version or input changed; on-change launches and diagnoses carried)",
+        CHANGED: "a changed night (a version or input changed: everything runs)",
+    }[night]
+    return (
+        f"{what}: {sum(s.launches for s in plan)} launches of 64 ranks; {total.cold:.0f} min with a cold NEFF "
+        f"cache, {total.warm:.0f} min warm; host reference {total.parts['host reference']:.0f} min, scored "
+        "beside the launches"
+    )
 
 
 def plan_lines() -> list[str]:
@@ -238,23 +305,43 @@ def plan_lines() -> list[str]:
 
     plan = steps(CHANGED)
     rows = [
-        [i, s.name, s.processes, s.cores, s.launches, f"{s.estimate.cold:.0f}", f"{s.estimate.warm:.0f}",
-         f"{s.host_min:.0f}"]
+        [
+            i,
+            s.name,
+            s.processes,
+            s.cores,
+            s.launches,
+            f"{s.estimate.cold:.0f}",
+            f"{s.estimate.warm:.0f}",
+            f"{s.host_min:.0f}",
+        ]
         for i, s in enumerate(plan, 1)
-    ]  # fmt: skip
+    ]
     return [
         "The trn2 nightly, in order (estimates, not measurements: no trn2 night has timed them; harness/night/plan.py "
         "says what each is based on)",
         "",
-        *md_table(["#", "step", "processes", "NeuronCores", "64-rank launches", "min (cold cache)", "min (warm)",
-                   "host reference min (beside)"], rows),  # fmt: skip
+        *md_table(
+            [
+                "#",
+                "step",
+                "processes",
+                "NeuronCores",
+                "64-rank launches",
+                "min (cold cache)",
+                "min (warm)",
+                "host reference min (beside)",
+            ],
+            rows,
+        ),
         "",
         night_line(STABLE),
         night_line(CHANGED),
         f"workflow timeout-minutes {workflow_timeout_minutes()} (the changed night cold x {TIMEOUT_MARGIN:g}, rounded "
         f"up to {TIMEOUT_ROUND_MIN} min)",
         "first published verdict: after {0}, about {1.warm:.0f} min into a warm night ({1.cold:.0f} cold)".format(
-            *first_published_verdict(plan)),
+            *first_published_verdict(plan)
+        ),
     ]
 
 
@@ -299,11 +386,18 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
     forked = catalogue.forked()
     config3 = config3_comparison(inputs) if forked else None
     if forked and config3["fork"] == "absent":
-        echo(f"{forked.fork.label}: the fork's {forked.fork.name} is absent here, so a trn2 run builds "
-             f"{config3['source']} (a finding, reported, not a skip): {config3['finding']}")  # fmt: skip
+        echo(
+            f"{forked.fork.label}: the fork's {forked.fork.name} is absent here, so a trn2 run builds "
+            f"{config3['source']} (a finding, reported, not a skip): {config3['finding']}"
+        )
     elif forked:
         echo(f"{forked.fork.label}: built from {config3['fork']}; {config3['finding']}:")
-        echo("\n".join(f"  {d['path']}: fork {d['fork']!r}, twin {d['twin']!r}" for d in config3["differences"]))
+        echo(
+            "\n".join(
+                f"  {d['path']}: fork {d['fork']!r}, twin {d['twin']!r}"
+                for d in config3["differences"]
+            )
+        )
     echo("")
     echo("\n".join(plan_lines()))
     echo("")
@@ -311,15 +405,31 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
     out = out_dir / "nightly.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     plan = [dataclasses.asdict(step) for step in steps()]
-    launches = {name: {**dataclasses.asdict(x), "options": json.loads(x.options().to_json())}
-                for name, x in LAUNCHES.items()}  # fmt: skip
+    launches = {
+        name: {**dataclasses.asdict(x), "options": json.loads(x.options().to_json())}
+        for name, x in LAUNCHES.items()
+    }
     claims = {name: dataclasses.asdict(j) for name, j in CLAIM_JUDGES.items()}
-    out.write_text(json.dumps({
-        "names": [r.to_dict() for r in rows], "config3": config3, "plan": plan, "launches": launches,
-        "claims": claims, "total_minutes": dataclasses.asdict(totals()),
-        "nights": {night: dataclasses.asdict(totals(steps(night))) | {"launches": len(night_launches(night))}
-                   for night in (STABLE, CHANGED)},
-        "workflow_timeout_minutes": workflow_timeout_minutes(),
-    }, indent=2, default=str) + "\n")  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "names": [r.to_dict() for r in rows],
+                "config3": config3,
+                "plan": plan,
+                "launches": launches,
+                "claims": claims,
+                "total_minutes": dataclasses.asdict(totals()),
+                "nights": {
+                    night: dataclasses.asdict(totals(steps(night)))
+                    | {"launches": len(night_launches(night))}
+                    for night in (STABLE, CHANGED)
+                },
+                "workflow_timeout_minutes": workflow_timeout_minutes(),
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     echo(f"  report: {out}")
     return not any(r.status == "missing" for r in rows)

@@ -31,7 +31,13 @@ PROPERTY_PREFIX = "standing."
 NOT_DEPENDED_ON = ("neuronx-cc",)
 #: The suite's own code an on-change result depends on: the recipes, the rank entry, the launch and the lanes
 #: (how a lane runs: harness/options/lanes.py; which lanes each recipe has: harness/declare/catalogue.py).
-SUITE_CODE = ("recipes", "harness/rank/train.py", "harness/launch", "harness/options/lanes.py", "harness/declare/catalogue.py")
+SUITE_CODE = (
+    "recipes",
+    "harness/rank/train.py",
+    "harness/launch",
+    "harness/options/lanes.py",
+    "harness/declare/catalogue.py",
+)
 #: Set to 1 to re-run every on-change launch tonight (a workflow_dispatch input, or by hand).
 RERUN_ENV = "QWEN3_RERUN_ALL"
 
@@ -50,8 +56,11 @@ def suite_code_sha256(root: Path = REPO_ROOT) -> str:
 
 def fingerprint(versions: dict, inputs: dict, code: str) -> dict:
     """What an on-change result depends on, as recorded beside it."""
-    return {"versions": {k: v for k, v in sorted(versions.items()) if k not in NOT_DEPENDED_ON},
-            "inputs": inputs, "code": code}  # fmt: skip
+    return {
+        "versions": {k: v for k, v in sorted(versions.items()) if k not in NOT_DEPENDED_ON},
+        "inputs": inputs,
+        "code": code,
+    }
 
 
 @dataclass(frozen=True)
@@ -79,14 +88,20 @@ def standing_records(log: Path | None, launch: str) -> list[dict]:
             night = json.loads(line)
         except ValueError:
             continue
-        if isinstance(night, dict) and "rehearsal" not in night and launch in (night.get("standing") or {}):
+        if (
+            isinstance(night, dict)
+            and "rehearsal" not in night
+            and launch in (night.get("standing") or {})
+        ):
             found.append(night["standing"][launch])
     return found
 
 
 def _moved(old: dict, new: dict, what: str) -> list[str]:
     keys = sorted(set(old) | set(new))
-    return [f"{what} {k}: {old.get(k)!r} → {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+    return [
+        f"{what} {k}: {old.get(k)!r} → {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)
+    ]
 
 
 def _same_number(then: float | None, now: float, tolerance: float) -> bool:
@@ -98,8 +113,13 @@ def _same_number(then: float | None, now: float, tolerance: float) -> bool:
     return abs(now - then) <= tolerance
 
 
-def decide(launch: str, fp: dict, explains: float | None = None, tolerance: float = 0.0,
-           log: Path | None = None) -> Due:  # fmt: skip
+def decide(
+    launch: str,
+    fp: dict,
+    explains: float | None = None,
+    tolerance: float = 0.0,
+    log: Path | None = None,
+) -> Due:
     """Due unless the newest standing record of ``launch`` has the same fingerprint and, for a diagnosis, explains
     a number within ``tolerance`` of tonight's (``explains``)."""
     if os.environ.get(RERUN_ENV) == "1":
@@ -109,23 +129,35 @@ def decide(launch: str, fp: dict, explains: float | None = None, tolerance: floa
         log = Path(env) if env else None
     records = standing_records(log, launch)
     if not records:
-        where = f"the runs log {log}" if log is not None and log.is_file() else f"no runs log (${RUNS_LOG_ENV})"
+        where = (
+            f"the runs log {log}"
+            if log is not None and log.is_file()
+            else f"no runs log (${RUNS_LOG_ENV})"
+        )
         return Due(launch, True, f"no standing result in {where}", fp)
     last = records[-1]
     moved = _moved(last["fingerprint"]["versions"], fp["versions"], "version")
     moved += ["inputs changed (sha256)"] * (last["fingerprint"]["inputs"] != fp["inputs"])
-    moved += ["the suite's launch or recipe code changed"] * (last["fingerprint"]["code"] != fp["code"])
+    moved += ["the suite's launch or recipe code changed"] * (
+        last["fingerprint"]["code"] != fp["code"]
+    )
     then = last.get("explains")
     if explains is not None and not _same_number(then, explains, tolerance):
         moved.append(f"the number it explains moved: {then} → {explains} (tolerance {tolerance:g})")
     if moved:
         return Due(launch, True, "; ".join(moved), fp)
-    return Due(launch, False, f"carried from {last['measured']}: nothing it depends on moved", fp, last)
+    return Due(
+        launch, False, f"carried from {last['measured']}: nothing it depends on moved", fp, last
+    )
 
 
 def record(due: Due, result: dict, explains: float | None = None) -> dict:
     """Tonight's standing record of ``due.launch``: measured now, or carried (keeping the night it was measured)."""
     if not due.due and due.standing is not None:
         return {**due.standing, "carried": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return {"fingerprint": due.fingerprint, "result": result, "explains": explains,
-            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    return {
+        "fingerprint": due.fingerprint,
+        "result": result,
+        "explains": explains,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -29,7 +29,9 @@ RUNS_LOG_KEYS = {"step1_loss_hf": "hf", "step1_loss_random": "random"}
 
 
 def failing(row: dict) -> bool:
-    return row.get("lane") in REPORTED_LANES and str(row.get("verdict", "")).split(", ")[-1] in FAILING
+    return (
+        row.get("lane") in REPORTED_LANES and str(row.get("verdict", "")).split(", ")[-1] in FAILING
+    )
 
 
 def _claim(row: dict) -> str:
@@ -51,19 +53,33 @@ def first_night_moved(row: dict, log: Path | None) -> str:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a killed run
-        if (record.get("recipe"), record.get("tier"), record.get("init")) == (row["recipe"], row["tier"], init):
+        if (record.get("recipe"), record.get("tier"), record.get("init")) == (
+            row["recipe"],
+            row["tier"],
+            init,
+        ):
             nights.append(record)
-    moved = [r for r in nights if isinstance(r.get("step1_loss"), (int, float))
-             and not (math.isfinite(r["step1_loss"]) and abs(r["step1_loss"] - expected) <= tolerance)]  # fmt: skip
+    moved = [
+        r
+        for r in nights
+        if isinstance(r.get("step1_loss"), (int, float))
+        and not (math.isfinite(r["step1_loss"]) and abs(r["step1_loss"] - expected) <= tolerance)
+    ]
     if not moved:
         return f"no night in {log} ({len(nights)} of this run) left the tolerance before this one"
     first = moved[0]
-    return (f"night {first.get('night')} (commit {first.get('commit')}): step 1 {first['step1_loss']!r}, "
-            f"versions {json.dumps(first.get('versions', {}), sort_keys=True)}")  # fmt: skip
+    return (
+        f"night {first.get('night')} (commit {first.get('commit')}): step 1 {first['step1_loss']!r}, "
+        f"versions {json.dumps(first.get('versions', {}), sort_keys=True)}"
+    )
 
 
 def _without_localization(value):
-    return {k: v for k, v in value.items() if k != "localization"} if isinstance(value, dict) else value
+    return (
+        {k: v for k, v in value.items() if k != "localization"}
+        if isinstance(value, dict)
+        else value
+    )
 
 
 def first_diverging(references: dict) -> list[str]:
@@ -91,16 +107,20 @@ def release_that_moved(row: dict, bisections: Path | None) -> list[str]:
             continue  # a report cut short: not this section's to judge
         tests = finding.get("tests") or []
         moved = [m[0] for m in finding.get("moved") or [] if m]
-        if claim in moved or any(t == row["test"] or t.startswith(row["test"] + "[") for t in tests):
+        if claim in moved or any(
+            t == row["test"] or t.startswith(row["test"] + "[") for t in tests
+        ):
             found.append(f"- `{path.name}`: {finding.get('headline', 'no headline')}")
     return found or [
         f"not bisected: no report in {bisections} names this test; "
-        f"`make bisect BISECT_ARGS=\"--from-bump report/bump/<name>.json\"` after a `make bump`, or "
-        f"`make bisect PKGS=\"name==version\" TEST=\"{row['test']}\"`"
+        f'`make bisect BISECT_ARGS="--from-bump report/bump/<name>.json"` after a `make bump`, or '
+        f'`make bisect PKGS="name==version" TEST="{row["test"]}"`'
     ]
 
 
-def markdown(row: dict, record: dict, versions: dict, log: Path | None, bisections: Path | None = None) -> str:
+def markdown(
+    row: dict, record: dict, versions: dict, log: Path | None, bisections: Path | None = None
+) -> str:
     claim, props = _claim(row), record.get("properties", {})
     expected = row.get("published") if row.get("published") is not None else row.get("golden")
     marker = "neuron" if row["test"].startswith("tests/neuron/") else "cpu"
@@ -120,8 +140,9 @@ def markdown(row: dict, record: dict, versions: dict, log: Path | None, bisectio
         "",
         "## Inputs",
         "",
-        f"```json\n{json.dumps(inputs, indent=1, sort_keys=True)}\n```" if inputs else
-        "the cpu tier's fixtures at the suite commit above (fixtures/: tokenizer, corpus, tiny checkpoints)",
+        f"```json\n{json.dumps(inputs, indent=1, sort_keys=True)}\n```"
+        if inputs
+        else "the cpu tier's fixtures at the suite commit above (fixtures/: tokenizer, corpus, tiny checkpoints)",
         "",
         "## Reproduce",
         "",
@@ -129,9 +150,15 @@ def markdown(row: dict, record: dict, versions: dict, log: Path | None, bisectio
         "",
         "## Host reference",
         "",
-        *([f"- `{k}`: {json.dumps(_without_localization(v), sort_keys=True, default=str)[:2000]}"
-           for k, v in sorted(references.items())]
-          or ["not run by this test (the reference check of a run: `python -m harness.reference.diagnosis RUN_DIR`)"]),
+        *(
+            [
+                f"- `{k}`: {json.dumps(_without_localization(v), sort_keys=True, default=str)[:2000]}"
+                for k, v in sorted(references.items())
+            ]
+            or [
+                "not run by this test (the reference check of a run: `python -m harness.reference.diagnosis RUN_DIR`)"
+            ]
+        ),
         "",
         "## First diverging layer",
         "",
@@ -145,12 +172,17 @@ def markdown(row: dict, record: dict, versions: dict, log: Path | None, bisectio
         "",
         first_night_moved(row, log),
         "",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 
-def write(report_dir: Path, rows: list[dict], records: list[dict], versions: dict,
-          bisections: Path | None = BISECT_REPORTS) -> list[Path]:
+def write(
+    report_dir: Path,
+    rows: list[dict],
+    records: list[dict],
+    versions: dict,
+    bisections: Path | None = BISECT_REPORTS,
+) -> list[Path]:
     """One ``upstream/<claim>.md`` per failing claim row; returns the files written. ``bisections``: where
     ``make bisect`` writes its reports."""
     by_test = {r["test"]: r for r in records}

@@ -53,7 +53,9 @@ class Night:
     conclusion: str | None
 
     def line(self) -> str:
-        return f"run {self.run_id} of {self.created:%Y-%m-%d %H:%M}Z ({self.conclusion}): {self.url}"
+        return (
+            f"run {self.run_id} of {self.created:%Y-%m-%d %H:%M}Z ({self.conclusion}): {self.url}"
+        )
 
 
 def _when(text: str) -> dt.datetime:
@@ -68,7 +70,15 @@ def nights(runs: list[dict], step: str) -> list[Night]:
             continue
         steps = [s for job in run.get("jobs") or [] for s in job.get("steps") or []]
         judged = any(s.get("name") == step and s.get("conclusion") in RAN for s in steps)
-        found.append(Night(run["databaseId"], _when(run["createdAt"]), run.get("url", ""), judged, run.get("conclusion")))
+        found.append(
+            Night(
+                run["databaseId"],
+                _when(run["createdAt"]),
+                run.get("url", ""),
+                judged,
+                run.get("conclusion"),
+            )
+        )
     return sorted(found, key=lambda n: n.created, reverse=True)
 
 
@@ -86,41 +96,87 @@ def alarm(found: list[Night], now: dt.datetime) -> Alarm:
     cut_off = len(latest) == CUT_OFF_IN_A_ROW and not any(n.judged for n in latest)
     level = "failure" if judged else "warning"
     if cut_off:
-        return Alarm(level, f"the last {CUT_OFF_IN_A_ROW} nightly-trn2 runs all ended before judging the published "
-                            "claims:\n" + "\n".join(f"  {n.line()}" for n in latest)
-                     + ("" if judged else "\n(a warning until the first night has judged)"))  # fmt: skip
+        return Alarm(
+            level,
+            f"the last {CUT_OFF_IN_A_ROW} nightly-trn2 runs all ended before judging the published "
+            "claims:\n"
+            + "\n".join(f"  {n.line()}" for n in latest)
+            + ("" if judged else "\n(a warning until the first night has judged)"),
+        )
     if not judged:
-        return Alarm("warning", f"insufficient data: {len(found)} completed nightly-trn2 run(s), none has judged the "
-                                "published claims yet")  # fmt: skip
+        return Alarm(
+            "warning",
+            f"insufficient data: {len(found)} completed nightly-trn2 run(s), none has judged the "
+            "published claims yet",
+        )
     age = now - judged[0].created
     if age > MAX_AGE:
-        return Alarm("failure", f"the newest nightly-trn2 run that judged the published claims is {age.total_seconds() / 3600:.0f} h "
-                                f"old (more than {MAX_AGE.total_seconds() / 3600:.0f} h): {judged[0].line()}")  # fmt: skip
-    return Alarm("ok", f"the published claims were judged {age.total_seconds() / 3600:.1f} h ago: {judged[0].line()}")
+        return Alarm(
+            "failure",
+            f"the newest nightly-trn2 run that judged the published claims is {age.total_seconds() / 3600:.0f} h "
+            f"old (more than {MAX_AGE.total_seconds() / 3600:.0f} h): {judged[0].line()}",
+        )
+    return Alarm(
+        "ok",
+        f"the published claims were judged {age.total_seconds() / 3600:.1f} h ago: {judged[0].line()}",
+    )
 
 
 def gh_runs(limit: int = 10) -> list[dict]:
     """The workflow's recent runs with their jobs and steps, from the GitHub API through ``gh``."""
-    listed = subprocess.run(["gh", "run", "list", "--workflow", WORKFLOW.name, "--limit", str(limit), "--json",
-                             "databaseId"], capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    listed = subprocess.run(
+        [
+            "gh",
+            "run",
+            "list",
+            "--workflow",
+            WORKFLOW.name,
+            "--limit",
+            str(limit),
+            "--json",
+            "databaseId",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     runs = []
     for run_id in (r["databaseId"] for r in json.loads(listed.stdout)):
-        viewed = subprocess.run(["gh", "run", "view", str(run_id), "--json",
-                                 "databaseId,createdAt,status,conclusion,url,jobs"],
-                                capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+        viewed = subprocess.run(
+            [
+                "gh",
+                "run",
+                "view",
+                str(run_id),
+                "--json",
+                "databaseId,createdAt,status,conclusion,url,jobs",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
         runs.append(json.loads(viewed.stdout))
     return runs
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.night.watch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, help="a recorded JSON list of `gh run view --json ...` objects")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.night.watch", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--runs", type=Path, help="a recorded JSON list of `gh run view --json ...` objects"
+    )
     parser.add_argument("--now", help="the time to judge at (ISO 8601; default: now)")
     args = parser.parse_args(argv)
     try:
         runs = json.loads(args.runs.read_text()) if args.runs else gh_runs()
     except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
-        print(f"::error::cannot read the nightly's runs ({e}); the watch itself failed", file=sys.stderr)
+        print(
+            f"::error::cannot read the nightly's runs ({e}); the watch itself failed",
+            file=sys.stderr,
+        )
         return 1
     now = _when(args.now) if args.now else dt.datetime.now(dt.timezone.utc)
     found = alarm(nights(runs, judging_step()), now)

@@ -84,11 +84,19 @@ class Lane:
             paths["tokenizer_dir"] = titan / TITAN_TOKENIZER
         allow = list(self.allow_mismatch)
         if self.titan_tokenizer and run.get("init", "hf") == "hf":
-            allow.append("tokenizer")  # the run's own refusal, accepted: it is what the tutorial ran
+            allow.append(
+                "tokenizer"
+            )  # the run's own refusal, accepted: it is what the tutorial ran
         if run.get("init") == "random":  # random init loads no config.json to disagree with
             allow = [a for a in allow if a != "rope_theta"]
-        return RunOptions(recipe=self.recipe, tier="trn2", allow_mismatch=allow, rope_theta=self.rope_theta,
-                          **paths, **run)  # fmt: skip
+        return RunOptions(
+            recipe=self.recipe,
+            tier="trn2",
+            allow_mismatch=allow,
+            rope_theta=self.rope_theta,
+            **paths,
+            **run,
+        )
 
     def env(self) -> dict[str, str]:
         """What the launch's environment sets for every rank (the kept defects)."""
@@ -113,7 +121,10 @@ def titan_checkout() -> tuple[Path | None, str]:
         spec = importlib.util.find_spec("torchtitan")
         if spec is None or not spec.origin:
             return None, "torchtitan is not installed"
-        root, found_by = Path(spec.origin).resolve().parents[1], "where `import torchtitan` loads from"
+        root, found_by = (
+            Path(spec.origin).resolve().parents[1],
+            "where `import torchtitan` loads from",
+        )
     missing = [p for p in (TITAN_DATASET, TITAN_TOKENIZER) if not (root / p).is_dir()]
     if missing:
         return None, (

@@ -24,7 +24,14 @@ from recipes.registry import DEFAULT_RECIPE
 from recipes.tiers import REPO_ROOT, TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
 
-__all__ = ["INITS", "RunCommand", "RunOptions", "apply_run_options", "command_line", "parse_run_command"]
+__all__ = [
+    "INITS",
+    "RunCommand",
+    "RunOptions",
+    "apply_run_options",
+    "command_line",
+    "parse_run_command",
+]
 
 DEFAULT_REPORT_DIR = REPO_ROOT / "report"
 
@@ -69,7 +76,9 @@ class RunOptions:
     #: Replace the recipe's RoPE theta (to measure what a wrong theta costs).
     rope_theta: float | None = None
     #: Accept one tokenizer/weights/model mismatch as a warning (tokenizer, vocab, rope_theta, seq_len, ...).
-    allow_mismatch: Annotated[list[str], Repeated, tyro.conf.arg(metavar="NAME")] = field(default_factory=list)
+    allow_mismatch: Annotated[list[str], Repeated, tyro.conf.arg(metavar="NAME")] = field(
+        default_factory=list
+    )
     #: Where the final HF export is published.
     export_dir: Path | None = None
     #: This run's dump folder (checkpoints, steps.jsonl, run.json); the harness names it.
@@ -77,9 +86,9 @@ class RunOptions:
     #: Seed of the model init and the data order.
     seed: int = 0
     #: A kernel override, on every matching module or scoped by model-relative fqn globs.
-    overrides: Annotated[list[str], Repeated, tyro.conf.arg(name="override", metavar="NAME[=GLOB,...]")] = field(
-        default_factory=list
-    )
+    overrides: Annotated[
+        list[str], Repeated, tyro.conf.arg(name="override", metavar="NAME[=GLOB,...]")
+    ] = field(default_factory=list)
     #: Replace a non-empty --export-dir.
     overwrite: bool = False
     #: Save the final HF export (``last_save_in_hf``); measurement-only runs skip the write.
@@ -122,7 +131,9 @@ class RunOptions:
 
     def recipe_inputs(self) -> RecipeInputs:
         """What the recipe builds its config from (``self`` resolved): tier, init, weights, tokenizer, data, layers."""
-        return RecipeInputs(self.tier, self.init, self.model_dir, self.tokenizer_dir, self.dataset_dir, self.layers)
+        return RecipeInputs(
+            self.tier, self.init, self.model_dir, self.tokenizer_dir, self.dataset_dir, self.layers
+        )
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -134,7 +145,9 @@ class RunOptions:
         paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
-            raise ValueError(f"run options {unknown} are not fields of RunOptions (a run.json from another version?)")
+            raise ValueError(
+                f"run options {unknown} are not fields of RunOptions (a run.json from another version?)"
+            )
         return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})
 
 
@@ -154,7 +167,9 @@ class RunCommand(RunOptions):
 
     def options(self, **changes) -> RunOptions:
         """The ``RunOptions`` part of this command, with ``changes``."""
-        return replace(RunOptions(**{f.name: getattr(self, f.name) for f in fields(RunOptions)}), **changes)
+        return replace(
+            RunOptions(**{f.name: getattr(self, f.name) for f in fields(RunOptions)}), **changes
+        )
 
 
 def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
@@ -163,12 +178,14 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
     A refused flag (``--steps abc``) is one ``RecipeError`` line from tyro's parse-error event
     (``harness.base.tyro_events``), not tyro's box; ``--help`` still prints tyro's help.
     """
+    from harness.base.tyro_events import ParseRefused, describe, refuse
     from recipes import titan
     from recipes.errors import RecipeError
-    from harness.base.tyro_events import ParseRefused, describe, refuse
 
     on_parse_error, _ = titan.optional("on_parse_error")
-    parse = functools.partial(tyro.cli, RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True)
+    parse = functools.partial(
+        tyro.cli, RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True
+    )
     if on_parse_error is None:  # an older tyro: its own box
         return parse()
     try:
@@ -177,13 +194,21 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
     except ParseRefused as refused:
         try:
             what = describe(refused.event, argv, lambda flag: None)
-        except (AttributeError, TypeError) as e:  # the event is tyro's private API: a new tyro may reshape it
+        except (
+            AttributeError,
+            TypeError,
+        ) as e:  # the event is tyro's private API: a new tyro may reshape it
             what = f"{type(refused.event).__name__} (tyro's event could not be read: {e})"
         raise RecipeError(f"{what}; see python -m harness run --help") from None
 
 
 #: torchtitan options that name a file or directory (``checkpoint.folder`` is inside the dump folder by design).
-TITAN_PATH_OPTIONS = ("--hf_assets_path", "--dataloader.dataset_path", "--dump_folder", "--checkpoint.initial_load_path")
+TITAN_PATH_OPTIONS = (
+    "--hf_assets_path",
+    "--dataloader.dataset_path",
+    "--dump_folder",
+    "--checkpoint.initial_load_path",
+)
 
 
 def absolute_titan_paths(cli_overrides: list[str], cwd: Path | None = None) -> list[str]:

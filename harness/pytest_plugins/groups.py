@@ -30,7 +30,10 @@ class XdistGroupIds:
         from _pytest.nodeid import NodeId
 
         for item in items:
-            groups = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+            groups = {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
             if groups and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
                 item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(groups))}")
 

@@ -63,7 +63,13 @@ def pytest_warning_recorded(warning_message, when, nodeid, location):
     where = f"{warning_message.filename}:{warning_message.lineno}"
     key = (category, str(warning_message.message), where)
     entry = _WARNINGS.setdefault(
-        key, {"category": category, "message": str(warning_message.message), "where": where, "tests": []}
+        key,
+        {
+            "category": category,
+            "message": str(warning_message.message),
+            "where": where,
+            "tests": [],
+        },
     )
     if nodeid and nodeid not in entry["tests"]:
         entry["tests"].append(nodeid)
@@ -123,38 +129,74 @@ def lane_summaries(records: list[dict]) -> list[dict]:
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
-    return "–" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return (
+        "–"
+        if value is None
+        else json.dumps(value)
+        if isinstance(value, (list, dict))
+        else str(value)
+    )
 
 
 def markdown(records: list[dict], rows: list[dict], warnings: list[dict] = ()) -> str:
     lines = ["# qwen3-trn-repro test report", ""]
     if rehearsal_mark():
-        lines += [f"**{rehearsal_mark()['rehearsal'].upper()}**: every value below was measured on stand-ins.", ""]
+        lines += [
+            f"**{rehearsal_mark()['rehearsal'].upper()}**: every value below was measured on stand-ins.",
+            "",
+        ]
     if warnings:
         lines += ["## Warnings (deprecations are the first sign of version drift)", ""]
         cells = [
-            [w["category"], w["message"].replace("|", "\\|").replace("\n", " "), w["where"], len(w["tests"])]
+            [
+                w["category"],
+                w["message"].replace("|", "\\|").replace("\n", " "),
+                w["where"],
+                len(w["tests"]),
+            ]
             for w in warnings
         ]
         lines += md_table(["category", "message", "where", "tests"], cells) + [""]
     if rows:
-        header = ["recipe", "tier", "value", "lane", "published (tutorial)", "golden (this lock)", "measured",
-                  "tolerance", "verdict"]  # fmt: skip
+        header = [
+            "recipe",
+            "tier",
+            "value",
+            "lane",
+            "published (tutorial)",
+            "golden (this lock)",
+            "measured",
+            "tolerance",
+            "verdict",
+        ]
         cells = [
-            [r["recipe"], r["tier"], r["key"], r["lane"] or "–", _fmt(r["published"]), _fmt(r["golden"]),
-             _fmt(r["measured"]), _fmt(r["tolerance"]), r["verdict"]]
+            [
+                r["recipe"],
+                r["tier"],
+                r["key"],
+                r["lane"] or "–",
+                _fmt(r["published"]),
+                _fmt(r["golden"]),
+                _fmt(r["measured"]),
+                _fmt(r["tolerance"]),
+                r["verdict"],
+            ]
             for r in rows
-        ]  # fmt: skip
+        ]
         lines += md_table(header, cells) + [""]
     lines += lanes_section(lane_summaries(records))
-    if any(r["test"].startswith("tests/neuron/") for r in records):  # the night: what tonight could not fail
+    if any(
+        r["test"].startswith("tests/neuron/") for r in records
+    ):  # the night: what tonight could not fail
         from harness.judge import unmeasured
 
         lines += unmeasured.lines("trn2") + [""]
     tests = []
     for record in sorted(records, key=lambda r: r["test"]):
         values = ", ".join(
-            f"{k}={_fmt(v)}" for k, v in record["properties"].items() if not k.endswith(VERDICT_SUFFIX)
+            f"{k}={_fmt(v)}"
+            for k, v in record["properties"].items()
+            if not k.endswith(VERDICT_SUFFIX)
         )
         tests.append([record["test"], record["outcome"], record["duration_s"], values])
     lines += md_table(["test", "outcome", "s", "recorded values"], tests)
@@ -184,7 +226,9 @@ def pytest_sessionfinish(session, exitstatus):
     (report_dir / "tests.md").write_text(text)
     from harness.night import upstream
 
-    for path in upstream.write(report_dir, rows, _RECORDS, data["versions"]):  # every failing claim, ready to file
+    for path in upstream.write(
+        report_dir, rows, _RECORDS, data["versions"]
+    ):  # every failing claim, ready to file
         print(f"\nupstream report: {path}")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:

@@ -15,8 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.options.run_options import RunOptions
 from harness.base.run_dir import CHECKPOINT_DIR, EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.base.run_dir)
+from harness.options.run_options import RunOptions
 from recipes.specs import read_hf_config
 
 TOKENIZER_FILES = (
@@ -30,14 +30,15 @@ TOKENIZER_FILES = (
 )
 
 
-
 def tensor_sha256(tensor) -> str:
     """sha256 of a tensor's bytes (any dtype, bf16 included), as stored in safetensors."""
     import hashlib
 
     import torch
 
-    return hashlib.sha256(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(
+        tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    ).hexdigest()
 
 
 def record_final_state(trainer, path: Path, rank: int) -> None:

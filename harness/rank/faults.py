@@ -31,7 +31,9 @@ class Fault:
             rank, step = where.split(":")
             fault = cls(kind=kind, rank=int(rank), step=int(step))
         except ValueError:
-            raise ValueError(f"{ENV}={text!r} must look like KIND@RANK:STEP, e.g. die@1:2") from None
+            raise ValueError(
+                f"{ENV}={text!r} must look like KIND@RANK:STEP, e.g. die@1:2"
+            ) from None
         if fault.kind not in KINDS:
             raise ValueError(f"{ENV}={text!r}: KIND must be one of {', '.join(KINDS)}")
         return fault
@@ -56,7 +58,9 @@ def install(trainer, rank: int) -> None:
     fault = from_env()
     if fault is None or fault.rank != rank:
         return
-    titan.wrap_hook(trainer, "Trainer.train_step", lambda original: _faulty(trainer, fault, rank, original))
+    titan.wrap_hook(
+        trainer, "Trainer.train_step", lambda original: _faulty(trainer, fault, rank, original)
+    )
 
 
 def _faulty(trainer, fault: Fault, rank: int, original):
@@ -71,7 +75,11 @@ def _faulty(trainer, fault: Fault, rank: int, original):
 
 
 def _fire(fault: Fault, rank: int, trainer) -> None:
-    print(f"[fault injection] {fault.kind} on rank {rank} at step {fault.step}", file=sys.stderr, flush=True)
+    print(
+        f"[fault injection] {fault.kind} on rank {rank} at step {fault.step}",
+        file=sys.stderr,
+        flush=True,
+    )
     if fault.kind == "die":
         os._exit(17)
     if fault.kind == "hang":

@@ -49,7 +49,9 @@ def install(trainer, opts, run_dir: Path, rank: int) -> None:
             # Fetched inside step 1 (Trainer.train increments step first). A run resumed from a
             # torchtitan checkpoint starts later and holds weights other than --model-dir's: no record.
             if trainer.step == 1:
-                write_rank_record(Path(run_dir) / RECORD_DIR, rank, dims.world_size, first, trainer.model_parts[0])
+                write_rank_record(
+                    Path(run_dir) / RECORD_DIR, rank, dims.world_size, first, trainer.model_parts[0]
+                )
             yield from first
             yield from batches
 
@@ -72,14 +74,19 @@ def write_rank_record(directory: Path, rank: int, world: int, batches, model) ->
     if inv_freq is not None:
         tensors["inv_freq"] = inv_freq
     metadata = {
-        "rank": str(rank), "world": str(world), "batches": str(len(batches)), "attention": attention_of(model),
+        "rank": str(rank),
+        "world": str(world),
+        "batches": str(len(batches)),
+        "attention": attention_of(model),
         # recipes.hf_as_published: upstream defects this run kept on purpose (the "as published" lanes)
         "kept_defects": os.environ.get("QWEN3_HF_KEEP_DEFECTS", ""),
-    }  # fmt: skip
+    }
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"rank{rank:05d}.safetensors"
     tmp = path.with_suffix(".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata
+    )
     tmp.replace(path)
     return path
 
@@ -106,13 +113,15 @@ def held_inv_freq(model):
         cache = getattr(module, "cache", None)
         if "RoPE" in type(module).__name__ and isinstance(cache, torch.Tensor) and cache.dim() == 2:
             cache = _local(cache)
-            half = cache.shape[-1] // 4  # cache row: 2·dim values, dim = head_dim, dim/2 frequencies
+            half = (
+                cache.shape[-1] // 4
+            )  # cache row: 2·dim values, dim = head_dim, dim/2 frequencies
             return torch.atan2(cache[1, 2 * half : 3 * half], cache[1, :half])
     return None
 
 
 def attention_of(model) -> str:
-    """"causal" or "document" (see :data:`ATTENTIONS`), from the model the run built.
+    """ "causal" or "document" (see :data:`ATTENTIONS`), from the model the run built.
 
     torchtitan 0.3.0 ``Trainer.post_dataloading_process`` builds document masks only for
     ``FlexAttention`` / ``VarlenAttention`` inner attention (SDPA runs ``is_causal``); the
@@ -121,7 +130,11 @@ def attention_of(model) -> str:
     """
     hf_model = getattr(model, "model", None)
     if hf_model is not None and hasattr(hf_model, "config") and hasattr(hf_model, "lm_head"):
-        return "document" if getattr(hf_model.config, "attn_mask_type", "causal") == "block_causal" else "causal"
+        return (
+            "document"
+            if getattr(hf_model.config, "attn_mask_type", "causal") == "block_causal"
+            else "causal"
+        )
     config = getattr(model, "config", None)
     attention = getattr(config, "first_attention", None) if config is not None else None
     inner = type(getattr(attention, "inner_attention", None)).__qualname__
@@ -167,13 +180,17 @@ def load_record(run_dir: Path) -> Record | None:
             names = set(f.keys())
             held = f.get_tensor("inv_freq") if "inv_freq" in names else None
             for i in range(int(meta["batches"])):
-                batches.append({
-                    "input": f.get_tensor(f"input.{i}"),
-                    "positions": f.get_tensor(f"positions.{i}") if f"positions.{i}" in names else None,
-                    "labels": f.get_tensor(f"labels.{i}"),
-                    # each rank's own: uninitialised memory differs from rank to rank
-                    "held_inv_freq": held,
-                })  # fmt: skip
+                batches.append(
+                    {
+                        "input": f.get_tensor(f"input.{i}"),
+                        "positions": f.get_tensor(f"positions.{i}")
+                        if f"positions.{i}" in names
+                        else None,
+                        "labels": f.get_tensor(f"labels.{i}"),
+                        # each rank's own: uninitialised memory differs from rank to rank
+                        "held_inv_freq": held,
+                    }
+                )
             if inv_freq is None:
                 inv_freq = held
     if len(paths) != world:
@@ -184,9 +201,12 @@ def load_record(run_dir: Path) -> Record | None:
     if len(attentions) != 1:
         raise ReferenceError(f"{directory}: ranks disagree on attention {sorted(attentions)}")
     return Record(
-        batches=batches, attention=attentions.pop(), inv_freq=inv_freq, ranks=world,
+        batches=batches,
+        attention=attentions.pop(),
+        inv_freq=inv_freq,
+        ranks=world,
         kept_defects=[d for d in kept.split(",") if d],
-    )  # fmt: skip
+    )
 
 
 class ReferenceError(RuntimeError):

@@ -34,14 +34,11 @@ import json
 import os
 import resource
 import socket
-import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.options.run_options import RunOptions
 from harness.base.run_dir import INITIAL_STATE_FILE, STEP1_FORWARD_FILE
 
 
@@ -102,13 +99,20 @@ def forward_loss(trainer, batches) -> tuple[float, int]:
 
     dims = trainer.parallel_dims
     if dims.pp_enabled or len(trainer.model_parts) != 1:
-        raise Step1ForwardError("pipeline parallelism is not scored forward-only: its schedule owns the loss")
+        raise Step1ForwardError(
+            "pipeline parallelism is not scored forward-only: its schedule owns the loss"
+        )
     denominator = global_valid_tokens(trainer, batches)
     accumulated = None
     with torch.no_grad():
         for input_dict, labels in batches:
-            input_dict = {k: v.to(trainer.device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
-            inputs, labels, extra = trainer.post_dataloading_process(input_dict, labels.to(trainer.device))
+            input_dict = {
+                k: v.to(trainer.device) if isinstance(v, torch.Tensor) else v
+                for k, v in input_dict.items()
+            }
+            inputs, labels, extra = trainer.post_dataloading_process(
+                input_dict, labels.to(trainer.device)
+            )
             with trainer.train_context():
                 pred = trainer.model_parts[0](inputs, **extra)
                 loss_kwargs = {"positions": extra["positions"]} if "positions" in extra else {}
@@ -175,7 +179,9 @@ def step_record(result: Step1Score, started: float) -> dict:
         "step": 1,
         "loss": result.loss,
         "grad_norm": None,
-        "tokens_per_s": result.global_valid_tokens / result.ranks / result.score_s if result.score_s > 0 else None,
+        "tokens_per_s": result.global_valid_tokens / result.ranks / result.score_s
+        if result.score_s > 0
+        else None,
         "step_time_s": result.score_s,
         "max_reserved_gib": result.max_rss_gib,
         "tflops": None,
@@ -195,15 +201,28 @@ def single_process_env() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(
-        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
 
 
 def rank_main(argv: list[str]) -> int:
     """One rank: score the run in ``--run-dir`` forward-only; rank 0 writes the result."""
-    parser = argparse.ArgumentParser(prog="harness.rank.step1_forward", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", type=Path, required=True, help="a directory holding the run's run.json")
-    parser.add_argument("--initial-state", action="store_true", help=f"also hash the weights step 1 starts from ({INITIAL_STATE_FILE})")
+    parser = argparse.ArgumentParser(
+        prog="harness.rank.step1_forward", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, required=True, help="a directory holding the run's run.json"
+    )
+    parser.add_argument(
+        "--initial-state",
+        action="store_true",
+        help=f"also hash the weights step 1 starts from ({INITIAL_STATE_FILE})",
+    )
     args, cli_overrides = parser.parse_known_args(argv)
 
     from harness.config.build import build_config
@@ -216,7 +235,10 @@ def rank_main(argv: list[str]) -> int:
     try:
         opts = read_run_options(run_dir)
         platform.install(opts.tier)
-        result = score(build_config(opts, cli_overrides), run_dir / INITIAL_STATE_FILE if args.initial_state else None)
+        result = score(
+            build_config(opts, cli_overrides),
+            run_dir / INITIAL_STATE_FILE if args.initial_state else None,
+        )
     except RecipeError as e:
         print(f"harness.rank.step1_forward: error: {e}", file=sys.stderr)
         return 2
@@ -227,9 +249,10 @@ def rank_main(argv: list[str]) -> int:
         torch.distributed.destroy_process_group()
     if rank == 0:
         (run_dir / STEP1_FORWARD_FILE).write_text(json.dumps(asdict(result), indent=2) + "\n")
-        print(f"step-1 loss (forward only) {result.loss!r} over {result.global_valid_tokens} tokens, {result.ranks} rank(s)")
+        print(
+            f"step-1 loss (forward only) {result.loss!r} over {result.global_valid_tokens} tokens, {result.ranks} rank(s)"
+        )
     return 0
-
 
 
 def main(argv: list[str] | None = None) -> int:

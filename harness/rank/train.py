@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from harness.base.run_dir import PROVENANCE_FILE, STEPS_FILE
 from harness.launch.child import RANK_DEATH_SIGNAL, die_with_parent
 from harness.options.run_options import RunOptions, read_run_options
-from harness.base.run_dir import PROVENANCE_FILE, STEPS_FILE
-
 
 
 class StepRecorder:
@@ -60,11 +59,15 @@ def write_provenance(opts: RunOptions, config, path: Path) -> None:
     """The run's provenance (harness.config.provenance), and how this rank started (``rank_start``)."""
     import torch
 
-    from harness.config import provenance
     from harness.checks.mismatch import mismatches
+    from harness.config import provenance
 
     allowed = [m for m in mismatches(opts, config) if m.name in opts.allow_mismatch]
-    record = {**provenance.provenance(opts, config, allowed), "rank_start": RANK_START, "threads": torch.get_num_threads()}
+    record = {
+        **provenance.provenance(opts, config, allowed),
+        "rank_start": RANK_START,
+        "threads": torch.get_num_threads(),
+    }
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
@@ -102,12 +105,13 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
 
+    from harness.config.build import build_config
     from harness.rank import faults, first_batch
     from harness.rank.export import FINAL_STATE_FILE, finish_export, record_final_state
 
-    from harness.config.build import build_config
-
-    config = build_config(opts, cli_overrides)  # the launcher checked it before any rank started (run.json)
+    config = build_config(
+        opts, cli_overrides
+    )  # the launcher checked it before any rank started (run.json)
     rank = int(os.environ.get("RANK", "0"))
     faults.at_start(rank)
     run_dir = Path(config.dump_folder)
@@ -121,7 +125,9 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         if rank == 0:
             write_provenance(opts, config, run_dir / PROVENANCE_FILE)
         faults.install(trainer, rank)
-        first_batch.install(trainer, opts, run_dir, rank)  # --init hf: step 1's batches, for the host's reference loss
+        first_batch.install(
+            trainer, opts, run_dir, rank
+        )  # --init hf: step 1's batches, for the host's reference loss
         if opts.forward_only:
             score_step1(trainer, config, run_dir if rank == 0 else None)
         else:
@@ -176,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, errors) -> int:
-    parser = argparse.ArgumentParser(prog="harness.rank.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", type=Path, required=True, help="the run's directory, holding its run.json")
+    parser = argparse.ArgumentParser(
+        prog="harness.rank.train", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, required=True, help="the run's directory, holding its run.json"
+    )
     args, cli_overrides = parser.parse_known_args(argv)
 
     from recipes import platform

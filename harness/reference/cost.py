@@ -12,7 +12,12 @@ from harness.reference.scoring import batch_loss
 TRN2_GLOBAL_ROWS = 64
 
 
-def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: int = 2048, threads: int | None = None) -> dict:
+def measure_cost(
+    config_dir: Path,
+    layers: tuple[int, ...] = (1, 2),
+    seq_len: int = 2048,
+    threads: int | None = None,
+) -> dict:
     """Host CPU time and memory of the reference at the real width, measured, then extrapolated.
 
     Random weights at ``layers`` depths: two depths separate the per-layer cost from the
@@ -37,7 +42,11 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
     for n in layers:
         config, model = truncated_model(config_dir, n)
         ids = torch.randint(0, config.vocab_size, (1, seq_len))
-        batch = {"input": ids, "positions": torch.arange(seq_len)[None], "labels": torch.roll(ids, -1, 1)}
+        batch = {
+            "input": ids,
+            "positions": torch.arange(seq_len)[None],
+            "labels": torch.roll(ids, -1, 1),
+        }
         batch_loss(model, [batch], "causal")  # warm-up
         started, cpu = time.perf_counter(), time.process_time()
         batch_loss(model, [batch], "causal")
@@ -67,7 +76,10 @@ def measure_cost(config_dir: Path, layers: tuple[int, ...] = (1, 2), seq_len: in
 
 
 def measure_localize_cost(
-    config_dir: Path, layers: tuple[int, ...] = (1, 2), tokens: int = 256, threads: int | None = None
+    config_dir: Path,
+    layers: tuple[int, ...] = (1, 2),
+    tokens: int = 256,
+    threads: int | None = None,
 ) -> dict:
     """The localizer (harness.reference.localize) at the real width: random weights at two depths, extrapolated.
 
@@ -81,8 +93,8 @@ def measure_localize_cost(
     import torch
     from transformers import AutoConfig
 
-    from harness.declare import catalogue
     from harness.config.build import build_config
+    from harness.declare import catalogue
     from harness.options.run_options import RunOptions
     from harness.reference.localize import localize, titan_model
 
@@ -90,9 +102,16 @@ def measure_localize_cost(
         torch.set_num_threads(threads)
     full = AutoConfig.from_pretrained(config_dir)
     theta = (getattr(full, "rope_parameters", None) or {}).get("rope_theta")
+
     def options(n: int) -> RunOptions:
-        return RunOptions(recipe=catalogue.localized(), tier="cpu", init="hf", layers=n, model_dir=Path(config_dir),
-                          rope_theta=theta).resolved()  # fmt: skip
+        return RunOptions(
+            recipe=catalogue.localized(),
+            tier="cpu",
+            init="hf",
+            layers=n,
+            model_dir=Path(config_dir),
+            rope_theta=theta,
+        ).resolved()
 
     build_config(options(layers[0]))  # warm-up: the first build imports torchtitan and the recipes
     measured = {}
@@ -103,20 +122,33 @@ def measure_localize_cost(
         titan, _ = titan_model(opts, hf.state_dict())
         built_cpu = time.process_time() - cpu
         loc = localize(titan, hf, torch.randint(0, config.vocab_size, (1, tokens)))
-        measured[n] = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
-                       "build_cpu_s": built_cpu, "debugger_bytes": loc.cost["debugger_bytes"],
-                       "first_divergence": loc.summary()[:200]}  # fmt: skip
+        measured[n] = {
+            "wall_s": time.perf_counter() - started,
+            "cpu_s": time.process_time() - cpu,
+            "build_cpu_s": built_cpu,
+            "debugger_bytes": loc.cost["debugger_bytes"],
+            "first_divergence": loc.summary()[:200],
+        }
         del hf, titan, loc
         gc.collect()
     a, b = layers[0], layers[-1]
     extrapolated = {}
     for key in ("cpu_s", "debugger_bytes"):
         per_layer = (measured[b][key] - measured[a][key]) / (b - a)
-        extrapolated[key] = {"fixed": measured[a][key] - a * per_layer, "per_layer": per_layer,
-                             "full_model": measured[a][key] + (full.num_hidden_layers - a) * per_layer}  # fmt: skip
-    return {"config": str(config_dir), "tokens": tokens, "threads": torch.get_num_threads(), "by_layers": measured,
-            "full_layers": full.num_hidden_layers, "extrapolated": extrapolated,
-            "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # fmt: skip
+        extrapolated[key] = {
+            "fixed": measured[a][key] - a * per_layer,
+            "per_layer": per_layer,
+            "full_model": measured[a][key] + (full.num_hidden_layers - a) * per_layer,
+        }
+    return {
+        "config": str(config_dir),
+        "tokens": tokens,
+        "threads": torch.get_num_threads(),
+        "by_layers": measured,
+        "full_layers": full.num_hidden_layers,
+        "extrapolated": extrapolated,
+        "peak_rss_gib_here": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def truncated_model(config_dir, layers: int):
@@ -129,4 +161,6 @@ def truncated_model(config_dir, layers: int):
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:layers]
     torch.manual_seed(0)
-    return config, AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return config, AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()

@@ -44,17 +44,42 @@ import sys
 import time
 from pathlib import Path
 
-from harness.rank.first_batch import ATTENTIONS, IGNORE_INDEX, RECORD_DIR, IncompleteRecord, Record, ReferenceError, attention_of, held_inv_freq, install, load_record, write_rank_record
+from harness.rank.first_batch import (  # noqa: F401 -- the record's names, where the reference's users look for them
+    ATTENTIONS,
+    IGNORE_INDEX,
+    RECORD_DIR,
+    IncompleteRecord,
+    Record,
+    ReferenceError,
+    attention_of,
+    held_inv_freq,
+    install,
+    load_record,
+    write_rank_record,
+)
+from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost, measure_localize_cost  # noqa: F401 -- python -m harness.reference cost [--localize]
 from harness.reference.scoring import *  # noqa: F401,F403 -- primitives, tolerances, ReferenceCheck
-from harness.reference.scoring import ReferenceCheck, Tolerance, batch_loss, load_reference_model, tolerance_for
+from harness.reference.scoring import (
+    ReferenceCheck,
+    Tolerance,
+    batch_loss,
+    load_reference_model,
+    tolerance_for,
+)
 from harness.reference.suspects import *  # noqa: F401,F403 -- the suspects and RunInfo
 from harness.reference.suspects import RunInfo
 from harness.reference.suspects import diagnose as diagnose_suspects
-from harness.reference.cost import TRN2_GLOBAL_ROWS, measure_cost, measure_localize_cost
+
 
 def check(
-    run: RunInfo, record: Record, model=None, tolerance: Tolerance | None = None, always_diagnose: bool = False,
-    localize: bool = False, diagnose: bool = True, known_reference: float | None = None,
+    run: RunInfo,
+    record: Record,
+    model=None,
+    tolerance: Tolerance | None = None,
+    always_diagnose: bool = False,
+    localize: bool = False,
+    diagnose: bool = True,
+    known_reference: float | None = None,
 ) -> ReferenceCheck:
     """Reference loss of ``record`` from ``run``'s weights, the verdict, and the diagnosis when needed.
 
@@ -67,14 +92,26 @@ def check(
     started, cpu_started = time.perf_counter(), time.process_time()
     model = model if model is not None else load_reference_model(Path(run.model_dir))
     loaded = time.perf_counter()
-    reference = known_reference if known_reference is not None else batch_loss(model, record.batches, record.attention)
+    reference = (
+        known_reference
+        if known_reference is not None
+        else batch_loss(model, record.batches, record.attention)
+    )
     scored = time.perf_counter()
     tolerance = tolerance or tolerance_for(run.tier, Path(run.model_dir), run.recipe)
     result = ReferenceCheck(
-        measured=run.measured, reference=reference, tolerance=tolerance.value, tolerance_reason=tolerance.reason,
-        vocab_size=model.config.vocab_size, tokens=record.tokens, ranks=record.ranks, attention=record.attention,
-        model_dir=str(run.model_dir), kept_defects=list(record.kept_defects), judged=tolerance.measured,
-    )  # fmt: skip
+        measured=run.measured,
+        reference=reference,
+        tolerance=tolerance.value,
+        tolerance_reason=tolerance.reason,
+        vocab_size=model.config.vocab_size,
+        tokens=record.tokens,
+        ranks=record.ranks,
+        attention=record.attention,
+        model_dir=str(run.model_dir),
+        kept_defects=list(record.kept_defects),
+        judged=tolerance.measured,
+    )
     if diagnose and (result.needs_diagnosis or always_diagnose):
         result.suspects = diagnose_suspects(result, run, record, model)
     scored_suspects = time.perf_counter()
@@ -98,12 +135,21 @@ def _localization(run: RunInfo, record: Record, model) -> dict:
     try:
         return localize_run(run, record, model).to_dict()
     except Exception as e:  # noqa: BLE001 -- reported in the check, which stands without it
-        return {"error": f"{type(e).__name__}: {e}", "summary": f"not localized: {type(e).__name__}: {e}"}
+        return {
+            "error": f"{type(e).__name__}: {e}",
+            "summary": f"not localized: {type(e).__name__}: {e}",
+        }
 
 
 def check_run_dir(
-    run_dir: Path, tolerance: Tolerance | None = None, always_diagnose: bool = False, allow_no_step: bool = False,
-    model=None, localize: bool = False, diagnose: bool = True, known_reference: float | None = None,
+    run_dir: Path,
+    tolerance: Tolerance | None = None,
+    always_diagnose: bool = False,
+    allow_no_step: bool = False,
+    model=None,
+    localize: bool = False,
+    diagnose: bool = True,
+    known_reference: float | None = None,
 ) -> ReferenceCheck | None:
     """The reference check of one run directory, or None when the run recorded no batch.
 
@@ -113,8 +159,16 @@ def check_run_dir(
     if record is None:
         return None
     run = RunInfo.from_run_dir(run_dir, allow_no_step=allow_no_step)
-    return check(run, record, model=model, tolerance=tolerance, always_diagnose=always_diagnose, localize=localize,
-                 diagnose=diagnose, known_reference=known_reference)  # fmt: skip
+    return check(
+        run,
+        record,
+        model=model,
+        tolerance=tolerance,
+        always_diagnose=always_diagnose,
+        localize=localize,
+        diagnose=diagnose,
+        known_reference=known_reference,
+    )
 
 
 def batch_key(run_dir: Path) -> str | None:
@@ -142,17 +196,26 @@ def summary(result: ReferenceCheck) -> str:
     )
     diagnosis = result.diagnosis()
     text += f"\n  diagnosis: {diagnosis}" if diagnosis else ""
-    return text + (f"\n  layer by layer: {result.localization['summary']}" if result.localization else "")
+    return text + (
+        f"\n  layer by layer: {result.localization['summary']}" if result.localization else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness.reference.diagnosis", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.reference.diagnosis", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("what", help="a run directory, or 'cost'")
-    parser.add_argument("--diagnose", action="store_true", help="measure every suspect even when the verdict passes")
-    parser.add_argument("--localize", action="store_true",
-                        help="compare torchtitan's and transformers' modules even when it passes; cost: the localizer's")
+    parser.add_argument(
+        "--diagnose", action="store_true", help="measure every suspect even when the verdict passes"
+    )
+    parser.add_argument(
+        "--localize",
+        action="store_true",
+        help="compare torchtitan's and transformers' modules even when it passes; cost: the localizer's",
+    )
     parser.add_argument("--config-dir", type=Path, help="cost: config.json to size the model from")
     parser.add_argument("--threads", type=int)
     args = parser.parse_args(argv)
@@ -160,11 +223,17 @@ def main(argv: list[str] | None = None) -> int:
         from recipes.specs import QWEN3_4B_INSTRUCT_2507
 
         measure = measure_localize_cost if args.localize else measure_cost
-        print(json.dumps(measure(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2))
+        print(
+            json.dumps(
+                measure(args.config_dir or QWEN3_4B_INSTRUCT_2507, threads=args.threads), indent=2
+            )
+        )
         return 0
     result = check_run_dir(Path(args.what), always_diagnose=args.diagnose, localize=args.localize)
     if result is None:
-        print(f"{args.what} recorded no first batch (random init, or TP/CP/PP > 1)", file=sys.stderr)
+        print(
+            f"{args.what} recorded no first batch (random init, or TP/CP/PP > 1)", file=sys.stderr
+        )
         return 2
     print(summary(result))
     return 0 if result.passed else 1

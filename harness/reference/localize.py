@@ -73,8 +73,10 @@ class ModuleDiff:
 
     def line(self) -> str:
         where = self.name if self.layer is None else f"layer {self.layer} {self.name}"
-        return (f"{where} (torchtitan {self.torchtitan} vs transformers {self.transformers}): max |Δ| "
-                f"{self.max_abs:.3g}, relative {self.rel:.3g}, tolerance {self.tolerance:.3g} ({self.dtype})")
+        return (
+            f"{where} (torchtitan {self.torchtitan} vs transformers {self.transformers}): max |Δ| "
+            f"{self.max_abs:.3g}, relative {self.rel:.3g}, tolerance {self.tolerance:.3g} ({self.dtype})"
+        )
 
 
 @dataclass
@@ -97,7 +99,9 @@ class Localization:
     def summary(self) -> str:
         scope = f"{len(self.compared)} modules over {self.rows} sequence(s) × {self.tokens} tokens"
         if self.not_loaded:
-            scope += f"; not in the checkpoint, left at torchtitan's init: {', '.join(self.not_loaded)}"
+            scope += (
+                f"; not in the checkpoint, left at torchtitan's init: {', '.join(self.not_loaded)}"
+            )
         if self.first is None:
             return f"no module differs beyond its tolerance ({scope})"
         after = "; ".join(d.line() for d in self.diverging[1 : 1 + NEXT]) or "none"
@@ -105,8 +109,11 @@ class Localization:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data.update(first=asdict(self.first) if self.first else None,
-                    next=[asdict(d) for d in self.diverging[1 : 1 + NEXT]], summary=self.summary())  # fmt: skip
+        data.update(
+            first=asdict(self.first) if self.first else None,
+            next=[asdict(d) for d in self.diverging[1 : 1 + NEXT]],
+            summary=self.summary(),
+        )
         return data
 
 
@@ -137,16 +144,21 @@ def module_pairs(titan, hf) -> list[tuple[str, int | None, object, object]]:
             ("RoPE'd k", i, (f"{t}.attention.rope", 1), ("rope", i, 1)),
             ("attention", i, f"{t}.attention", f"{h}.self_attn.o_proj_outputs"),
             ("mlp norm", i, f"{t}.ffn_norm", f"{h}.post_attention_layernorm_outputs"),
-        ]  # fmt: skip
+        ]
         if getattr(block, "moe_enabled", False):
-            raise LocalizeError(f"torchtitan's {t} is a MoE block: the localizer maps dense Qwen3 only")
+            raise LocalizeError(
+                f"torchtitan's {t} is a MoE block: the localizer maps dense Qwen3 only"
+            )
         pairs += [
             ("mlp gate", i, f"{t}.feed_forward.w1", f"{h}.mlp.gate_proj_outputs"),
             ("mlp up", i, f"{t}.feed_forward.w3", f"{h}.mlp.up_proj_outputs"),
             ("mlp", i, f"{t}.feed_forward", f"{h}.mlp.down_proj_outputs"),
             ("block", i, t, ("block", i)),
         ]
-    return pairs + [("final norm", None, "norm", "model.norm_outputs"), ("head", None, "lm_head", "lm_head_outputs")]
+    return pairs + [
+        ("final norm", None, "norm", "model.norm_outputs"),
+        ("head", None, "lm_head", "lm_head_outputs"),
+    ]
 
 
 def _titan_outputs(titan, paths: set[str], ids, positions):
@@ -156,11 +168,18 @@ def _titan_outputs(titan, paths: set[str], ids, positions):
     modules = dict(titan.named_modules())
     missing = sorted(p for p in paths if p not in modules)
     if missing:
-        raise LocalizeError(f"torchtitan's model has no module {missing[0]!r} (the localizer maps native Qwen3 only)")
+        raise LocalizeError(
+            f"torchtitan's model has no module {missing[0]!r} (the localizer maps native Qwen3 only)"
+        )
     outputs, handles = {}, []
     for path in paths:
+
         def hook(_module, _args, out, path=path):
-            outputs[path] = tuple(o.detach().clone() for o in out) if isinstance(out, tuple) else out.detach().clone()
+            outputs[path] = (
+                tuple(o.detach().clone() for o in out)
+                if isinstance(out, tuple)
+                else out.detach().clone()
+            )
 
         handles.append(modules[path].register_forward_hook(hook))
     try:
@@ -179,18 +198,29 @@ def _hf_outputs(hf, ids, positions, directory: Path):
     from transformers.model_debugging_utils import model_addition_debugger_context
     from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-    kwargs = {"use_cache": False, "attention_mask": torch.ones_like(ids)}  # causal over the window (batch_loss)
+    kwargs = {
+        "use_cache": False,
+        "attention_mask": torch.ones_like(ids),
+    }  # causal over the window (batch_loss)
     if positions is not None:
         kwargs["position_ids"] = positions
     root = type(hf).__name__
-    with model_addition_debugger_context(hf, debug_path=str(directory), do_prune_layers=False, use_repr=False):
+    with model_addition_debugger_context(
+        hf, debug_path=str(directory), do_prune_layers=False, use_repr=False
+    ):
         hf(input_ids=ids, **kwargs)
     n = len(hf.model.layers)
 
     def read(stem: str):
-        path = directory / f"{root}.{stem}.safetensors" if not stem.startswith(root) else directory / f"{stem}.safetensors"
+        path = (
+            directory / f"{root}.{stem}.safetensors"
+            if not stem.startswith(root)
+            else directory / f"{stem}.safetensors"
+        )
         if not path.is_file():
-            raise LocalizeError(f"transformers' debugger wrote no {path.name} (another transformers layout?)")
+            raise LocalizeError(
+                f"transformers' debugger wrote no {path.name} (another transformers layout?)"
+            )
         return load_file(path)["data"]
 
     def value(key):
@@ -199,9 +229,18 @@ def _hf_outputs(hf, ids, positions, directory: Path):
         kind, i = key[0], key[1]
         if kind == "rope":
             cos, sin = read("model.rotary_emb_outputs_0"), read("model.rotary_emb_outputs_1")
-            q, k = read(f"model.layers.{i}.self_attn.q_norm_outputs"), read(f"model.layers.{i}.self_attn.k_norm_outputs")
-            return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)[key[2]]  # [B, L, heads, D] like torchtitan's
-        return read(f"model.layers.{i + 1}_inputs_args_0") if i + 1 < n else read("model.norm_inputs_args_0")
+            q, k = (
+                read(f"model.layers.{i}.self_attn.q_norm_outputs"),
+                read(f"model.layers.{i}.self_attn.k_norm_outputs"),
+            )
+            return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)[
+                key[2]
+            ]  # [B, L, heads, D] like torchtitan's
+        return (
+            read(f"model.layers.{i + 1}_inputs_args_0")
+            if i + 1 < n
+            else read("model.norm_inputs_args_0")
+        )
 
     return value
 
@@ -219,7 +258,16 @@ def compare(name: str, layer, titan_path: str, hf_name: str, a, b) -> ModuleDiff
         delta = (a.detach().float().reshape(-1) - b.detach().float().reshape(-1)).abs()
         max_abs = float("nan") if bool(delta.isnan().any()) else delta.max().item()
     rel = max_abs / scale if scale else max_abs
-    return ModuleDiff(name, layer, titan_path, hf_name, str(coarser).removeprefix("torch."), max_abs, rel, tolerance)
+    return ModuleDiff(
+        name,
+        layer,
+        titan_path,
+        hf_name,
+        str(coarser).removeprefix("torch."),
+        max_abs,
+        rel,
+        tolerance,
+    )
 
 
 def localize(titan, hf, ids, positions=None, not_loaded: list[str] | None = None) -> Localization:
@@ -239,14 +287,29 @@ def localize(titan, hf, ids, positions=None, not_loaded: list[str] | None = None
         for name, layer, path, key in pairs:
             a = got[path] if isinstance(path, str) else got[path[0]][path[1]]
             label = path if isinstance(path, str) else f"{path[0]}[{path[1]}]"
-            hf_label = key if isinstance(key, str) else {"rope": f"apply_rotary_pos_emb(q_norm, k_norm)[{key[-1]}]",
-                                                         "block": "the next module's input"}[key[0]]  # fmt: skip
+            hf_label = (
+                key
+                if isinstance(key, str)
+                else {
+                    "rope": f"apply_rotary_pos_emb(q_norm, k_norm)[{key[-1]}]",
+                    "block": "the next module's input",
+                }[key[0]]
+            )
             compared.append(compare(name, layer, label, hf_label, a, reference(key)))
         written = sum(p.stat().st_size for p in Path(directory).iterdir())
-    cost = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu,
-            "torchtitan_forward_s": forwards - started, "debugger_bytes": written}  # fmt: skip
-    return Localization(compared, rows=int(ids.shape[0]), tokens=int(ids.shape[1]), cost=cost,
-                        not_loaded=list(not_loaded or []))  # fmt: skip
+    cost = {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu,
+        "torchtitan_forward_s": forwards - started,
+        "debugger_bytes": written,
+    }
+    return Localization(
+        compared,
+        rows=int(ids.shape[0]),
+        tokens=int(ids.shape[1]),
+        cost=cost,
+        not_loaded=list(not_loaded or []),
+    )
 
 
 def titan_model(opts, state: dict | None = None):
@@ -271,11 +334,15 @@ def titan_model(opts, state: dict | None = None):
         state = {}
         for path in sorted(Path(opts.model_dir).glob("*.safetensors")):
             state.update(load_file(path))
-    state = adapter.from_hf(dict(state))  # load_state_dict copies: the caller's tensors stay its own
+    state = adapter.from_hf(
+        dict(state)
+    )  # load_state_dict copies: the caller's tensors stay its own
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
-        raise LocalizeError(f"{opts.model_dir}: torchtitan's model has no parameter {unexpected[0]!r} "
-                            f"({len(unexpected)} such): the weights are not this recipe's model")  # fmt: skip
+        raise LocalizeError(
+            f"{opts.model_dir}: torchtitan's model has no parameter {unexpected[0]!r} "
+            f"({len(unexpected)} such): the weights are not this recipe's model"
+        )
     parameters = dict(model.named_parameters())
     return model.eval(), [k for k in missing if k in parameters]
 
@@ -293,11 +360,17 @@ def localize_run(run, record, hf, rows: int = ROWS, tokens: int = TOKENS) -> Loc
     from harness.declare import catalogue
 
     if run.options is None:
-        raise LocalizeError("the run directory has no run.json: its torchtitan model cannot be rebuilt")
+        raise LocalizeError(
+            "the run directory has no run.json: its torchtitan model cannot be rebuilt"
+        )
     if run.recipe != catalogue.localized():
-        raise LocalizeError(f"recipe {run.recipe!r}: only {catalogue.localized()}'s modules are mapped to transformers'")
+        raise LocalizeError(
+            f"recipe {run.recipe!r}: only {catalogue.localized()}'s modules are mapped to transformers'"
+        )
     if record.attention != "causal":
-        raise LocalizeError(f"attention {record.attention!r}: the host model compares causal windows only")
+        raise LocalizeError(
+            f"attention {record.attention!r}: the host model compares causal windows only"
+        )
     opts = run.options.resolved() if run.options.model_dir is None else run.options
     ids, positions = first_rows(record, rows, tokens)
     model, not_loaded = titan_model(opts)

@@ -72,13 +72,19 @@ def load_reference_model(model_dir: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     set_inv_freq(model, computed_inv_freq(model))
     return model
 
 
 def _rotaries(model):
-    return [m for m in model.modules() if hasattr(m, "inv_freq") and hasattr(m, "compute_default_rope_parameters")]
+    return [
+        m
+        for m in model.modules()
+        if hasattr(m, "inv_freq") and hasattr(m, "compute_default_rope_parameters")
+    ]
 
 
 def computed_inv_freq(model, rope_theta: float | None = None):
@@ -112,7 +118,9 @@ def batch_loss(model, batches: list[dict], attention: str, chunk: int = LOGIT_CH
     return total / count
 
 
-def batch_loss_sums(model, batches: list[dict], attention: str, chunk: int = LOGIT_CHUNK) -> tuple[float, int]:
+def batch_loss_sums(
+    model, batches: list[dict], attention: str, chunk: int = LOGIT_CHUNK
+) -> tuple[float, int]:
     """(Σ token CE, valid tokens) of ``model`` on ``batches``.
 
     One row at a time, logits ``chunk`` positions at a time (host memory); CE summed in fp64.
@@ -222,7 +230,9 @@ class ReferenceCheck:
         else:
             parts.append(f"measured is {-self.difference:.4g} below the reference")
         if self.implausible and math.isfinite(self.measured):
-            parts.append(f"implausible for trained weights (> {PLAUSIBLE_FRACTION:g} × ln V = {self.plausible_bound:.3f})")
+            parts.append(
+                f"implausible for trained weights (> {PLAUSIBLE_FRACTION:g} × ln V = {self.plausible_bound:.3f})"
+            )
         return "; ".join(parts)
 
     @property
@@ -237,7 +247,11 @@ class ReferenceCheck:
             if not s.applies:
                 lines.append(f"{s.name}: ruled out ({s.what})")
                 continue
-            effect = "not measured" if s.effect is None else f"reference with it {s.reference_with_fault:.6g} (effect {s.effect:+.4g})"
+            effect = (
+                "not measured"
+                if s.effect is None
+                else f"reference with it {s.reference_with_fault:.6g} (effect {s.effect:+.4g})"
+            )
             lines.append(f"{s.name}: {s.what}; {effect}{' -> EXPLAINS it' if s.explains else ''}")
         if not self.named and self.needs_diagnosis:
             lines.append("none of the known suspects accounts for the measured loss")
@@ -248,15 +262,22 @@ class ReferenceCheck:
         """Back from :meth:`to_dict` (a standing result carried from the night that measured it)."""
         known = {f.name for f in fields(cls)}
         suspects = [Suspect(**s) for s in data.get("suspects", [])]
-        return cls(**{k: v for k, v in data.items() if k in known and k != "suspects"}, suspects=suspects)
+        return cls(
+            **{k: v for k, v in data.items() if k in known and k != "suspects"}, suspects=suspects
+        )
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(
-            difference=self.difference, agrees=self.agrees, plausible_bound=self.plausible_bound,
-            implausible=self.implausible, passed=self.passed, verdict=self.verdict,
-            named_suspects=self.named, diagnosis=self.diagnosis(),
-        )  # fmt: skip
+            difference=self.difference,
+            agrees=self.agrees,
+            plausible_bound=self.plausible_bound,
+            implausible=self.implausible,
+            passed=self.passed,
+            verdict=self.verdict,
+            named_suspects=self.named,
+            diagnosis=self.diagnosis(),
+        )
         return data
 
 

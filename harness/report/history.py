@@ -24,9 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes.tiers import rehearsal_mark
-
 from harness.launch.speed import NEFF_STATES, SPEED_FIGURES
+from recipes.tiers import rehearsal_mark
 
 SUMMARY = "plots.json"
 DEFAULT_OUT = Path("report") / "history"
@@ -56,7 +55,9 @@ class Plot:
 def read_lines(path: Path) -> list[dict]:
     """The records of ``path``, in file order (blank lines skipped)."""
     if not path.is_file():
-        raise HistoryError(f"{path}: no such file; pass a runs log ($QWEN3_RUNS_LOG) or benchmarks/history.jsonl")
+        raise HistoryError(
+            f"{path}: no such file; pass a runs log ($QWEN3_RUNS_LOG) or benchmarks/history.jsonl"
+        )
     records = []
     text = path.read_text()
     lines = text.splitlines()
@@ -66,15 +67,26 @@ def read_lines(path: Path) -> list[dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            if number == len(lines) and not text.endswith("\n"):  # the last append was cut short (a killed run)
-                print(f"{path} line {number}: a record cut short (no newline, not JSON); left out", file=sys.stderr)
+            if number == len(lines) and not text.endswith(
+                "\n"
+            ):  # the last append was cut short (a killed run)
+                print(
+                    f"{path} line {number}: a record cut short (no newline, not JSON); left out",
+                    file=sys.stderr,
+                )
                 continue
-            raise HistoryError(f"{path} line {number}: not JSON ({e.msg}); each line must be one JSON object") from None
+            raise HistoryError(
+                f"{path} line {number}: not JSON ({e.msg}); each line must be one JSON object"
+            ) from None
         if not isinstance(record, dict) or "date" not in record:
-            raise HistoryError(f"{path} line {number}: a record needs a \"date\" key; got {line[:80]!r}")
+            raise HistoryError(
+                f'{path} line {number}: a record needs a "date" key; got {line[:80]!r}'
+            )
         records.append(record)
     if not records:
-        raise HistoryError(f"{path}: no records; a run appends one when $QWEN3_RUNS_LOG names this file")
+        raise HistoryError(
+            f"{path}: no records; a run appends one when $QWEN3_RUNS_LOG names this file"
+        )
     return records
 
 
@@ -108,8 +120,15 @@ def collect(records: list[dict]) -> dict[str, Plot]:
             loss = plot(f"step1_loss-{record.get('tier')}", "step-1 loss")
             loss.add(series, night, record.get("step1_loss"))
             published = record.get("published")
-            if published and record.get("tier") != "cpu" and isinstance(published.get("value"), (int, float)):
-                loss.reference, loss.reference_label = published["value"], f"published {published['value']}"
+            if (
+                published
+                and record.get("tier") != "cpu"
+                and isinstance(published.get("value"), (int, float))
+            ):
+                loss.reference, loss.reference_label = (
+                    published["value"],
+                    f"published {published['value']}",
+                )
             speed = record.get("speed") or {}
             for figure, ylabel in SPEED_FIGURES.items():
                 plot(f"speed-{figure}", ylabel).add(series, night, speed.get(figure))
@@ -121,7 +140,9 @@ def collect(records: list[dict]) -> dict[str, Plot]:
             target = plot(name, str(goal.get("target")))
             target.add(record.get("tier") or "measured", night, goal.get("measured"))
             target.reference = _target(goal.get("target"))
-            target.reference_label = f"target {target.reference:g}" if target.reference is not None else ""
+            target.reference_label = (
+                f"target {target.reference:g}" if target.reference is not None else ""
+            )
         for row in record.get("goldens") or []:
             if row.get("lane") != "published":
                 continue
@@ -154,8 +175,11 @@ def version_changes(records: list[dict]) -> list[dict]:
         if current is None:
             continue
         if previous is not None:
-            moved = {k: [previous.get(k), current.get(k)] for k in sorted(set(previous) | set(current))
-                     if previous.get(k) != current.get(k)}  # fmt: skip
+            moved = {
+                k: [previous.get(k), current.get(k)]
+                for k in sorted(set(previous) | set(current))
+                if previous.get(k) != current.get(k)
+            }
             if moved:
                 changes.append({"night": night, "index": index, "changes": moved})
         previous = current
@@ -181,12 +205,22 @@ def draw(plot: Plot, all_nights: list[str], changes: list[dict], out: Path) -> P
         xs = sorted(values, key=index.get)
         ax.plot([index[x] for x in xs], [values[x] for x in xs], marker="o", label=series)
     if plot.reference is not None:
-        ax.axhline(plot.reference, color="black", linestyle="--", linewidth=1, label=plot.reference_label)
+        ax.axhline(
+            plot.reference, color="black", linestyle="--", linewidth=1, label=plot.reference_label
+        )
     for change in changes:
         ax.axvline(change["index"], color="tab:red", linestyle=":", linewidth=1.5)
-        ax.annotate(change_label(change), (change["index"], 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                    fontsize=7, color="tab:red", ha="right", va="top",
-                    bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none"})  # fmt: skip
+        ax.annotate(
+            change_label(change),
+            (change["index"], 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            color="tab:red",
+            ha="right",
+            va="top",
+            bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none"},
+        )
     ax.set_xticks(range(len(all_nights)), all_nights, rotation=45, ha="right", fontsize=7)
     ax.set_xlim(-0.5, len(all_nights) - 0.5)
     ax.set_ylabel(plot.ylabel, fontsize=8)
@@ -203,37 +237,57 @@ def write(history: Path, out: Path) -> dict:
     """Draw every plot of ``history`` into ``out``; return (and write) the plots.json summary."""
     records = of_kind(read_lines(history), rehearsal=bool(rehearsal_mark()))
     if not records:
-        raise HistoryError(f"{history}: every line is {'a real night' if rehearsal_mark() else 'a rehearsal'}'s; "
-                           "a rehearsal and a real night never share a history")
+        raise HistoryError(
+            f"{history}: every line is {'a real night' if rehearsal_mark() else 'a rehearsal'}'s; "
+            "a rehearsal and a real night never share a history"
+        )
     all_nights, changes = nights(records), version_changes(records)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"history": str(history), "nights": all_nights, "version_changes": changes, "plots": {}}
+    summary = {
+        "history": str(history),
+        "nights": all_nights,
+        "version_changes": changes,
+        "plots": {},
+    }
     for name, plot in sorted(collect(records).items()):
         path = draw(plot, all_nights, changes, out)
         summary["plots"][name] = {
             "file": path.name,
             "ylabel": plot.ylabel,
             "reference": plot.reference,
-            "series": {s: {n: v[n] for n in all_nights if n in v} for s, v in sorted(plot.series.items())},
+            "series": {
+                s: {n: v[n] for n in all_nights if n in v} for s, v in sorted(plot.series.items())
+            },
         }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness history", description=__doc__.split("\n\n")[0])
-    parser.add_argument("file", type=Path,
-                        help="a runs log ($QWEN3_RUNS_LOG), a nightly trend file or benchmarks/history.jsonl")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"directory for the PNGs and {SUMMARY} (default {DEFAULT_OUT})")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m harness history", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "file",
+        type=Path,
+        help="a runs log ($QWEN3_RUNS_LOG), a nightly trend file or benchmarks/history.jsonl",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"directory for the PNGs and {SUMMARY} (default {DEFAULT_OUT})",
+    )
     args = parser.parse_args(argv)
     try:
         summary = write(args.file, args.out)
     except HistoryError as e:
         print(f"python -m harness history: error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(summary['nights'])} night(s), {len(summary['plots'])} plot(s), "
-          f"{len(summary['version_changes'])} version change(s) -> {args.out}")  # fmt: skip
+    print(
+        f"{len(summary['nights'])} night(s), {len(summary['plots'])} plot(s), "
+        f"{len(summary['version_changes'])} version change(s) -> {args.out}"
+    )
     for change in summary["version_changes"]:
         print(f"  {change['night']}: {change_label(change)}")
     for name, plot in summary["plots"].items():

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from harness.base.environment import cpu_fingerprint, cpu_model, torchtitan_neuron, versions  # noqa: F401 -- in every report
-from harness.declare.published import CLAIMS, SOURCE
 from harness.base.run_dir import provenance_state
+from harness.declare.published import CLAIMS, SOURCE
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 #: A test's verdict on a claim is its report property ``<claim key>.verdict`` (tests.json, JUnit XML).
 VERDICT_SUFFIX = ".verdict"
+
 
 def load(report_dir: Path) -> dict:
     """The report so far; one that cannot be read (cut short, edited by hand) is kept aside, never lost, and
@@ -25,17 +26,24 @@ def load(report_dir: Path) -> dict:
         return empty
     try:
         report = json.loads(path.read_text())
-        lists = isinstance(report, dict) and all(isinstance(report.get(k, []), list) for k in ("runs", "checks"))
+        lists = isinstance(report, dict) and all(
+            isinstance(report.get(k, []), list) for k in ("runs", "checks")
+        )
         if lists:
             return {**empty, **report}
         why = "not a report object"
     except (ValueError, OSError) as e:
         why = f"{type(e).__name__}: {e}"
-    kept = next(path.with_name(f"{RESULTS_JSON}.unreadable-{n}") for n in range(1, 10_000)
-                if not path.with_name(f"{RESULTS_JSON}.unreadable-{n}").exists())  # fmt: skip
+    kept = next(
+        path.with_name(f"{RESULTS_JSON}.unreadable-{n}")
+        for n in range(1, 10_000)
+        if not path.with_name(f"{RESULTS_JSON}.unreadable-{n}").exists()
+    )
     path.rename(kept)
-    print(f"harness.report.results: {path} could not be read ({why}); kept as {kept.name}, starting a new report",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"harness.report.results: {path} could not be read ({why}); kept as {kept.name}, starting a new report",
+        file=sys.stderr,
+    )
     return empty
 
 
@@ -47,7 +55,9 @@ def save(report_dir: Path, report: dict, replot: bool = True) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
-    report["loss_curves"] = plot_loss_curves(report_dir, report["runs"]) if replot else curve_files(report["runs"])
+    report["loss_curves"] = (
+        plot_loss_curves(report_dir, report["runs"]) if replot else curve_files(report["runs"])
+    )
     (report_dir / RESULTS_MD).write_text(markdown(report))
     return path
 
@@ -90,9 +100,11 @@ def plot_loss_curves(report_dir: Path, runs: list[dict]) -> dict[str, str]:
         for run in group:
             width = f", {run.get('provenance', {}).get('model', {}).get('hidden_size', '?')}-wide"
             ax.plot(
-                [s["step"] for s in run["steps"]], run["losses"], marker="o",
+                [s["step"] for s in run["steps"]],
+                run["losses"],
+                marker="o",
                 label=f"init={run['init']}, {run['nproc']} proc{width}",
-            )  # fmt: skip
+            )
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.set_title(name)
@@ -113,7 +125,10 @@ KEEP = object()
 
 
 def update(
-    report_dir: Path, runs: list[dict] = (), checks: list[tuple[str, object]] = (), timing: dict | None = None,
+    report_dir: Path,
+    runs: list[dict] = (),
+    checks: list[tuple[str, object]] = (),
+    timing: dict | None = None,
     interrupted: dict | None | object = KEEP,
 ) -> dict:
     """Add ``runs`` and ``checks`` (key, ``verdicts.Verdict``) to the report in ``report_dir``; return it.
@@ -178,8 +193,11 @@ def interrupted_lines(mark: dict | None) -> list[str]:
     if not mark:
         return []
     never = ", ".join(mark.get("not_started") or []) or "none"
-    return [f"**INTERRUPTED** by {mark['signal']} during the {mark['stage']}: what was measured before it is "
-            f"below; runs never started: {never}.", ""]  # fmt: skip
+    return [
+        f"**INTERRUPTED** by {mark['signal']} during the {mark['stage']}: what was measured before it is "
+        f"below; runs never started: {never}.",
+        "",
+    ]
 
 
 def _fmt(value) -> str:
@@ -214,12 +232,17 @@ def provenance_row(run: dict) -> list[str]:
         return [run.get("recipe", "?"), run.get("init", "?"), *[f"– ({state})"] + ["–"] * 6]
     t, w, m, d = p["tokenizer"], p.get("weights"), p["model"], p["data"]
     return [
-        run["recipe"], run["init"], f"{t['path']} ({t['vocab_size']}, {t['sha256'][:12]})", _weights_cell(w),
+        run["recipe"],
+        run["init"],
+        f"{t['path']} ({t['vocab_size']}, {t['sha256'][:12]})",
+        _weights_cell(w),
         f"{m['hidden_size']}/{m['num_hidden_layers']}/{m['num_attention_heads']}/{m['num_key_value_heads']}/"
         f"{m['vocab_size']}/{m['rope_theta']:g}/{m['tie_word_embeddings']}",
-        f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']})", p["seed"],
-        p["dtype"]["params"], "; ".join(p["allowed_mismatches"]) or "–",
-    ]  # fmt: skip
+        f"{d['seq_len']}×{d['local_batch_size']} ({d['global_batch_size']})",
+        p["seed"],
+        p["dtype"]["params"],
+        "; ".join(p["allowed_mismatches"]) or "–",
+    ]
 
 
 def reference_section(runs: list[dict]) -> list[str]:
@@ -244,16 +267,40 @@ def reference_section(runs: list[dict]) -> list[str]:
             measured = _fmt(r["losses"][0] if r.get("losses") else None)
             rows.append([r["recipe"], r["tier"], "–", measured, "–", "–", "–", "–", verdict])
             continue
-        verdict = (f"unmeasured: {ref['verdict']}" if ref["passed"] is None else ref["verdict"]
-                   if ref["passed"] else f"**FAIL: {ref['verdict']}**")  # fmt: skip
-        rows.append([
-            r["recipe"], r["tier"], ref["model_dir"], _fmt(ref["measured"]), _fmt(ref["reference"]),
-            f"{ref['difference']:+.3g}", _fmt(ref["tolerance"]), f"{ref['plausible_bound']:.3f}", verdict,
-        ])  # fmt: skip
+        verdict = (
+            f"unmeasured: {ref['verdict']}"
+            if ref["passed"] is None
+            else ref["verdict"]
+            if ref["passed"]
+            else f"**FAIL: {ref['verdict']}**"
+        )
+        rows.append(
+            [
+                r["recipe"],
+                r["tier"],
+                ref["model_dir"],
+                _fmt(ref["measured"]),
+                _fmt(ref["reference"]),
+                f"{ref['difference']:+.3g}",
+                _fmt(ref["tolerance"]),
+                f"{ref['plausible_bound']:.3f}",
+                verdict,
+            ]
+        )
         reasons[ref["tolerance"]] = ref["tolerance_reason"]
         if ref.get("diagnosis"):
             notes.append(f"- diagnosis of {name}: {ref['diagnosis']}")
-    header = ["recipe", "tier", "weights", "measured", "reference", "measured − reference", "tolerance", "½ ln V", "verdict"]
+    header = [
+        "recipe",
+        "tier",
+        "weights",
+        "measured",
+        "reference",
+        "measured − reference",
+        "tolerance",
+        "½ ln V",
+        "verdict",
+    ]
     lines += md_table(header, rows)
     lines.append("")
     lines += [f"- tolerance {_fmt(value)}: {reason}" for value, reason in reasons.items()]
@@ -294,26 +341,37 @@ def _named(check: dict | None) -> str:
     return ", ".join(f"{s['name']} ({s['what']}; effect {s['effect']:+.3g})" for s in named)
 
 
-def lane_summary(recipe: str, published: float, tolerance: float, as_published: dict | None,
-                 corrected: dict | None) -> dict:  # fmt: skip
+def lane_summary(
+    recipe: str,
+    published: float,
+    tolerance: float,
+    as_published: dict | None,
+    corrected: dict | None,
+) -> dict:
     """One config's published number beside its as-published and corrected lanes and the host reference.
 
     ``as_published`` / ``corrected``: each lane's ``ReferenceCheck.to_dict()`` (None: the lane
     did not run). Every difference gets its named cause: the as-published lane's diagnosis
     says why it scores what it scores, the corrected lane is held to the reference.
     """
-    row = {"recipe": recipe, "published": published, "tolerance": tolerance,
-           "as_published": as_published and as_published["measured"],
-           "corrected": corrected and corrected["measured"],
-           "reference": corrected and corrected["reference"], "causes": {}}  # fmt: skip
+    row = {
+        "recipe": recipe,
+        "published": published,
+        "tolerance": tolerance,
+        "as_published": as_published and as_published["measured"],
+        "corrected": corrected and corrected["measured"],
+        "reference": corrected and corrected["reference"],
+        "causes": {},
+    }
     causes = row["causes"]
     if as_published is not None:
         delta = as_published["measured"] - published
         causes["as published vs published"] = (
-            f"reproduced: |Δ| {abs(delta):.3g} ≤ {tolerance:g}" if math.isfinite(delta) and abs(delta) <= tolerance
+            f"reproduced: |Δ| {abs(delta):.3g} ≤ {tolerance:g}"
+            if math.isfinite(delta) and abs(delta) <= tolerance
             else f"not reproduced: Δ {delta:+.3g}; the as-published lane scores what its diagnosis names: "
-                 f"{_named(as_published)}"
-        )  # fmt: skip
+            f"{_named(as_published)}"
+        )
     if as_published is not None and corrected is not None:
         delta = as_published["measured"] - corrected["measured"]
         causes["as published vs corrected"] = f"Δ {delta:+.3g}: {_named(as_published)}"
@@ -324,7 +382,11 @@ def lane_summary(recipe: str, published: float, tolerance: float, as_published: 
         verdict = "pass" if within else "FAIL"
         causes["corrected vs reference"] = (
             f"Δ {delta:+.3g} vs ±{tol:g} (bf16 on the device vs fp32 on the host): "
-            + (verdict if judged else f"unmeasured (the tolerance is not measured yet; would {verdict.lower()})")
+            + (
+                verdict
+                if judged
+                else f"unmeasured (the tolerance is not measured yet; would {verdict.lower()})"
+            )
             + ("" if within else f"; diagnosis: {_named(corrected)}")
         )
         row["corrected_verdict"] = verdict if judged else "unmeasured"
@@ -335,11 +397,31 @@ def lanes_section(summaries: list[dict]) -> list[str]:
     """The per-config table of :func:`lane_summary` rows, then each difference's named cause."""
     if not summaries:
         return []
-    rows = [[s["recipe"], _fmt(s["published"]), _fmt(s["as_published"]), _fmt(s["corrected"]), _fmt(s["reference"]),
-             s.get("corrected_verdict", "–")] for s in summaries]  # fmt: skip
-    header = ["config", "published", "as published (measured)", "corrected (measured)", "reference (host, fp32)",
-              "corrected vs reference"]  # fmt: skip
-    lines = ["## Published numbers per config: as published, corrected, reference", "", *md_table(header, rows), ""]
+    rows = [
+        [
+            s["recipe"],
+            _fmt(s["published"]),
+            _fmt(s["as_published"]),
+            _fmt(s["corrected"]),
+            _fmt(s["reference"]),
+            s.get("corrected_verdict", "–"),
+        ]
+        for s in summaries
+    ]
+    header = [
+        "config",
+        "published",
+        "as published (measured)",
+        "corrected (measured)",
+        "reference (host, fp32)",
+        "corrected vs reference",
+    ]
+    lines = [
+        "## Published numbers per config: as published, corrected, reference",
+        "",
+        *md_table(header, rows),
+        "",
+    ]
     for s in summaries:
         lines += [f"- {s['recipe']}, {what}: {cause}" for what, cause in s["causes"].items()]
     return lines + [""]
@@ -370,7 +452,11 @@ def speed_cells(speed: dict) -> list[str]:
     """MFU, time to the first step and NEFF cache state of a run (``harness.launch.speed``); "–" where not measured."""
     mfu, first = speed.get("mfu_pct"), speed.get("time_to_first_step_s")
     return [
-        "n/a" if speed and speed.get("peak_tflops") is None else "–" if mfu is None else f"{mfu:.1f}%",
+        "n/a"
+        if speed and speed.get("peak_tflops") is None
+        else "–"
+        if mfu is None
+        else f"{mfu:.1f}%",
         "–" if first is None else f"{first:.1f}",
         speed.get("neff_cache", "–"),
     ]
@@ -386,7 +472,12 @@ def md_table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    lines = ["# qwen3-trn-repro results", "", f"Published numbers: {report.get('source', SOURCE)}", ""]
+    lines = [
+        "# qwen3-trn-repro results",
+        "",
+        f"Published numbers: {report.get('source', SOURCE)}",
+        "",
+    ]
     lines += interrupted_lines(report.get("interrupted"))
     if report.get("checks"):
         lines += [
@@ -400,13 +491,30 @@ def markdown(report: dict) -> str:
         rows = []
         for c in report["checks"]:
             name = f"{c['key']} ({c['claim']})" if c.get("claim") else c["key"]
-            verdict = c.get("verdict") or {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
+            verdict = (
+                c.get("verdict") or {True: "pass", False: "FAIL", None: "recorded"}[c["passed"]]
+            )
             verdict = verdict if c["passed"] is not False else f"**FAIL: {verdict}**"
-            rows.append([
-                name, c.get("lane", "–"), _fmt(c.get("published")), _fmt(c.get("golden")), _fmt(c["measured"]),
-                _fmt(c["tolerance"]), verdict,
-            ])  # fmt: skip
-        header = ["check", "lane", "published (tutorial)", "golden (this lock)", "measured", "tolerance", "verdict"]
+            rows.append(
+                [
+                    name,
+                    c.get("lane", "–"),
+                    _fmt(c.get("published")),
+                    _fmt(c.get("golden")),
+                    _fmt(c["measured"]),
+                    _fmt(c["tolerance"]),
+                    verdict,
+                ]
+            )
+        header = [
+            "check",
+            "lane",
+            "published (tutorial)",
+            "golden (this lock)",
+            "measured",
+            "tolerance",
+            "verdict",
+        ]
         lines += md_table(header, rows)
         lines.append("")
         reasons = [(c["key"], c["reason"]) for c in report["checks"] if c.get("reason")]
@@ -419,19 +527,49 @@ def markdown(report: dict) -> str:
             steps = r.get("steps") or []
             tps = [s["tokens_per_s"] for s in steps[1:]] or [s["tokens_per_s"] for s in steps]
             times = [s["step_time_s"] for s in steps[1:]] or [s["step_time_s"] for s in steps]
-            rows.append([
-                r["recipe"], r["tier"], r["init"], r["nproc"], f"{r['seq_len']}×{r['local_batch_size']}",
-                _fmt(r["losses"][0] if r["losses"] else None), _fmt(r["losses"][-1] if r["losses"] else None),
-                len(steps), f"{sum(tps) / len(tps):,.0f}" if tps else "–",
-                f"{sum(times) / len(times):.3f}" if times else "–", *speed_cells(r.get("speed") or {}), _status(r),
-            ])  # fmt: skip
-        header = ["recipe", "tier", "init", "procs", "seq×batch", "step-1 loss", "last loss", "steps", "tokens/s",
-                  "s/step", "MFU", "to step 1 (s)", "NEFF cache", "status"]  # fmt: skip
+            rows.append(
+                [
+                    r["recipe"],
+                    r["tier"],
+                    r["init"],
+                    r["nproc"],
+                    f"{r['seq_len']}×{r['local_batch_size']}",
+                    _fmt(r["losses"][0] if r["losses"] else None),
+                    _fmt(r["losses"][-1] if r["losses"] else None),
+                    len(steps),
+                    f"{sum(tps) / len(tps):,.0f}" if tps else "–",
+                    f"{sum(times) / len(times):.3f}" if times else "–",
+                    *speed_cells(r.get("speed") or {}),
+                    _status(r),
+                ]
+            )
+        header = [
+            "recipe",
+            "tier",
+            "init",
+            "procs",
+            "seq×batch",
+            "step-1 loss",
+            "last loss",
+            "steps",
+            "tokens/s",
+            "s/step",
+            "MFU",
+            "to step 1 (s)",
+            "NEFF cache",
+            "status",
+        ]
         lines += ["## Runs", ""] + md_table(header, rows)
         lines.append("")
-        peaks = {(r["speed"]["peak_tflops"], r["speed"]["peak_source"]) for r in report["runs"]
-                 if (r.get("speed") or {}).get("peak_tflops")}  # fmt: skip
-        lines += [f"MFU against a peak of {p:g} TFLOPS per rank ({source})." for p, source in sorted(peaks)]
+        peaks = {
+            (r["speed"]["peak_tflops"], r["speed"]["peak_source"])
+            for r in report["runs"]
+            if (r.get("speed") or {}).get("peak_tflops")
+        }
+        lines += [
+            f"MFU against a peak of {p:g} TFLOPS per rank ({source})."
+            for p, source in sorted(peaks)
+        ]
         lines += [""] if peaks else []
     if report.get("loss_curves"):
         lines += ["## Loss curves", ""]
@@ -440,8 +578,17 @@ def markdown(report: dict) -> str:
     runs_with_provenance = [r for r in report.get("runs", []) if r.get("provenance")]
     if runs_with_provenance:
         rows = [provenance_row(r) for r in runs_with_provenance]
-        header = ["recipe", "init", "tokenizer (V, sha256)", "weights (headers sha256)", "model d/L/H/KV/V/θ/tied",
-                  "data seq×local (global)", "seed", "dtype", "allowed mismatches"]  # fmt: skip
+        header = [
+            "recipe",
+            "init",
+            "tokenizer (V, sha256)",
+            "weights (headers sha256)",
+            "model d/L/H/KV/V/θ/tied",
+            "data seq×local (global)",
+            "seed",
+            "dtype",
+            "allowed mismatches",
+        ]
         lines += ["## Provenance", ""] + md_table(header, rows)
         lines.append("")
     v = report.get("versions", {})

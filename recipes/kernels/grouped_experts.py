@@ -37,7 +37,7 @@ from recipes.errors import RecipeError
 from recipes.kernels.kernel_op import KernelOp, require_hashable
 from recipes.platform import on_neuron
 from recipes.platform.neuron import logical_neuron_cores
-from recipes.titan import derive, GroupedExperts, override
+from recipes.titan import GroupedExperts, derive, override
 
 __all__ = [
     "BLOCK_SIZE",
@@ -103,7 +103,9 @@ class MoEConstraint:
 
 
 MOE_CONSTRAINTS: tuple[MoEConstraint, ...] = (
-    MoEConstraint("moe_cte", "block size % 256 == 0", lambda s: s.block_size % 256 == 0, MOE_CTE_SOURCE),
+    MoEConstraint(
+        "moe_cte", "block size % 256 == 0", lambda s: s.block_size % 256 == 0, MOE_CTE_SOURCE
+    ),
     MoEConstraint("moe_cte", "512 <= H <= 8192", lambda s: 512 <= s.dim <= 8192, MOE_CTE_SOURCE),
     # PSUM_SIZE = 512 (nkilib/core/moe/moe_cte/moe_cte_utils.py)
     MoEConstraint("moe_cte", "H % 512 == 0", lambda s: s.dim % 512 == 0, MOE_CTE_SOURCE),
@@ -119,12 +121,17 @@ MOE_CONSTRAINTS: tuple[MoEConstraint, ...] = (
         "blockwise_mm_bwd", "(H/LNC) % 32 == 0", lambda s: s.dim % (32 * s.lnc) == 0, MOE_BWD_SOURCE
     ),
     MoEConstraint(
-        "blockwise_mm_bwd", "(I/LNC) % 32 == 0", lambda s: s.hidden_dim % (32 * s.lnc) == 0, MOE_BWD_SOURCE
+        "blockwise_mm_bwd",
+        "(I/LNC) % 32 == 0",
+        lambda s: s.hidden_dim % (32 * s.lnc) == 0,
+        MOE_BWD_SOURCE,
     ),
 )
 
 
-def failed_constraints(dim: int, hidden_dim: int, lnc: int, block_size: int = BLOCK_SIZE) -> list[MoEConstraint]:
+def failed_constraints(
+    dim: int, hidden_dim: int, lnc: int, block_size: int = BLOCK_SIZE
+) -> list[MoEConstraint]:
     """The rules of :data:`MOE_CONSTRAINTS` these shapes break (none: the kernels take them)."""
     shape = MoEShape(dim=dim, hidden_dim=hidden_dim, block_size=block_size, lnc=lnc)
     return [c for c in MOE_CONSTRAINTS if not c.holds(shape)]
@@ -275,8 +282,19 @@ def _affinity_post_scale():
     return ExpertAffinityScaleMode.POST_SCALE
 
 
-def launch_moe_cte(kernel, lnc: int, hidden, affinities, gate_up, down, token_ids, block_to_expert, block_size, *,
-                   scaling_mode):
+def launch_moe_cte(
+    kernel,
+    lnc: int,
+    hidden,
+    affinities,
+    gate_up,
+    down,
+    token_ids,
+    block_to_expert,
+    block_size,
+    *,
+    scaling_mode,
+):
     """Call moe_cte (``moe_cte_shard_on_i_checkpointed``) on an LNC-wide grid with contiguous inputs, in its order.
 
     ``moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
@@ -293,8 +311,20 @@ def launch_moe_cte(kernel, lnc: int, hidden, affinities, gate_up, down, token_id
     return kernel[(lnc,)](*tensors, **constants)
 
 
-def launch_blockwise_mm_bwd(kernel, lnc: int, hidden, affinities, gate_up, down, gate_up_act_T, down_act,
-                            token_ids, block_to_expert, grad_out, block_size):
+def launch_blockwise_mm_bwd(
+    kernel,
+    lnc: int,
+    hidden,
+    affinities,
+    gate_up,
+    down,
+    gate_up_act_T,
+    down_act,
+    token_ids,
+    block_to_expert,
+    grad_out,
+    block_size,
+):
     """Call ``blockwise_mm_bwd`` on an LNC-wide grid with contiguous inputs, in its argument order.
 
     ``blockwise_mm_bwd(hidden_states, expert_affinities_masked, gate_up_proj_weight,
@@ -305,7 +335,15 @@ def launch_blockwise_mm_bwd(kernel, lnc: int, hidden, affinities, gate_up, down,
     src/nkilib_src/nkilib/experimental/moe/bwd/blockwise_mm_backward.py).
     """
     tensors = _contiguous(
-        hidden, affinities, gate_up, down, gate_up_act_T, down_act, token_ids, block_to_expert, grad_out
+        hidden,
+        affinities,
+        gate_up,
+        down,
+        gate_up_act_T,
+        down_act,
+        token_ids,
+        block_to_expert,
+        grad_out,
     )
     require_hashable("blockwise_mm_bwd", {"block_size": block_size})
     return kernel[(lnc,)](*tensors, block_size=block_size)
@@ -343,7 +381,9 @@ def _moe_blockwise(
     return out, gate_up_act_T, down_act
 
 
-def _moe_blockwise_fake(hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size):
+def _moe_blockwise_fake(
+    hidden, affinities, gate_up, down, token_position_to_id, block_to_expert, block_size
+):
     n_blocks, hidden_dim = block_to_expert.shape[0], gate_up.shape[-1]
     return (
         torch.empty_like(hidden),
@@ -382,7 +422,11 @@ def _moe_backward(ctx, grad_out, _grad_gate_up_act, _grad_down_act):
 
 #: ``qwen3_trn_repro::moe_blockwise``; an ``nki_op`` on trn2 (recipes/kernels/kernel_op.py).
 moe_blockwise_op = KernelOp(
-    MOE_OP_NAME, _moe_blockwise, fake=_moe_blockwise_fake, backward=_moe_backward, setup_context=_moe_setup_context
+    MOE_OP_NAME,
+    _moe_blockwise,
+    fake=_moe_blockwise_fake,
+    backward=_moe_backward,
+    setup_context=_moe_setup_context,
 )
 
 

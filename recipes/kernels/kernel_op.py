@@ -40,7 +40,15 @@ CUSTOM_OP = "torch.library.custom_op"
 class KernelOp:
     """One custom op ``name`` (``namespace::op``), defined on first use; calling it calls the op."""
 
-    def __init__(self, name: str, body: Callable, *, fake: Callable, backward: Callable, setup_context: Callable):
+    def __init__(
+        self,
+        name: str,
+        body: Callable,
+        *,
+        fake: Callable,
+        backward: Callable,
+        setup_context: Callable,
+    ):
         self.name, self.body, self.fake = name, body, fake
         self.backward, self.setup_context = backward, setup_context
         self.flavour: str | None = None

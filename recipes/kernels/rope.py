@@ -33,8 +33,8 @@ from torch.distributed.tensor import DTensor
 from recipes.errors import RecipeError
 from recipes.kernels.kernel_op import KernelOp
 from recipes.platform import on_neuron
-from recipes.platform.neuron import LNCError, VALID_LNC, logical_neuron_cores
-from recipes.titan import _maybe_check_max_pos, _yarn_inv_freq, CosSinRoPE, derive, override
+from recipes.platform.neuron import VALID_LNC, LNCError, logical_neuron_cores
+from recipes.titan import CosSinRoPE, _maybe_check_max_pos, _yarn_inv_freq, derive, override
 
 __all__ = [
     "NKIRoPE",
@@ -68,7 +68,9 @@ def assert_seq_len(seq_len: int, lnc: int) -> None:
     src/nkilib_src/nkilib/core/embeddings/rope_hf.py).
     """
     if lnc not in VALID_LNC:
-        raise LNCError(f"LNC={lnc!r} is not a logical NeuronCore size trn2 supports (NEURON_LOGICAL_NC_CONFIG 1 or 2)")
+        raise LNCError(
+            f"LNC={lnc!r} is not a logical NeuronCore size trn2 supports (NEURON_LOGICAL_NC_CONFIG 1 or 2)"
+        )
     multiple = SEQ_TILE * lnc
     if seq_len <= 0 or seq_len % multiple:
         raise SeqLenError(
@@ -100,9 +102,7 @@ def _cos_sin(
     return theta.cos(), theta.sin()
 
 
-def _rotate(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
-) -> torch.Tensor:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool) -> torch.Tensor:
     """``x*cos + rotate_half(x)*sin``; ``backward`` uses the transposed rotation."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -197,7 +197,9 @@ def _backward(ctx, grad_q, grad_k):
 
 
 #: ``qwen3_trn_repro::rope_hf``: ``rope_hf_op(q, k, positions, inv_freq, backward=False)``.
-rope_hf_op = KernelOp(OP_NAME, _rope_hf, fake=_rope_hf_fake, backward=_backward, setup_context=_setup_context)
+rope_hf_op = KernelOp(
+    OP_NAME, _rope_hf, fake=_rope_hf_fake, backward=_backward, setup_context=_setup_context
+)
 
 
 # ---------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import torch
 from recipes.platform.device_copies import DEVICE_COPIES
 from recipes.upstream_shape import require, require_attributes
 
-
 _installed = False
 
 DEVICE_WORKAROUND = "recipes.platform.cpu._patch_device_type"
@@ -94,7 +93,9 @@ class _CpuProperties:
 
 def check_device_utils(utils) -> None:
     """torchtitan.tools.utils still has the names the patch overwrites (else a "cuda" copy stays behind)."""
-    require_attributes(utils, DEVICE_ATTRIBUTES, "torchtitan", DEVICE_WORKAROUND, "torchtitan.tools.utils")
+    require_attributes(
+        utils, DEVICE_ATTRIBUTES, "torchtitan", DEVICE_WORKAROUND, "torchtitan.tools.utils"
+    )
 
 
 def import_device_copy(name: str):
@@ -107,7 +108,12 @@ def import_device_copy(name: str):
     except ModuleNotFoundError as e:
         if e.name is None or not name.startswith(e.name):
             raise  # something the module itself imports is missing: not this patch's shape
-        require(False, "torchtitan", DEVICE_WORKAROUND, f"the module {name} (it copies device_type at import)")
+        require(
+            False,
+            "torchtitan",
+            DEVICE_WORKAROUND,
+            f"the module {name} (it copies device_type at import)",
+        )
 
 
 def _patch_device_type() -> None:

@@ -27,7 +27,9 @@ VALID_LNC = (1, 2)
 
 #: Python packages the trn2 tier imports, and which pinned distribution provides each: from
 #: recipes/platform/neuron_versions.py (requirements-neuron.txt), e.g. nkilib is bundled in neuronx-cc.
-NEURON_PACKAGES = {module: neuron_versions.module_hint(module) for module in neuron_versions.MODULES}
+NEURON_PACKAGES = {
+    module: neuron_versions.module_hint(module) for module in neuron_versions.MODULES
+}
 
 
 class LNCError(RecipeError):
@@ -58,7 +60,9 @@ def device_nodes() -> list[str]:
     """``/dev/neuron*`` character devices: one per Neuron device (16 on trn2.48xlarge); none when hidden."""
     if os.environ.get(HIDE_DEVICES_ENV) == "1":
         return []
-    rehearsal = rehearsal_settings()  # the cpu rehearsal's fake nodes; refused where a real /dev/neuron* exists
+    rehearsal = (
+        rehearsal_settings()
+    )  # the cpu rehearsal's fake nodes; refused where a real /dev/neuron* exists
     if rehearsal is not None:
         return rehearsal.device_nodes()
     return sorted(glob.glob("/dev/neuron[0-9]*"))
@@ -102,7 +106,9 @@ def _device_logical_cores(device: dict) -> int:
             )
         return len(ids)
     if count is None:
-        raise NeuronDetectionError(f"{name} reports neither nc_count nor neuroncore_ids: update aws-neuronx-tools")
+        raise NeuronDetectionError(
+            f"{name} reports neither nc_count nor neuroncore_ids: update aws-neuronx-tools"
+        )
     return int(count)
 
 
@@ -141,9 +147,13 @@ def parse_visible_cores(value: str) -> list[int]:
         try:
             lo, hi = int(first), int(last or first)
         except ValueError:
-            raise ValueError(f"NEURON_RT_VISIBLE_CORES={value!r}: {part!r} is not a core index or range") from None
+            raise ValueError(
+                f"NEURON_RT_VISIBLE_CORES={value!r}: {part!r} is not a core index or range"
+            ) from None
         if lo < 0 or hi < lo:
-            raise ValueError(f"NEURON_RT_VISIBLE_CORES={value!r}: {part!r} is not an ascending range")
+            raise ValueError(
+                f"NEURON_RT_VISIBLE_CORES={value!r}: {part!r} is not an ascending range"
+            )
         cores.extend(range(lo, hi + 1))
     return cores
 
@@ -151,7 +161,9 @@ def parse_visible_cores(value: str) -> list[int]:
 def worker_cores(worker: int, workers: int, total: int) -> str:
     """Disjoint ``NEURON_RT_VISIBLE_CORES`` for xdist worker ``worker`` of ``workers``."""
     if workers > total:
-        raise ValueError(f"{workers} test workers cannot each get a NeuronCore of {total}; use -n {total} or fewer")
+        raise ValueError(
+            f"{workers} test workers cannot each get a NeuronCore of {total}; use -n {total} or fewer"
+        )
     per = total // workers
     first = worker * per
     return f"{first}-{first + per - 1}" if per > 1 else str(first)
@@ -205,7 +217,9 @@ def weights_gap(env: str = WEIGHTS_ENV) -> str | None:
     return None
 
 
-def neuron_status(packages: tuple[str, ...] = ("torch_neuronx",), needs_weights: bool = False) -> NeuronStatus:
+def neuron_status(
+    packages: tuple[str, ...] = ("torch_neuronx",), needs_weights: bool = False
+) -> NeuronStatus:
     return NeuronStatus(
         devices=device_nodes(),
         packages={p: has_package(p) for p in packages},

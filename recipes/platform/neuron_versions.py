@@ -43,8 +43,14 @@ PINNED = ("torch", "torch-neuronx", "transformers", "neuronx-cc", "nki")
 #: ``nkilib.core.embeddings.rope_hf``, ``nkilib.core.moe.moe_cte`` and
 #: ``nkilib.experimental.moe.bwd.blockwise_mm_backward`` (aws-neuron/nki-library).
 MODULES = {
-    "torch_neuronx": ("torch-neuronx", "TorchNeuron, the 'neuron' device and process-group backend"),
-    "nkilib": (NKILIB_PROVIDER, f"NKI Library {NKILIB_VERSION} kernels rope_hf, moe_cte and blockwise_mm_bwd"),
+    "torch_neuronx": (
+        "torch-neuronx",
+        "TorchNeuron, the 'neuron' device and process-group backend",
+    ),
+    "nkilib": (
+        NKILIB_PROVIDER,
+        f"NKI Library {NKILIB_VERSION} kernels rope_hf, moe_cte and blockwise_mm_bwd",
+    ),
 }
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*==\s*([^\s;#\\]+)")
@@ -73,7 +79,9 @@ class Expected:
             prefix = self.version[:-2]
             release = installed.split("+")[0]
             return release == prefix or release.startswith(prefix + ".")
-        return installed == self.version or ("+" not in self.version and installed.split("+")[0] == self.version)
+        return installed == self.version or (
+            "+" not in self.version and installed.split("+")[0] == self.version
+        )
 
 
 def pins(path: Path = REQUIREMENTS) -> dict[str, str]:
@@ -88,7 +96,9 @@ def pins(path: Path = REQUIREMENTS) -> dict[str, str]:
 
 def index_urls(path: Path = REQUIREMENTS) -> list[str]:
     """The ``--index-url`` / ``--extra-index-url`` options of a requirements file."""
-    return [m.group(1) for line in path.read_text().splitlines() if (m := _INDEX.match(line.strip()))]
+    return [
+        m.group(1) for line in path.read_text().splitlines() if (m := _INDEX.match(line.strip()))
+    ]
 
 
 def expected(path: Path = REQUIREMENTS) -> dict[str, Expected]:
@@ -102,10 +112,14 @@ def expected(path: Path = REQUIREMENTS) -> dict[str, Expected]:
         )
     missing = [name for name in PINNED if name not in found]
     if missing:
-        raise NeuronRequirementsError(f"{path}: no 'name==version' pin for {missing}; add one per distribution")
+        raise NeuronRequirementsError(
+            f"{path}: no 'name==version' pin for {missing}; add one per distribution"
+        )
     versions = {name: Expected(name, found[name], "requirements-neuron.txt") for name in PINNED}
     versions[TORCHTITAN_DISTRIBUTION] = Expected(
-        TORCHTITAN_DISTRIBUTION, TORCHTITAN_VERSION, f"TorchTitan Neuron {TORCHTITAN_NEURON_REF} from git"
+        TORCHTITAN_DISTRIBUTION,
+        TORCHTITAN_VERSION,
+        f"TorchTitan Neuron {TORCHTITAN_NEURON_REF} from git",
     )
     return versions
 

@@ -73,10 +73,16 @@ def resolve_in_child(env: dict[str, str] | None = None) -> dict:
     """:func:`resolve` in a fresh interpreter with ``env`` (default: this process's), as a run would import it."""
     out = subprocess.run(
         [sys.executable, "-m", "recipes.platform.nkilib_source"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if out.returncode != 0:
-        raise RuntimeError(f"importing nkilib failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+        raise RuntimeError(
+            f"importing nkilib failed (exit {out.returncode}):\n{out.stderr[-4000:]}"
+        )
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -85,11 +91,15 @@ def not_bundled(resolution: dict) -> list[str]:
     problems = []
     for name, where in resolution["resolved"].items():
         if where["module"] != name:
-            problems.append(f"`import {name}` gave the module {where['module']} ({where['file']}): a standalone "
-                            "nki-library replaced the bundled nkilib when it was imported")  # fmt: skip
+            problems.append(
+                f"`import {name}` gave the module {where['module']} ({where['file']}): a standalone "
+                "nki-library replaced the bundled nkilib when it was imported"
+            )
         elif where["distribution"] != NKILIB_PROVIDER:
-            problems.append(f"{name} is {where['file']}, installed by {where['distribution'] or 'no distribution'}, "
-                            f"not by {NKILIB_PROVIDER}")  # fmt: skip
+            problems.append(
+                f"{name} is {where['file']}, installed by {where['distribution'] or 'no distribution'}, "
+                f"not by {NKILIB_PROVIDER}"
+            )
     return problems
 
 

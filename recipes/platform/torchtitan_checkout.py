@@ -36,8 +36,12 @@ def record_path() -> Path:
 def git_head(checkout: Path) -> str | None:
     """``git rev-parse HEAD`` of ``checkout``, or None when it is not a git checkout (or git is absent)."""
     try:
-        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -71,7 +75,8 @@ def checkout_info() -> dict:
         "head": head,
         "moved": head != record["commit"],
         "torchtitan": origin,
-        "torchtitan_from_checkout": origin is not None and Path(origin).is_relative_to(checkout.resolve()),
+        "torchtitan_from_checkout": origin is not None
+        and Path(origin).is_relative_to(checkout.resolve()),
     }
 
 

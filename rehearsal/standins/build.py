@@ -63,7 +63,9 @@ def _satisfied(name: str, spec: str) -> str | None:
 
 def standin_versions() -> dict[str, str]:
     return {
-        _normalize(d): tomllib.loads((HERE / d / "pyproject.toml").read_text())["project"]["version"]
+        _normalize(d): tomllib.loads((HERE / d / "pyproject.toml").read_text())["project"][
+            "version"
+        ]
         for d in STANDINS
     }
 
@@ -78,14 +80,20 @@ def check_versions(requirements: dict[str, str]) -> list[str]:
         if spec is None:
             problems.append(f"{REQUIREMENTS}: pins no {name}; the stand-in has nothing to match")
         elif not SpecifierSet(spec).contains(version, prereleases=True):
-            problems.append(f"rehearsal/standins/{name}/pyproject.toml: version {version} does not satisfy {name}{spec}")
+            problems.append(
+                f"rehearsal/standins/{name}/pyproject.toml: version {version} does not satisfy {name}{spec}"
+            )
     return problems
 
 
 def not_satisfied_here(requirements: dict[str, str]) -> list[str]:
     """Requirements of requirements-neuron.txt, other than the stand-ins, this interpreter lacks."""
     standins = set(standin_versions())
-    return [why for name, spec in requirements.items() if name not in standins and (why := _satisfied(name, spec))]
+    return [
+        why
+        for name, spec in requirements.items()
+        if name not in standins and (why := _satisfied(name, spec))
+    ]
 
 
 def build(out: Path) -> dict:
@@ -93,19 +101,40 @@ def build(out: Path) -> dict:
     requirements = requirement_lines()
     problems = check_versions(requirements)
     if problems:
-        raise SystemExit("stand-in versions do not match requirements-neuron.txt:\n  " + "\n  ".join(problems))
+        raise SystemExit(
+            "stand-in versions do not match requirements-neuron.txt:\n  " + "\n  ".join(problems)
+        )
     wheelhouse, bin_dir = out / "wheelhouse", out / "bin"
     wheelhouse.mkdir(parents=True, exist_ok=True)
     bin_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="standin-src-") as tmp:
-        for name in STANDINS:  # built from a copy: setuptools writes build/ and *.egg-info beside the source
+        for name in (
+            STANDINS
+        ):  # built from a copy: setuptools writes build/ and *.egg-info beside the source
             src = Path(tmp) / name
-            shutil.copytree(HERE / name, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-            cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                   "--quiet", "-w", str(wheelhouse), str(src)]  # fmt: skip
+            shutil.copytree(
+                HERE / name,
+                src,
+                ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "--quiet",
+                "-w",
+                str(wheelhouse),
+                str(src),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
             if done.returncode != 0:
-                raise SystemExit(f"building the {name} stand-in failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+                raise SystemExit(
+                    f"building the {name} stand-in failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+                )
     tool = bin_dir / "neuron-ls"
     tool.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "neuron_ls.py"}" "$@"\n')
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -119,7 +148,9 @@ def build(out: Path) -> dict:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rehearsal.standins")
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="write DIR/wheelhouse/*.whl and DIR/bin/neuron-ls (no network)")
+    b = sub.add_parser(
+        "build", help="write DIR/wheelhouse/*.whl and DIR/bin/neuron-ls (no network)"
+    )
     b.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     result = build(args.out.resolve())

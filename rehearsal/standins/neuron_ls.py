@@ -34,7 +34,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(devices, indent=2))
         return 0
     for d in devices:
-        print(f"{d['neuron_device']:>3}  cores {d['nc_count']}  lnc {d['logical_neuroncore_config']}  (rehearsal stand-in)")
+        print(
+            f"{d['neuron_device']:>3}  cores {d['nc_count']}  lnc {d['logical_neuroncore_config']}  (rehearsal stand-in)"
+        )
     return 0
 
 

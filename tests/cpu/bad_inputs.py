@@ -19,8 +19,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-
 from harness_main import main_in_process
+
 from recipes.tiers import FIXTURES, REPO_ROOT
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
@@ -117,7 +117,9 @@ def rewrite(name: str, new):
     return change
 
 
-def shard_fixture(root: Path, names=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")) -> Path:
+def shard_fixture(
+    root: Path, names=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+) -> Path:
     """The fixture's weights split into two shards with their index, as the Hub ships large models."""
     from safetensors.torch import load_file, save_file
 
@@ -129,7 +131,9 @@ def shard_fixture(root: Path, names=("model-00001-of-00002.safetensors", "model-
     for name, part in zip(names, (keys[: len(keys) // 2], keys[len(keys) // 2 :])):
         save_file({k: state[k] for k in part}, path / name)
         weight_map.update(dict.fromkeys(part, name))
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     return path
 
 
@@ -199,7 +203,9 @@ def unwritable_dir(root: Path) -> Path:
         return path
     path = Path("/proc/sys")
     if os.access(path, os.W_OK):
-        pytest.skip("running as root on a host whose /proc/sys is writable: no unwritable directory to test with")
+        pytest.skip(
+            "running as root on a host whose /proc/sys is writable: no unwritable directory to test with"
+        )
     return path
 
 
@@ -207,7 +213,10 @@ def copies(root: Path) -> dict[str, Path]:
     """The tiny model, its tokenizer in a directory of its own, and the corpus, as copies."""
     tokenizer = root / "tokenizer"
     tokenizer.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):  # the weights' own tokenizer, in a directory alone
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):  # the weights' own tokenizer, in a directory alone
         shutil.copy2(FIXTURE_DIR / name, tokenizer / name)
     data = root / "data"
     shutil.copytree(FIXTURES / "corpus", data)
@@ -248,25 +257,40 @@ def in_process(argv: list[str]) -> tuple[subprocess.CompletedProcess, str]:
         return real_cmd_run(*args, **kwargs)
 
     def launch(opts, *args, **kwargs):
-        raise AssertionError(f"passed every check and would launch {opts.recipe}: the row's refusal is gone")
+        raise AssertionError(
+            f"passed every check and would launch {opts.recipe}: the row's refusal is gone"
+        )
 
-    with mock.patch.object(entry, "cmd_run", cmd_run), mock.patch("harness.launch.lifecycle.launch", launch):
+    with (
+        mock.patch.object(entry, "cmd_run", cmd_run),
+        mock.patch("harness.launch.lifecycle.launch", launch),
+    ):
         out = main_in_process(argv)
     return out, stages[-1]
 
 
-def fresh(argv: list[str], report_dir: Path, env: dict, cwd: Path, watch: bool) -> subprocess.CompletedProcess:
+def fresh(
+    argv: list[str], report_dir: Path, env: dict, cwd: Path, watch: bool
+) -> subprocess.CompletedProcess:
     """The real ``python -m harness ARGV``; with ``watch``, its prestarted launcher is seen and none is left."""
     from run_watch import RunWatch, describe
 
     cmd = [sys.executable, "-m", "harness", *argv]
     if not watch:
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env}, timeout=120)
+        return subprocess.run(
+            cmd, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env}, timeout=120
+        )
     with RunWatch(report_dir) as watcher:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env}, timeout=120)
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=cwd, env={**os.environ, **env}, timeout=120
+        )
     left = watcher.kill_left()
-    watcher.saw(launcher=1)  # the watch finds the run's processes: "none left" is not a blind finder's
-    assert left == [], f"a refused `python -m harness run` left {describe(left)} ({watcher.summary()})"
+    watcher.saw(
+        launcher=1
+    )  # the watch finds the run's processes: "none left" is not a blind finder's
+    assert left == [], (
+        f"a refused `python -m harness run` left {describe(left)} ({watcher.summary()})"
+    )
     return out
 
 
@@ -285,16 +309,26 @@ def run_row(row, root: Path, report: Path, live: Path | None, monkeypatch) -> tu
     given changed. Its one stderr line (or stdout for a command that must work) and how long it took."""
     root.mkdir(parents=True)
     built = row.build(root) if row.build else None
-    names = {"in": root, "repo": REPO_ROOT, "live": live,
-             **(built if isinstance(built, dict) else {"model": built, "data": built, "path": built})}  # fmt: skip
+    names = {
+        "in": root,
+        "repo": REPO_ROOT,
+        "live": live,
+        **(built if isinstance(built, dict) else {"model": built, "data": built, "path": built}),
+    }
     args = [fill(a, names) for a in row.args]
-    argv = args if row.command else ["run", *args, *([] if "--report-dir" in args else ["--report-dir", str(report)])]
+    argv = (
+        args
+        if row.command
+        else ["run", *args, *([] if "--report-dir" in args else ["--report-dir", str(report)])]
+    )
     env = {k: fill(v, names) for k, v in row.env.items()}
     watched = [root, FIXTURES, report, *(Path(fill(g, names)).resolve() for g in row.guarded)]
     before = digests(*watched)
     if row.fresh:
         given = Path(argv[argv.index("--report-dir") + 1]) if "--report-dir" in argv else report
-        out, elapsed = timed(fresh, argv, given, env, root if row.from_inputs else REPO_ROOT, row.watch)
+        out, elapsed = timed(
+            fresh, argv, given, env, root if row.from_inputs else REPO_ROOT, row.watch
+        )
         stage = row.stage
     else:
         with monkeypatch.context() as patch:
@@ -308,8 +342,15 @@ def run_row(row, root: Path, report: Path, live: Path | None, monkeypatch) -> tu
     return line, elapsed
 
 
-def assert_outcome(row, out: subprocess.CompletedProcess, stage: str, elapsed: float, names: dict) -> str:
-    assert out.returncode == row.code, (row.id, out.returncode, out.stdout[-2000:], out.stderr[-3000:])
+def assert_outcome(
+    row, out: subprocess.CompletedProcess, stage: str, elapsed: float, names: dict
+) -> str:
+    assert out.returncode == row.code, (
+        row.id,
+        out.returncode,
+        out.stdout[-2000:],
+        out.stderr[-3000:],
+    )
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert LAUNCH_LINE not in out.stdout and "[rank" not in out.stderr, "a rank started"
     assert stage == row.stage, f"{row.id} stopped at the {stage}, not the {row.stage}"
@@ -326,11 +367,35 @@ def assert_outcome(row, out: subprocess.CompletedProcess, stage: str, elapsed: f
     return lines[0]
 
 
-def harness_run(report_dir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def harness_run(
+    report_dir: Path, *args: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """``python -m harness run`` of one weights-loaded step, nothing exported (a launch of 2 ranks)."""
-    cmd = [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "hf", "--steps", "1",
-           "--no-export", "--report-dir", str(report_dir), *args]  # fmt: skip
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        "native_qwen3",
+        "--tier",
+        "cpu",
+        "--init",
+        "hf",
+        "--steps",
+        "1",
+        "--no-export",
+        "--report-dir",
+        str(report_dir),
+        *args,
+    ]
+    return subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def param_ids(fn) -> set[str]:

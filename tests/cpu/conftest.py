@@ -70,7 +70,13 @@ def native_hf_run(recipe_run, shared_dir):
 def native_random_run(recipe_run):
     """native_qwen3, 2 processes, torchtitan's own random init."""
     return recipe_run(
-        "native-random-2proc", recipe="native_qwen3", tier="cpu", nproc=2, steps=STEPS, init="random", seed=0
+        "native-random-2proc",
+        recipe="native_qwen3",
+        tier="cpu",
+        nproc=2,
+        steps=STEPS,
+        init="random",
+        seed=0,
     )
 
 
@@ -94,18 +100,32 @@ def hf_backend_hf_run(recipe_run, shared_dir):
 def hf_backend_moe_run(recipe_run, shared_dir):
     """hf_backend on the Qwen3-MoE fixture, 2 processes, 3 steps, HF export."""
     return recipe_run(
-        "hf-backend-moe-2proc", recipe="hf_backend", tier="cpu", nproc=2, steps=3, init="hf",
-        model_dir=FIXTURES / "qwen3-moe-tiny", export_dir=shared_dir / "hf-backend-moe-export", seed=0,
-    )  # fmt: skip
+        "hf-backend-moe-2proc",
+        recipe="hf_backend",
+        tier="cpu",
+        nproc=2,
+        steps=3,
+        init="hf",
+        model_dir=FIXTURES / "qwen3-moe-tiny",
+        export_dir=shared_dir / "hf-backend-moe-export",
+        seed=0,
+    )
 
 
 @pytest.fixture(scope="session")
 def hf_backend_random_run(recipe_run):
     """hf_backend from the backend's own random init, 2 processes, one step: the main job's cpu number."""
     return recipe_run(
-        "hf-backend-random-2proc", recipe="hf_backend", tier="cpu", nproc=2, steps=1, init="random",
-        model_dir=FIXTURE_DIR, seed=0, export=False,
-    )  # fmt: skip
+        "hf-backend-random-2proc",
+        recipe="hf_backend",
+        tier="cpu",
+        nproc=2,
+        steps=1,
+        init="random",
+        model_dir=FIXTURE_DIR,
+        seed=0,
+        export=False,
+    )
 
 
 @pytest.fixture(scope="session")

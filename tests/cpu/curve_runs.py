@@ -20,13 +20,21 @@ STEPS = 100
 CHECKPOINT_STEP = 50
 
 NATIVE = dict(recipe="native_qwen3", tier="cpu", nproc=1, steps=STEPS, init="hf", seed=0)
-HF_BACKEND = dict(recipe="hf_backend", tier="cpu", nproc=1, steps=STEPS, init="hf", seed=0, export=False)
-NKI_MOE = dict(recipe="nki_moe", tier="cpu", nproc=1, steps=STEPS, init="random", seed=0, export=False)
+HF_BACKEND = dict(
+    recipe="hf_backend", tier="cpu", nproc=1, steps=STEPS, init="hf", seed=0, export=False
+)
+NKI_MOE = dict(
+    recipe="nki_moe", tier="cpu", nproc=1, steps=STEPS, init="random", seed=0, export=False
+)
 
 
 def native_curve(recipe_run) -> dict:
     """native_qwen3 from the fixture weights, 1 process × 2 × 256 tokens, 100 steps; checkpoint at step 50."""
-    return recipe_run("curve-native-1proc", cli_overrides=["--checkpoint.interval", str(CHECKPOINT_STEP)], **NATIVE)
+    return recipe_run(
+        "curve-native-1proc",
+        cli_overrides=["--checkpoint.interval", str(CHECKPOINT_STEP)],
+        **NATIVE,
+    )
 
 
 def hf_backend_curve(recipe_run) -> dict:
@@ -42,7 +50,9 @@ def hf_backend_native_schedule(recipe_run) -> dict:
     between the two recipes (tests/cpu/test_curves.py checks the configs).
     """
     return recipe_run(
-        "curve-hf-backend-native-schedule", cli_overrides=["--lr_scheduler.decay_ratio", "None"], **HF_BACKEND
+        "curve-hf-backend-native-schedule",
+        cli_overrides=["--lr_scheduler.decay_ratio", "None"],
+        **HF_BACKEND,
     )
 
 
@@ -118,7 +128,9 @@ def same_batch_corpora(shared_dir: Path, seq_len: int = CPU.seq_len) -> tuple[Pa
             ]
             for path, texts in ((two, docs), (one, interleaved)):
                 path.mkdir(parents=True, exist_ok=True)
-                (path / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+                (path / "train.jsonl").write_text(
+                    "".join(json.dumps({"text": t}) + "\n" for t in texts)
+                )
     return one, two
 
 
@@ -126,9 +138,16 @@ def same_batch_options(shared_dir: Path, nproc: int) -> dict:
     """native_qwen3, fixture weights, 100 steps, 4 sequences per step on 1 or 2 processes."""
     one, two = same_batch_corpora(shared_dir)
     return dict(
-        recipe="native_qwen3", tier="cpu", nproc=nproc, steps=STEPS, init="hf", seed=0, export=False,
-        local_batch_size=SAME_BATCH_NPROC * SAME_BATCH_LOCAL // nproc, dataset_dir=one if nproc == 1 else two,
-    )  # fmt: skip
+        recipe="native_qwen3",
+        tier="cpu",
+        nproc=nproc,
+        steps=STEPS,
+        init="hf",
+        seed=0,
+        export=False,
+        local_batch_size=SAME_BATCH_NPROC * SAME_BATCH_LOCAL // nproc,
+        dataset_dir=one if nproc == 1 else two,
+    )
 
 
 def same_batch_run(recipe_run, shared_dir: Path, nproc: int) -> dict:

@@ -12,4 +12,6 @@ def pytest_collection_finish(session):
     for item in session.items:
         launches = [name for mark in item.iter_markers("launch") for name in mark.args]
         waits = item.get_closest_marker("host_reference") is not None
-        print(PREFIX + json.dumps({"id": item.nodeid, "launches": launches, "host_reference": waits}))
+        print(
+            PREFIX + json.dumps({"id": item.nodeid, "launches": launches, "host_reference": waits})
+        )

@@ -23,7 +23,9 @@ from harness.base import processes
 class RunWatch:
     """``with RunWatch(run_root) as watch: ...`` samples the run's processes every ``interval_s``."""
 
-    def __init__(self, run_root: Path, parents: tuple[int, ...] = (), interval_s: float = 0.05, finder=None) -> None:
+    def __init__(
+        self, run_root: Path, parents: tuple[int, ...] = (), interval_s: float = 0.05, finder=None
+    ) -> None:
         self.run_root = Path(run_root)
         self.parents = parents
         self.interval_s = interval_s
@@ -74,7 +76,9 @@ class RunWatch:
     def wait_for(self, timeout_s: float, **at_least: int) -> None:
         """Block until ``saw(**at_least)`` holds (or fail after ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
-        while any(self.most[role] < n for role, n in at_least.items()) and time.monotonic() < deadline:
+        while (
+            any(self.most[role] < n for role, n in at_least.items()) and time.monotonic() < deadline
+        ):
             time.sleep(self.interval_s)
         self.saw(**at_least)
 
@@ -123,5 +127,9 @@ def describe(procs: list[processes.Process]) -> str:
 def run_roles(rank_start: str, nproc: int = 2, launcher: bool = True) -> dict[str, int]:
     """The processes a training run has: the launcher, torchrun (harness.launch.elastic and its forkserver
     when ranks start "preloaded") and ``nproc`` ranks."""
-    roles = {"torchrun": 1, "rank": nproc, **({"forkserver": 1} if rank_start == "preloaded" else {})}
+    roles = {
+        "torchrun": 1,
+        "rank": nproc,
+        **({"forkserver": 1} if rank_start == "preloaded" else {}),
+    }
     return {"launcher": 1, **roles} if launcher else roles

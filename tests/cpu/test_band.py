@@ -16,7 +16,6 @@ import pytest
 
 from harness.judge import band, goldens, verdicts
 
-
 RUNS = [
     [6.50, 6.40, 6.30],
     [6.52, 6.40, 6.33],
@@ -27,8 +26,17 @@ RUNS = [
 def fake_run(run_dir: Path, losses: list[float], **options) -> Path:
     """A finished run directory as harness.launch.lifecycle leaves it: steps.jsonl and run.json."""
     run_dir.mkdir(parents=True)
-    (run_dir / "steps.jsonl").write_text("".join(json.dumps({"step": i + 1, "loss": x}) + "\n" for i, x in enumerate(losses)))
-    opts = {"recipe": "native_qwen3", "tier": "trn2", "steps": len(losses), "seed": 0, "run_dir": str(run_dir), **options}
+    (run_dir / "steps.jsonl").write_text(
+        "".join(json.dumps({"step": i + 1, "loss": x}) + "\n" for i, x in enumerate(losses))
+    )
+    opts = {
+        "recipe": "native_qwen3",
+        "tier": "trn2",
+        "steps": len(losses),
+        "seed": 0,
+        "run_dir": str(run_dir),
+        **options,
+    }
     (run_dir / "run.json").write_text(json.dumps(opts))
     return run_dir
 
@@ -91,10 +99,15 @@ def test_compute_writes_a_band_the_goldens_loader_takes_and_judges(tmp_path, gol
     assert "over 3 repeated runs" in g.reason and "the floor set 1 of 3 steps" in g.reason
     here = made["environment"]
     assert verdicts.compare("loss_curve_3", [6.59, 6.404, 6.22], values, {}, here).kind == "pass"
-    low = verdicts.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, here)  # step 2: 0.006 > 0.005
+    low = verdicts.compare(
+        "loss_curve_3", [6.52, 6.394, 6.33], values, {}, here
+    )  # step 2: 0.006 > 0.005
     assert low.kind == "regression" and "first at step 2" in low.message()
     elsewhere = {**here, "versions": {**here["versions"], "torch-neuronx": "9.9"}}
-    assert verdicts.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, elsewhere).kind == "stale golden"
+    assert (
+        verdicts.compare("loss_curve_3", [6.52, 6.394, 6.33], values, {}, elsewhere).kind
+        == "stale golden"
+    )
 
 
 def test_a_second_band_keeps_the_first_and_bad_runs_write_nothing(tmp_path, goldens_dir, capsys):
@@ -124,28 +137,49 @@ def test_record_launches_n_runs_of_the_band_options_then_writes_their_band(tmp_p
         launched.append(opts)
         fake = json.loads(opts.to_json())
         opts.run_dir.mkdir(parents=True)
-        (opts.run_dir / "steps.jsonl").write_text("".join(json.dumps({"loss": x}) + "\n" for x in curve))
+        (opts.run_dir / "steps.jsonl").write_text(
+            "".join(json.dumps({"loss": x}) + "\n" for x in curve)
+        )
         (opts.run_dir / "run.json").write_text(json.dumps(fake))
         return SimpleNamespace(losses=curve)
 
     dirs = band.record("native_qwen3", "cpu", 3, 3, [0, 1], tmp_path / "work", launch=launch)
     assert [o.seed for o in launched] == [0, 1, 0]  # seeds cycle over the runs
     assert all(o.steps == 3 and o.nproc == 2 and o.init == "hf" and not o.export for o in launched)
-    path = band.make_band("native_qwen3", "cpu", dirs, 4.0, 0.005, "python -m harness.judge.band record native_qwen3")
+    path = band.make_band(
+        "native_qwen3", "cpu", dirs, 4.0, 0.005, "python -m harness.judge.band record native_qwen3"
+    )
     g = goldens.load("native_qwen3", "cpu-band", path)[1]["loss_curve_3"]
     assert g.band["seeds"] == [0, 1, 0] and g.band["options"]["recipe"] == "native_qwen3"
-    assert "seed" not in g.band["options"]  # it differs between the runs, so it is not a shared option
+    assert (
+        "seed" not in g.band["options"]
+    )  # it differs between the runs, so it is not a shared option
 
 
 def test_band_options_are_the_nightlys_band_lane_runs():
     """On trn2 the band is made of, and judges, the night's lane run of each recipe (harness.night.plan.BAND_LAUNCH)."""
     from harness.night import plan as nightly
 
-    native, backend, moe = (band.band_options(r, "trn2") for r in ("native_qwen3", "hf_backend", "nki_moe"))
-    assert (native.nproc, native.steps, native.init, native.export) == (64, band.BAND_STEPS, "hf", False)
-    assert native.allow_mismatch == ["rope_theta"]  # the tutorial's model_registry("4B") theta: as published
-    assert str(native.dataset_dir).endswith("tests/assets/c4_test")  # the checkout's, as the tutorial read it
-    assert (backend.init, backend.allow_mismatch, backend.dataset_dir) == ("hf", [], None)  # corrected: $QWEN3_DATASET_DIR
+    native, backend, moe = (
+        band.band_options(r, "trn2") for r in ("native_qwen3", "hf_backend", "nki_moe")
+    )
+    assert (native.nproc, native.steps, native.init, native.export) == (
+        64,
+        band.BAND_STEPS,
+        "hf",
+        False,
+    )
+    assert native.allow_mismatch == [
+        "rope_theta"
+    ]  # the tutorial's model_registry("4B") theta: as published
+    assert str(native.dataset_dir).endswith(
+        "tests/assets/c4_test"
+    )  # the checkout's, as the tutorial read it
+    assert (backend.init, backend.allow_mismatch, backend.dataset_dir) == (
+        "hf",
+        [],
+        None,
+    )  # corrected: $QWEN3_DATASET_DIR
     assert (moe.init, moe.allow_mismatch) == ("random", [])
     for recipe, opts in (("native_qwen3", native), ("hf_backend", backend), ("nki_moe", moe)):
         launch = nightly.LAUNCHES[nightly.BAND_LAUNCH[recipe]]
@@ -182,7 +216,9 @@ def test_a_curve_trains_only_when_it_falls_by_more_than_its_noise():
     falling = [12.4 - 0.02 * i + rng.gauss(0, 0.01) for i in range(20)]
     flat = [12.4 + rng.gauss(0, 0.01) for _ in range(20)]
     rising = list(reversed(falling))
-    assert band.loss_fall(falling)["trains"] and band.loss_fall(falling)["fall"] == pytest.approx(0.38, abs=0.03)
+    assert band.loss_fall(falling)["trains"] and band.loss_fall(falling)["fall"] == pytest.approx(
+        0.38, abs=0.03
+    )
     assert not band.loss_fall(flat)["trains"]
     assert not band.loss_fall(rising)["trains"]
     assert not band.loss_fall([12.4, math.nan, 12.0])["trains"]

@@ -46,8 +46,21 @@ BASELINE_TEST_CPU_S = 0.6
 
 
 def git(repo, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=bench", "-c", "user.email=bench@example.invalid",
-                           *args], check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@example.invalid",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def add_venv(repo) -> None:
@@ -79,8 +92,21 @@ def repo(tmp_path_factory):
 
 
 def run_compare(repo, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "benchmarks", "compare", "--repo", str(repo), "--baseline", "HEAD~1",
-           "--history", str(tmp_path / "history.jsonl"), "--out", str(tmp_path / "compare.json"), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "compare",
+        "--repo",
+        str(repo),
+        "--baseline",
+        "HEAD~1",
+        "--history",
+        str(tmp_path / "history.jsonl"),
+        "--out",
+        str(tmp_path / "compare.json"),
+        *args,
+    ]
     env = {**os.environ, "PYTHON": sys.executable}
     return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -91,19 +117,33 @@ def test_the_reaper_counts_orphans_that_waiting_for_the_command_misses(tmp_path,
     burn.write_text(BURN)
     cmd = [sys.executable, str(burn), "0.05", "0.5"]
     out = tmp_path / "reaped.json"
-    subprocess.run([sys.executable, str(compare.REAPER), "--out", str(out), "--", *cmd], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(compare.REAPER), "--out", str(out), "--", *cmd],
+        check=True,
+        timeout=120,
+    )
     reaped = json.loads(out.read_text())
-    assert reaped["returncode"] == 0 and reaped["orphans_reaped"] == 1 and reaped["processes_reaped"] == 2
+    assert (
+        reaped["returncode"] == 0
+        and reaped["orphans_reaped"] == 1
+        and reaped["processes_reaped"] == 2
+    )
     assert reaped["cpu_s"] >= 0.55  # both processes' CPU: 0.05 + 0.5 (+ two interpreters' start-up)
-    assert reaped["wall_s"] < reaped["wall_until_last_exit_s"]  # wall is the command's; the orphan ran on after it
-    waited = common.run_timed(cmd, env=dict(os.environ), log_path=tmp_path / "naive.log", timeout_s=120)
+    assert (
+        reaped["wall_s"] < reaped["wall_until_last_exit_s"]
+    )  # wall is the command's; the orphan ran on after it
+    waited = common.run_timed(
+        cmd, env=dict(os.environ), log_path=tmp_path / "naive.log", timeout_s=120
+    )
     assert waited.cpu_s < 0.4  # the orphan's 0.5 s are not in the command's own rusage
     record_property("reaper_vs_wait4_cpu_s", [round(reaped["cpu_s"], 3), round(waited.cpu_s, 3)])
     time.sleep(1.0)  # let the naive run's orphan finish its 0.5 s before the next test
 
 
 @pytest.mark.slow
-def test_compare_runs_both_checkouts_alternately_and_reports_each_goal(repo, tmp_path, record_property):
+def test_compare_runs_both_checkouts_alternately_and_reports_each_goal(
+    repo, tmp_path, record_property
+):
     done = run_compare(repo, tmp_path, "--reps", "2", "--suite-reps", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((tmp_path / "compare.json").read_text())
@@ -113,21 +153,41 @@ def test_compare_runs_both_checkouts_alternately_and_reports_each_goal(repo, tmp
     ms = [compare.Measurement(**m) for m in doc["measurements"]]
     # side by side, the order alternating per repetition; the baseline has no test-fast to run
     assert [(m.name, m.rep, m.side) for m in ms] == [
-        ("fast", 0, "current"), ("fast", 1, "current"),
-        ("suite", 0, "baseline"), ("suite", 0, "current"), ("suite", 1, "current"), ("suite", 1, "baseline"),
-        ("repro", 0, "baseline"), ("repro", 0, "current"), ("repro", 1, "current"), ("repro", 1, "baseline"),
-    ]  # fmt: skip
-    assert all(m.returncode == 0 and not m.timed_out for m in ms), "make rebuilt the venv stamp or a target failed"
+        ("fast", 0, "current"),
+        ("fast", 1, "current"),
+        ("suite", 0, "baseline"),
+        ("suite", 0, "current"),
+        ("suite", 1, "current"),
+        ("suite", 1, "baseline"),
+        ("repro", 0, "baseline"),
+        ("repro", 0, "current"),
+        ("repro", 1, "current"),
+        ("repro", 1, "baseline"),
+    ]
+    assert all(m.returncode == 0 and not m.timed_out for m in ms), (
+        "make rebuilt the venv stamp or a target failed"
+    )
     base_suite = compare.of(ms, "suite", "baseline")
     assert all(m.cpu_s >= BASELINE_TEST_CPU_S and m.orphans >= 1 for m in base_suite)
     goals = {g["name"]: g for g in doc["goals"]}
-    assert list(goals) == ["make test CPU", "make test wall", "make test-fast vs make test", "make repro wall"]
+    assert list(goals) == [
+        "make test CPU",
+        "make test wall",
+        "make test-fast vs make test",
+        "make repro wall",
+    ]
     cur_suite = compare.of(ms, "suite", "current")
     cpu_ratios = [c.cpu_s / b.cpu_s for c, b in zip(cur_suite, base_suite)]
     assert goals["make test CPU"]["measured"] == statistics.median(cpu_ratios)
-    assert goals["make test CPU"]["spread"] == {"median": statistics.median(cpu_ratios), "min": min(cpu_ratios),
-                                                "max": max(cpu_ratios), "n": 2}  # fmt: skip
-    assert 0.3 < goals["make test CPU"]["measured"] < 0.7  # 0.3 s against 0.6 s of burning, plus start-ups
+    assert goals["make test CPU"]["spread"] == {
+        "median": statistics.median(cpu_ratios),
+        "min": min(cpu_ratios),
+        "max": max(cpu_ratios),
+        "n": 2,
+    }
+    assert (
+        0.3 < goals["make test CPU"]["measured"] < 0.7
+    )  # 0.3 s against 0.6 s of burning, plus start-ups
     assert goals["make test CPU"]["met"] == (goals["make test CPU"]["measured"] <= 0.5)
     suite_wall = statistics.median(m.wall_s for m in cur_suite)
     fast = [m.wall_s / suite_wall for m in compare.of(ms, "fast", "current")]
@@ -149,8 +209,10 @@ def test_a_checkout_without_test_fast_makes_that_goal_not_measurable(repo, tmp_p
     add_venv(old)
     done = run_compare(old, tmp_path, "--only", "fast", "--baseline", "HEAD")
     assert done.returncode == 0, done.stderr
-    assert "goal make test-fast vs make test: test-fast wall / test wall ≤ 1/6, measured –: not measured " \
-           "(not measurable: no test-fast target)" in done.stdout  # fmt: skip
+    assert (
+        "goal make test-fast vs make test: test-fast wall / test wall ≤ 1/6, measured –: not measured "
+        "(not measurable: no test-fast target)" in done.stdout
+    )
     assert json.loads((tmp_path / "compare.json").read_text())["measurements"] == []
 
 
@@ -164,27 +226,42 @@ def test_a_baseline_with_another_lock_is_refused_in_one_line(repo, tmp_path):
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     base = git(other, "rev-parse", "HEAD~1")[:9]
-    assert line.startswith(f"python -m benchmarks compare: error: requirements-lock.txt of {base} differs from ")
+    assert line.startswith(
+        f"python -m benchmarks compare: error: requirements-lock.txt of {base} differs from "
+    )
     assert "cannot reuse .venv" in line
     assert not (tmp_path / "history.jsonl").exists()
 
 
-def test_ci_is_the_rehearsal_and_make_test_against_the_baselines_make_test(repo, tmp_path, record_property):
+def test_ci_is_the_rehearsal_and_make_test_against_the_baselines_make_test(
+    repo, tmp_path, record_property
+):
     """Issue 37 goal 2: the baseline has no rehearse-trn2, so its CI is make test (0.1 s + a 0.5 s orphan); the
     current checkout's is its rehearsal (0.2 s) then make test (0.3 s), in one make."""
-    done = run_compare(repo, tmp_path, "--only", "ci", "--reps", "3")  # ci repeats --suite-reps (1) times
+    done = run_compare(
+        repo, tmp_path, "--only", "ci", "--reps", "3"
+    )  # ci repeats --suite-reps (1) times
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((tmp_path / "compare.json").read_text())
     ms = {m["side"]: compare.Measurement(**m) for m in doc["measurements"]}
     assert set(ms) == {"baseline", "current"} and all(m.returncode == 0 for m in ms.values())
     rows = [line.split()[:4] for line in done.stdout.splitlines() if line.startswith("make ")]
     assert rows == [["make", "test", "baseline", "1"], ["make", "rehearse-trn2", "test", "current"]]
-    ran = [line.split("burn.py ")[1] for line in open(ms["current"].log).read().splitlines() if "burn.py " in line]
+    ran = [
+        line.split("burn.py ")[1]
+        for line in open(ms["current"].log).read().splitlines()
+        if "burn.py " in line
+    ]
     assert ran == ["0.2", "0.3"]  # make echoes each recipe: the rehearsal, then make test
     (goal,) = doc["goals"]
     assert goal["name"] == "CI CPU (make rehearse-trn2 test)"
     assert goal["measured"] == ms["current"].cpu_s / ms["baseline"].cpu_s
-    assert 0.6 < goal["measured"] < 1.0 and goal["met"] is True  # 0.5 s against 0.6 s, plus start-ups
+    assert (
+        0.6 < goal["measured"] < 1.0 and goal["met"] is True
+    )  # 0.5 s against 0.6 s, plus start-ups
     line = json.loads((tmp_path / "history.jsonl").read_text())
-    assert line["commit"] == git(repo, "rev-parse", "HEAD") and line["figures"]["compare"]["ci_current_cpu_s"] > 0
+    assert (
+        line["commit"] == git(repo, "rev-parse", "HEAD")
+        and line["figures"]["compare"]["ci_current_cpu_s"] > 0
+    )
     record_property("ci_ratio", goal["measured"])

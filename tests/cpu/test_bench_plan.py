@@ -25,8 +25,13 @@ def test_the_plan_section_keeps_each_nights_totals_with_the_commit(tmp_path):
     doc, line = run_plan(tmp_path)
     kept = line["figures"]["plan"]
     every_night = [x for x in catalogue.LAUNCHES.values() if x.when == catalogue.EVERY_NIGHT]
-    assert kept["stable_launches"] == len(every_night) and kept["changed_launches"] == len(catalogue.LAUNCHES)
-    assert kept["changed_cold_min"] == doc["benchmarks"]["plan"]["figures"]["nights"]["changed"]["cold_min"]
+    assert kept["stable_launches"] == len(every_night) and kept["changed_launches"] == len(
+        catalogue.LAUNCHES
+    )
+    assert (
+        kept["changed_cold_min"]
+        == doc["benchmarks"]["plan"]["figures"]["nights"]["changed"]["cold_min"]
+    )
     assert kept["workflow_timeout_min"] == nightly.workflow_timeout_minutes()
     assert line["commit"] == commit_of(REPO_ROOT) and len(line["commit"].split()[0]) == 40
     goals = {g["name"]: g for g in line["goals"]}
@@ -35,9 +40,13 @@ def test_the_plan_section_keeps_each_nights_totals_with_the_commit(tmp_path):
 
 
 @pytest.mark.parametrize("cold_compile_min, cold_met", [(30.0, True), (60.0, False)])
-def test_the_cold_goal_follows_the_plans_estimates(cold_compile_min, cold_met, tmp_path, monkeypatch):
+def test_the_cold_goal_follows_the_plans_estimates(
+    cold_compile_min, cold_met, tmp_path, monkeypatch
+):
     """Four compile families: 30 min each keeps the first night under 300 min, 60 each does not."""
     monkeypatch.setattr(nightly, "COMPILE_COLD_MIN", cold_compile_min)
     _, line = run_plan(tmp_path)
     (cold,) = [g for g in line["goals"] if g["name"] == "changed night cold (the first night)"]
-    assert cold["met"] is cold_met and cold["measured"] == line["figures"]["plan"]["changed_cold_min"]
+    assert (
+        cold["met"] is cold_met and cold["measured"] == line["figures"]["plan"]["changed_cold_min"]
+    )

@@ -31,29 +31,44 @@ def test_every_registered_recipe_has_a_complete_entry_and_every_entry_a_recipe()
 
 def test_missing_names_each_part_a_recipe_lacks(monkeypatch):
     """Seen to fail: each broken entry below is named by the part it lacks."""
-    monkeypatch.setitem(RECIPES, "qwen3_unlisted", Recipe("qwen3_unlisted", "recipes.native_qwen3", "native_qwen3", ""))
+    monkeypatch.setitem(
+        RECIPES,
+        "qwen3_unlisted",
+        Recipe("qwen3_unlisted", "recipes.native_qwen3", "native_qwen3", ""),
+    )
     assert catalogue.missing("qwen3_unlisted") == [
-        "an Entry in harness/declare/catalogue.py ENTRIES (every part: lanes, launches, claims, upstream, proxy, band)"]
+        "an Entry in harness/declare/catalogue.py ENTRIES (every part: lanes, launches, claims, upstream, proxy, band)"
+    ]
     native = catalogue.ENTRIES["native_qwen3"]
     broken = {
         "lanes": dataclasses.replace(native, lanes=()),
         "exactly one published (as-published) lane": dataclasses.replace(
-            native, lanes=tuple(dataclasses.replace(x, published=True) for x in native.lanes)),
+            native, lanes=tuple(dataclasses.replace(x, published=True) for x in native.lanes)
+        ),
         "a kind of 'dense' or 'moe' (not 'sparse')": dataclasses.replace(native, kind="sparse"),
         "lanes of its own (some name ['hf_backend'])": dataclasses.replace(
-            native, lanes=native.lanes + catalogue.ENTRIES["hf_backend"].lanes[-1:]),
+            native, lanes=native.lanes + catalogue.ENTRIES["hf_backend"].lanes[-1:]
+        ),
         "launches": dataclasses.replace(native, launches=(), band_launch=""),
         "a band launch among its launches (not 'config1-corrected')": dataclasses.replace(
-            native, band_launch="config1-corrected"),
+            native, band_launch="config1-corrected"
+        ),
         "a judge of each published trn2 claim it must reproduce (none declared)": dataclasses.replace(
-            native, claims=()),
+            native, claims=()
+        ),
         "judges of claims named <recipe>.<tier>.<key of harness.declare.published.CLAIMS> "
         "(not ['native_qwen3.trn2.step1_loss_typo'])": dataclasses.replace(
-            native, claims=native.claims[:1] + (dataclasses.replace(native.claims[0], claim="native_qwen3.trn2.step1_loss_typo"),)),
+            native,
+            claims=native.claims[:1]
+            + (dataclasses.replace(native.claims[0], claim="native_qwen3.trn2.step1_loss_typo"),),
+        ),
     }
     for part, entry in broken.items():
         with catalogue.added(entry):
-            assert part in catalogue.missing("native_qwen3"), (part, catalogue.missing("native_qwen3"))
+            assert part in catalogue.missing("native_qwen3"), (
+                part,
+                catalogue.missing("native_qwen3"),
+            )
     assert catalogue.missing("native_qwen3") == []
 
 
@@ -65,17 +80,25 @@ def test_a_claim_dropped_from_the_declaration_or_its_goldens_file_fails_the_gate
 
     native = catalogue.ENTRIES["native_qwen3"]
     assert goldens.disagreements("trn2") == []
-    dropped = dataclasses.replace(native, claims=tuple(j for j in native.claims if not j.claim.endswith("step1_loss_hf")))
+    dropped = dataclasses.replace(
+        native, claims=tuple(j for j in native.claims if not j.claim.endswith("step1_loss_hf"))
+    )
     with catalogue.added(dropped):
         assert goldens.disagreements("trn2") == [
             f"{goldens.GOLDENS_DIR}/native_qwen3/trn2.json: published golden native_qwen3.trn2.step1_loss_hf "
-            "has no judge declared in harness/declare/catalogue.py"]
+            "has no judge declared in harness/declare/catalogue.py"
+        ]
     copy = tmp_path / "goldens"
     shutil.copytree(goldens.GOLDENS_DIR, copy)
     (copy / "nki_moe" / "trn2.json").unlink()
     lines = goldens.disagreements("trn2", copy)
-    assert [line.split(": ")[0] for line in lines] == [str(copy / "nki_moe" / "trn2.json")] * 3, lines
-    assert "nki_moe.trn2.rope_q_max_abs_diff" in lines[1] and "nki_moe.trn2.rope_k_max_abs_diff" in lines[2]
+    assert [line.split(": ")[0] for line in lines] == [str(copy / "nki_moe" / "trn2.json")] * 3, (
+        lines
+    )
+    assert (
+        "nki_moe.trn2.rope_q_max_abs_diff" in lines[1]
+        and "nki_moe.trn2.rope_k_max_abs_diff" in lines[2]
+    )
 
 
 def recipe_names(text: str) -> list[str]:
@@ -86,8 +109,9 @@ def test_no_other_harness_module_names_a_recipe():
     """``grep -rn 'hf_backend|native_qwen3|nki_moe' harness/`` finds harness/declare/catalogue.py only (its docs too)."""
     found = {
         str(path.relative_to(REPO_ROOT)): recipe_names(path.read_text())
-        for path in sorted(HARNESS.rglob("*.py")) if path != HARNESS / "declare" / "catalogue.py"
-    }  # fmt: skip
+        for path in sorted(HARNESS.rglob("*.py"))
+        if path != HARNESS / "declare" / "catalogue.py"
+    }
     assert {path: names for path, names in found.items() if names} == {}
     assert recipe_names((HARNESS / "declare" / "catalogue.py").read_text()) == list(RECIPES)
 
@@ -101,32 +125,67 @@ def variant_entry() -> catalogue.Entry:
     """A Qwen3 variant reusing config 2's module and the 4B fixture: two lanes, two launches, two claims."""
     lane = catalogue.Lane
     return catalogue.Entry(
-        recipe=VARIANT, tutorial="config 2 variant", kind="dense", upstream=catalogue.Upstream("4B"),
-        lanes=(lane("as_published", VARIANT, "the variant as published", titan_dataset=True,
-                    allow_mismatch=("rope_theta",), published=True),
-               lane("corrected", VARIANT, "the variant with config.json's theta", rope_theta=5e6)),
-        launches=(catalogue.Launch("variant-as_published", f"{VARIANT}.as_published", "hf", catalogue.LANE_STEPS,
-                                   ("step1_loss_hf 6.54", "band"), ("tests/neuron/test_variant_neuron.py",),
-                                   family="4B variant"),
-                  catalogue.Launch("variant-corrected", f"{VARIANT}.corrected", "hf", 1, ("reference (judged)",),
-                                   ("tests/neuron/test_variant_neuron.py",), family="4B variant")),
-        claims=(catalogue.ClaimJudge(f"{VARIANT}.trn2.step1_loss_hf", "variant-as_published",
-                                     "tests/neuron/test_variant_neuron.py::test_step1"),),
-        band_launch="variant-as_published", proxy=catalogue.Proxy(),
-    )  # fmt: skip
+        recipe=VARIANT,
+        tutorial="config 2 variant",
+        kind="dense",
+        upstream=catalogue.Upstream("4B"),
+        lanes=(
+            lane(
+                "as_published",
+                VARIANT,
+                "the variant as published",
+                titan_dataset=True,
+                allow_mismatch=("rope_theta",),
+                published=True,
+            ),
+            lane("corrected", VARIANT, "the variant with config.json's theta", rope_theta=5e6),
+        ),
+        launches=(
+            catalogue.Launch(
+                "variant-as_published",
+                f"{VARIANT}.as_published",
+                "hf",
+                catalogue.LANE_STEPS,
+                ("step1_loss_hf 6.54", "band"),
+                ("tests/neuron/test_variant_neuron.py",),
+                family="4B variant",
+            ),
+            catalogue.Launch(
+                "variant-corrected",
+                f"{VARIANT}.corrected",
+                "hf",
+                1,
+                ("reference (judged)",),
+                ("tests/neuron/test_variant_neuron.py",),
+                family="4B variant",
+            ),
+        ),
+        claims=(
+            catalogue.ClaimJudge(
+                f"{VARIANT}.trn2.step1_loss_hf",
+                "variant-as_published",
+                "tests/neuron/test_variant_neuron.py::test_step1",
+            ),
+        ),
+        band_launch="variant-as_published",
+        proxy=catalogue.Proxy(),
+    )
 
 
 @pytest.fixture
 def fourth_recipe(tmp_path, monkeypatch):
     """The variant's registry entry, its goldens file (one published claim) and its catalogue entry: nothing
     written under harness/."""
-    monkeypatch.setitem(RECIPES, VARIANT, Recipe(VARIANT, "recipes.native_qwen3", "native_qwen3", "a Qwen3 variant"))
+    monkeypatch.setitem(
+        RECIPES, VARIANT, Recipe(VARIANT, "recipes.native_qwen3", "native_qwen3", "a Qwen3 variant")
+    )
     goldens_dir = tmp_path / "goldens"
     shutil.copytree(goldens.GOLDENS_DIR, goldens_dir)
     native = json.loads((goldens_dir / "native_qwen3" / "trn2.json").read_text())
     (goldens_dir / VARIANT).mkdir()
     (goldens_dir / VARIANT / "trn2.json").write_text(
-        json.dumps({"values": {"step1_loss_hf": native["values"]["step1_loss_hf"]}}))
+        json.dumps({"values": {"step1_loss_hf": native["values"]["step1_loss_hf"]}})
+    )
     monkeypatch.setattr(goldens, "GOLDENS_DIR", goldens_dir)
     before = len(nightly.LAUNCHES)
     with catalogue.added(variant_entry()):
@@ -137,12 +196,19 @@ def test_a_fourth_recipe_is_picked_up_by_lanes_plan_band_and_checks(fourth_recip
     assert catalogue.missing(VARIANT) == []
     assert catalogue.lane(VARIANT, "as_published").published
     # The night's plan: its launches are in it, and the count follows from the entries.
-    assert len(nightly.LAUNCHES) == fourth_recipe + 2 == sum(len(e.launches) for e in catalogue.ENTRIES.values())
+    assert (
+        len(nightly.LAUNCHES)
+        == fourth_recipe + 2
+        == sum(len(e.launches) for e in catalogue.ENTRIES.values())
+    )
     planned = [s.launch for s in nightly.steps() if s.launch]
     assert {"variant-as_published", "variant-corrected"} <= set(planned)
     assert sum(s.launches for s in nightly.steps()) == len(planned)
     text = "\n".join(nightly.claim_lines())
-    assert f"| {VARIANT}.trn2.step1_loss_hf | 6.54 | variant-as_published ({VARIANT}/as_published" in text
+    assert (
+        f"| {VARIANT}.trn2.step1_loss_hf | 6.54 | variant-as_published ({VARIANT}/as_published"
+        in text
+    )
     # The band: its trn2 band is its band launch's run; elsewhere, its band init and as-published acceptance.
     from harness.judge.band import band_options
 
@@ -166,7 +232,9 @@ def test_a_fourth_recipe_is_dry_run_against_its_upstream(fourth_recipe, tmp_path
     from harness.night import dry_run
     from harness.options.run_options import RunOptions
 
-    plan = dry_run.plan_run(RunOptions(recipe=VARIANT, tier="trn2", init="random", run_dir=tmp_path / "run"))
+    plan = dry_run.plan_run(
+        RunOptions(recipe=VARIANT, tier="trn2", init="random", run_dir=tmp_path / "run")
+    )
     result = dry_run.dry_run(plan, [])
     assert result["ok"], result["error"]
     upstream = result["model"]["upstream"]

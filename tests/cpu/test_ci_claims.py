@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.night import ci
-from harness.judge import goldens
 from harness.declare import published
+from harness.judge import goldens
+from harness.night import ci
 from recipes.tiers import REPO_ROOT
-
 
 NIGHTLY = REPO_ROOT / ".github" / "workflows" / "nightly-trn2.yml"
 
@@ -60,14 +59,23 @@ def require_claims(report: Path, goldens_dir: Path | None = None) -> subprocess.
     env = {**os.environ, **({"QWEN3_GOLDENS_DIR": str(goldens_dir)} if goldens_dir else {})}
     return subprocess.run(
         [sys.executable, "-m", "harness.night.ci", "require-claims", str(report), "--tier", "trn2"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_every_claim_measured_passes_whatever_the_verdict(tmp_path):
     names = claim_names()
-    verdicts = ["regression" if i == 0 else "pass" for i in range(len(names))]  # a failed check is still measured
-    report = write_report(tmp_path, [judged(n, "failed" if v != "pass" else "passed", v) for n, v in zip(names, verdicts)])
+    verdicts = [
+        "regression" if i == 0 else "pass" for i in range(len(names))
+    ]  # a failed check is still measured
+    report = write_report(
+        tmp_path,
+        [judged(n, "failed" if v != "pass" else "passed", v) for n, v in zip(names, verdicts)],
+    )
     out = require_claims(report)
     assert out.returncode == 0, out.stderr
     assert f"all {len(names)} published trn2 claims were measured and judged" in out.stdout
@@ -97,7 +105,10 @@ def test_a_deleted_goldens_file_fails_the_gate_naming_the_file_and_its_claims(tm
     report = write_report(tmp_path, [judged(n) for n in names if not n.startswith("hf_backend.")])
     out = require_claims(report, copy)
     assert out.returncode == 1, out.stdout
-    assert f"{copy / 'hf_backend' / 'trn2.json'}: published claim hf_backend.trn2.step1_loss_hf" in out.stderr
+    assert (
+        f"{copy / 'hf_backend' / 'trn2.json'}: published claim hf_backend.trn2.step1_loss_hf"
+        in out.stderr
+    )
     assert "all" not in out.stdout
 
 
@@ -114,7 +125,10 @@ def test_a_skipped_test_counts_as_not_measured(tmp_path):
 def test_no_report_means_no_claim_was_measured(tmp_path):
     out = require_claims(tmp_path / "missing.json")
     assert out.returncode == 1
-    assert "the test run wrote no report" in out.stderr and f"none of {len(claim_names())} published trn2" in out.stderr
+    assert (
+        "the test run wrote no report" in out.stderr
+        and f"none of {len(claim_names())} published trn2" in out.stderr
+    )
 
 
 # ------------------------------------------------------------- QWEN3_REQUIRE_TRN2 switch
@@ -131,18 +145,41 @@ def run_neuron_file(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     ``-rN``: no short summary, whose lines pytest cuts to the terminal width (so a count of a
     message in stdout would depend on the machine's COLUMNS); the error sections are never cut.
     """
-    clean = {k: v for k, v in os.environ.items() if k not in ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "QWEN3_REQUIRE_TRN2")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "QWEN3_REQUIRE_TRN2")
+    }
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "tests/neuron/test_native_qwen3_neuron.py", f"--report-dir={tmp_path}", "-rN"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env={**clean, **env},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "neuron",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "tests/neuron/test_native_qwen3_neuron.py",
+            f"--report-dir={tmp_path}",
+            "-rN",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+        env={**clean, **env},
+    )
 
 
 #: The tests that judge a published claim run config 2 as published, on the TorchTitan checkout's
 #: c4_test: they need the checkout, never $QWEN3_DATASET_DIR (issue 24 point 8).
-AS_PUBLISHED_TESTS = ("test_published_step1_loss_from_pretrained_weights", "test_published_step1_loss_from_random_init",
-                      "test_export_round_trip_keys")  # fmt: skip
+AS_PUBLISHED_TESTS = (
+    "test_published_step1_loss_from_pretrained_weights",
+    "test_published_step1_loss_from_random_init",
+    "test_export_round_trip_keys",
+)
 
 
 def test_without_the_switch_missing_requirements_skip_with_the_reason(tmp_path):
@@ -161,7 +198,10 @@ def test_without_the_switch_missing_requirements_skip_with_the_reason(tmp_path):
 def test_with_the_switch_missing_requirements_fail_and_no_claim_counts(tmp_path):
     out = run_neuron_file(tmp_path, QWEN3_REQUIRE_TRN2="1")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert out.stdout.count("QWEN3_REQUIRE_TRN2=1 (nightly): the trn2 tier is incomplete") == NEURON_TESTS
+    assert (
+        out.stdout.count("QWEN3_REQUIRE_TRN2=1 (nightly): the trn2 tier is incomplete")
+        == NEURON_TESTS
+    )
     for gap in ("no Neuron device", "QWEN3_4B_DIR is not set", "QWEN3_DATASET_DIR is not set"):
         assert gap in out.stdout
     tests = json.loads((tmp_path / "tests.json").read_text())["tests"]
@@ -172,11 +212,25 @@ def test_with_the_switch_missing_requirements_fail_and_no_claim_counts(tmp_path)
     assert "NOT MEASURED  native_qwen3.trn2.step1_loss_hf" in guard.stderr
     # Issue 25 point 6: a test that failed in setup ran nothing; the zero-tests guard says so.
     ran = subprocess.run(
-        [sys.executable, "-m", "harness.night.ci", "require-ran", str(tmp_path / "tests.json"), "--marker", "neuron"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness.night.ci",
+            "require-ran",
+            str(tmp_path / "tests.json"),
+            "--marker",
+            "neuron",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert ran.returncode == 1, ran.stdout + ran.stderr
-    assert f"0 of {NEURON_TESTS} neuron tests actually ran ({NEURON_TESTS} failed in setup" in ran.stderr
+    assert (
+        f"0 of {NEURON_TESTS} neuron tests actually ran ({NEURON_TESTS} failed in setup"
+        in ran.stderr
+    )
 
 
 def test_a_malformed_switch_is_refused(tmp_path):
@@ -196,7 +250,11 @@ def test_nightly_sets_the_switch_and_installs_with_one_command():
     job = yaml.safe_load(NIGHTLY.read_text())["jobs"]["neuron"]
     assert job["env"]["QWEN3_REQUIRE_TRN2"] == "1"
     assert job["env"]["QWEN3_4B_DIR"] and job["env"]["QWEN3_DATASET_DIR"]
-    installs = [s for s in nightly_steps() if "pip install" in s.get("run", "") or "neuron-venv" in s.get("run", "")]
+    installs = [
+        s
+        for s in nightly_steps()
+        if "pip install" in s.get("run", "") or "neuron-venv" in s.get("run", "")
+    ]
     assert [s["run"].strip() for s in installs] == ["make neuron-venv"]
 
 
@@ -216,13 +274,27 @@ def test_the_nights_venv_survives_checkout_and_one_variable_names_it_everywhere(
     venv = job["env"]["NEURON_VENV_DIR"]
     assert venv.startswith("/") and "github.workspace" not in venv, venv
     runs = [s.get("run", "") for s in nightly_steps()]
-    assert not [r for r in runs if ".venv-neuron" in r], "a step names the venv inside the workspace"
+    assert not [r for r in runs if ".venv-neuron" in r], (
+        "a step names the venv inside the workspace"
+    )
     pythons = [r for r in runs if "/bin/python" in r]
     assert pythons and all("$NEURON_VENV_DIR/bin/python" in r for r in pythons), pythons
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ARGS")}
-    out = subprocess.run(["make", "-n", "neuron-venv"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
-                         env={**env, "NEURON_VENV_DIR": venv})  # fmt: skip
-    assert out.stdout.splitlines() == [f"VENV={venv} scripts/neuron_venv.sh"], out.stdout + out.stderr
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ARGS")
+    }
+    out = subprocess.run(
+        ["make", "-n", "neuron-venv"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+        env={**env, "NEURON_VENV_DIR": venv},
+    )
+    assert out.stdout.splitlines() == [f"VENV={venv} scripts/neuron_venv.sh"], (
+        out.stdout + out.stderr
+    )
 
 
 def test_nightly_timeout_follows_from_the_plan():
@@ -247,9 +319,14 @@ def test_nightly_runs_every_neuron_test_then_both_guards_whatever_happened():
     pytest_steps = [i for i, r in enumerate(runs) if "-m pytest" in r]
     assert len(pytest_steps) == 1, "one pytest step: no version gate before the neuron tests"
     tests = steps[pytest_steps[0]]
-    assert "-m neuron" in tests["run"] and "tests/neuron/" not in tests["run"]  # the whole marker, nothing selected out
+    assert (
+        "-m neuron" in tests["run"] and "tests/neuron/" not in tests["run"]
+    )  # the whole marker, nothing selected out
     assert tests.get("if") == "${{ !cancelled() }}"
-    for guard in ("harness.night.ci require-ran", "harness.night.ci require-claims report/tests.json --tier trn2"):
+    for guard in (
+        "harness.night.ci require-ran",
+        "harness.night.ci require-claims report/tests.json --tier trn2",
+    ):
         (index,) = [i for i, r in enumerate(runs) if guard in r]
         assert index > pytest_steps[0] and steps[index].get("if") == "always()", guard
 
@@ -257,7 +334,9 @@ def test_nightly_runs_every_neuron_test_then_both_guards_whatever_happened():
 # ------------------------------------------------------------- what the trn2 goldens hold
 
 
-@pytest.mark.parametrize("path", sorted(goldens.GOLDENS_DIR.glob("*/trn2.json")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "path", sorted(goldens.GOLDENS_DIR.glob("*/trn2.json")), ids=lambda p: p.parent.name
+)
 def test_trn2_goldens_hold_only_published_claims_with_their_reasons(path):
     """No run on trn2 has produced an environment yet, so none is recorded; each value says why its tolerance.
 
@@ -266,17 +345,25 @@ def test_trn2_goldens_hold_only_published_claims_with_their_reasons(path):
     derived or measured from, or says it is unmeasured (then "unmeasured").
     """
     data = json.loads(path.read_text())
-    assert set(data) == {"values"}, f"{path}: only 'values'; environment metadata comes from a real run"
+    assert set(data) == {"values"}, (
+        f"{path}: only 'values'; environment metadata comes from a real run"
+    )
     assert "shared/seed" not in path.read_text()
     metadata, values = goldens.load(path.parent.name, "trn2", path)
     assert metadata == {} and values
     for golden in values.values():
         assert golden.lane == "published" and len(golden.reason) > 20, golden
-        assert golden.keyed_by_inputs == (not golden.key.startswith("rope_")), golden  # rope: synthetic tensors
+        assert golden.keyed_by_inputs == (not golden.key.startswith("rope_")), (
+            golden
+        )  # rope: synthetic tensors
         if golden.tolerance:
-            assert golden.unmeasured or "measured" in golden.reason or "derived" in golden.reason, golden
+            assert golden.unmeasured or "measured" in golden.reason or "derived" in golden.reason, (
+                golden
+            )
 
 
 def test_the_tutorial_is_cited_by_publisher_author_and_subject():
-    assert "AWS Machine Learning Blog" in published.SOURCE and "Josh Longenecker" in published.SOURCE
+    assert (
+        "AWS Machine Learning Blog" in published.SOURCE and "Josh Longenecker" in published.SOURCE
+    )
     assert "trn2.48xlarge" in published.SOURCE

@@ -18,16 +18,38 @@ import pytest
 from harness.checks.errors import PreflightError
 from recipes.tiers import CPU, REPO_ROOT, TRN2
 
-TRN2_UNSET = ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")
+TRN2_UNSET = (
+    "QWEN3_4B_DIR",
+    "QWEN3_DATASET_DIR",
+    "NEURON_LOGICAL_NC_CONFIG",
+    "NEURON_RT_VISIBLE_CORES",
+)
 
 
 def dry_run(report_dir: Path, *cli: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in TRN2_UNSET}
     return subprocess.run(
-        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "trn2", "--init", "random", "--dry-run",
-         "--report-dir", str(report_dir), *cli],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "native_qwen3",
+            "--tier",
+            "trn2",
+            "--init",
+            "random",
+            "--dry-run",
+            "--report-dir",
+            str(report_dir),
+            *cli,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_tiers_name_their_compile_backends():
@@ -38,7 +60,9 @@ def test_the_tiers_name_their_compile_backends():
 def test_compile_enabled_on_trn2_compiles_with_the_neuron_backend(tmp_path):
     out = dry_run(tmp_path, "--compile.enable")
     assert out.returncode == 0, out.stdout + out.stderr
-    config = json.loads((tmp_path / "dry-run" / "native_qwen3-trn2-random.json").read_text())["config"]
+    config = json.loads((tmp_path / "dry-run" / "native_qwen3-trn2-random.json").read_text())[
+        "config"
+    ]
     assert config["compile"]["enable"] is True
     assert config["compile"]["backend"] == "neuron"
 
@@ -47,24 +71,33 @@ def test_compile_enabled_on_trn2_compiles_with_the_neuron_backend(tmp_path):
 def test_inductor_on_trn2_is_refused_before_launch_naming_the_backend(tmp_path):
     out = dry_run(tmp_path, "--compile.enable", "--compile.backend", "inductor")
     assert out.returncode == 2, out.stdout + out.stderr
-    assert ("compile.enable with compile.backend='inductor' cannot compile for --tier trn2: "
-            "use --compile.backend neuron") in out.stdout  # fmt: skip
+    assert (
+        "compile.enable with compile.backend='inductor' cannot compile for --tier trn2: "
+        "use --compile.backend neuron"
+    ) in out.stdout
 
 
 @pytest.mark.parametrize(
     "tier, enable, backend, refused",
-    [("trn2", True, "inductor", True), ("trn2", True, "neuron", False), ("trn2", False, "inductor", False),
-     ("cpu", True, "inductor", False), ("cpu", True, "neuron", True)],
-)  # fmt: skip
+    [
+        ("trn2", True, "inductor", True),
+        ("trn2", True, "neuron", False),
+        ("trn2", False, "inductor", False),
+        ("cpu", True, "inductor", False),
+        ("cpu", True, "neuron", True),
+    ],
+)
 def test_check_compile(tier, enable, backend, refused):
-    from recipes.titan import CompileConfig
     from harness.checks.built_config import check_compile
+    from recipes.titan import CompileConfig
 
     class Config:
         compile = CompileConfig(enable=enable, backend=backend)
 
     if refused:
-        with pytest.raises(PreflightError, match=f"compile.backend={backend!r} cannot compile for --tier {tier}"):
+        with pytest.raises(
+            PreflightError, match=f"compile.backend={backend!r} cannot compile for --tier {tier}"
+        ):
             check_compile(Config, tier)
     else:
         check_compile(Config, tier)

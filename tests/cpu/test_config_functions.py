@@ -23,7 +23,6 @@ import pytest
 
 from recipes.tiers import REPO_ROOT
 
-
 #: (module, config function, recipe, tier, init)
 CONFIG_FUNCTIONS = [
     ("recipes.native_qwen3", "native_qwen3_trn2", "native_qwen3", "trn2", "hf"),
@@ -41,7 +40,9 @@ TRN2_FUNCTIONS = [c for c in CONFIG_FUNCTIONS if c[3] == "trn2"]
 @pytest.mark.parametrize("module, function, recipe, tier, init", CONFIG_FUNCTIONS)
 def test_each_config_function_takes_no_arguments(module, function, recipe, tier, init):
     fn = getattr(importlib.import_module(module), function)
-    assert inspect.signature(fn).parameters == {}, f"{module}.{function} must be callable as torchtitan calls it"
+    assert inspect.signature(fn).parameters == {}, (
+        f"{module}.{function} must be callable as torchtitan calls it"
+    )
 
 
 def _described(config) -> str:
@@ -49,20 +50,23 @@ def _described(config) -> str:
 
 
 @pytest.mark.parametrize("module, function, recipe, tier, init", CPU_FUNCTIONS)
-def test_torchtitans_config_manager_builds_what_the_harness_builds(module, function, recipe, tier, init, tmp_path,
-                                                                   monkeypatch):
+def test_torchtitans_config_manager_builds_what_the_harness_builds(
+    module, function, recipe, tier, init, tmp_path, monkeypatch
+):
     """The same config but the dump folder: the entry's own per config and run, the harness's its run dir."""
-    from harness.options.run_options import RunOptions
     from harness.checks.preflight import preflight
-    from recipes.titan import ConfigManager
     from harness.config.build import build_config
+    from harness.options.run_options import RunOptions
+    from recipes.titan import ConfigManager
 
     monkeypatch.chdir(tmp_path)  # no earlier run in ./outputs
     cli = ["--training.steps", "3"]
     loaded = ConfigManager().parse_args(["--module", module, "--config", function, *cli])
     harness = build_config(preflight(RunOptions(recipe=recipe, tier=tier, init=init)), cli)
     assert Path(loaded.dump_folder) == Path("outputs", f"{recipe}_{tier}_{init}", "run-1")
-    assert harness.dump_folder == "./outputs"  # torchtitan's default: a harness run sets its run dir on top
+    assert (
+        harness.dump_folder == "./outputs"
+    )  # torchtitan's default: a harness run sets its run dir on top
     harness.dump_folder = loaded.dump_folder
     # repr without addresses: init functions are partials and closures, equal only by identity
     assert _described(loaded) == _described(harness)
@@ -70,7 +74,9 @@ def test_torchtitans_config_manager_builds_what_the_harness_builds(module, funct
 
 
 @pytest.mark.parametrize("module, function, recipe, tier, init", TRN2_FUNCTIONS)
-def test_trn2_config_functions_refuse_in_one_line_without_a_device(module, function, recipe, tier, init):
+def test_trn2_config_functions_refuse_in_one_line_without_a_device(
+    module, function, recipe, tier, init
+):
     """The product's own refusal (``recipes.errors.RecipeError``): torchtitan's entry imports no harness."""
     from recipes.errors import RecipeError
 
@@ -86,7 +92,13 @@ def test_torchtitan_train_runs_config_2_to_the_golden_step1_loss(tmp_path, recor
     from harness.judge import goldens
 
     steps = run_titan_train(
-        "recipes.native_qwen3", "native_qwen3_cpu", 2, tmp_path, "--training.steps", "1", timeout_s=600
+        "recipes.native_qwen3",
+        "native_qwen3_cpu",
+        2,
+        tmp_path,
+        "--training.steps",
+        "1",
+        timeout_s=600,
     )
     assert [s.step for s in steps] == [1], steps
     _, values = goldens.load("native_qwen3", "cpu")
@@ -105,7 +117,9 @@ RELAUNCHES = [
 
 
 @pytest.mark.slow
-def test_the_readme_command_trains_again_and_after_another_recipe(tmp_path, monkeypatch, record_property):
+def test_the_readme_command_trains_again_and_after_another_recipe(
+    tmp_path, monkeypatch, record_property
+):
     """Each launch of torchtitan's entry trains from its recipe's own start (its step-1 golden) and keeps its export.
 
     Seen failing before ``recipes.entry_folder``: the second launch took the first's HF-format last save in
@@ -117,12 +131,16 @@ def test_the_readme_command_trains_again_and_after_another_recipe(tmp_path, monk
 
     work = tmp_path / "work"
     work.mkdir()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    )
     for n, (module, function, recipe, key) in enumerate(RELAUNCHES, 1):
         log_dir = tmp_path / f"logs-{n}"
         cmd = titan_train_command(module, function, 2, log_dir, "--training.steps", "1")
         returncode, stderr = run_bound(cmd, timeout_s=600, cwd=work)
-        rank0 = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log")))
+        rank0 = "".join(
+            p.read_text(errors="replace") for p in sorted(log_dir.glob("*/attempt_0/0/std*.log"))
+        )
         assert returncode == 0, (
             f"launch {n} ({function}) exited {returncode}:\n{stderr[-2000:]}\nrank 0:\n{rank0[-3000:]}"
         )
@@ -133,7 +151,9 @@ def test_the_readme_command_trains_again_and_after_another_recipe(tmp_path, monk
         # torchtitan prints 5 decimals: equal to the golden at the precision it prints.
         assert abs(steps[0].loss - golden) <= 0.5e-5, (n, function, steps[0].loss, golden)
     exports = sorted(p.parent.relative_to(work) for p in work.rglob(HF_INDEX))
-    assert len(exports) == len(RELAUNCHES), f"each launch's last save kept, none overwritten: {exports}"
+    assert len(exports) == len(RELAUNCHES), (
+        f"each launch's last save kept, none overwritten: {exports}"
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
@@ -142,13 +162,22 @@ def test_a_torchtitan_train_launch_ends_with_its_caller(tmp_path, signum):
     trn2 its 64 ranks would keep every NeuronCore. Seen failing in the rehearsal: after the runner ended the
     pytest step, config 2's torchtitan.train ranks ran on until the host's memory was gone."""
     pid_file = tmp_path / "launch.pid"
-    launch = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
-    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    launch = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    )
+    caller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO_ROOT)!r})
         from benchmarks.common import run_bound
         run_bound([sys.executable, "-c", {launch!r}], timeout_s=600)
-    """)], cwd=REPO_ROOT)  # fmt: skip
+    """),
+        ],
+        cwd=REPO_ROOT,
+    )
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()):
         assert time.monotonic() < deadline and caller.poll() is None, "the launch never started"

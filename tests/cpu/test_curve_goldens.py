@@ -13,19 +13,29 @@ import pytest
 
 from harness.judge import goldens, verdicts
 
-
 CURVE = [2.0, 1.5, 1.25, 1.0]
-EXACT = {"value": CURVE, "tolerance": 0.0, "lane": "exact", "reason": "deterministic", "portable_rtol": 1e-5}
+EXACT = {
+    "value": CURVE,
+    "tolerance": 0.0,
+    "lane": "exact",
+    "reason": "deterministic",
+    "portable_rtol": 1e-5,
+}
 BAND = {
     "value": CURVE,
     "tolerance": [0.1, 0.1, 0.2, 0.2],
     "lane": "band",
     "reason": "repeated runs",
     "band": {
-        "n": 2, "k": 3.0, "min_halfwidth": 0.1, "std": [0.0, 0.0, 0.05, 0.05], "runs": [CURVE, CURVE],
-        "command": "python -m harness.judge.band ...", "environment": {"versions": {"torch": "x"}},
+        "n": 2,
+        "k": 3.0,
+        "min_halfwidth": 0.1,
+        "std": [0.0, 0.0, 0.05, 0.05],
+        "runs": [CURVE, CURVE],
+        "command": "python -m harness.judge.band ...",
+        "environment": {"versions": {"torch": "x"}},
     },
-}  # fmt: skip
+}
 
 
 def write(path: Path, values: dict, metadata: dict | None = None) -> Path:
@@ -53,20 +63,28 @@ def test_an_exact_curve_is_bitwise_here_and_within_its_portable_rtol_per_step_el
     assert verdicts.compare("curve", list(CURVE), values, env(), env()).kind == "pass"
     nudged = [CURVE[0], CURVE[1] * (1 + 5e-6), CURVE[2], CURVE[3]]
     assert verdicts.compare("curve", nudged, values, env(), env()).kind == "regression"
-    assert verdicts.compare("curve", nudged, values, other_cpu(), env()).kind == "pass, other environment"
+    assert (
+        verdicts.compare("curve", nudged, values, other_cpu(), env()).kind
+        == "pass, other environment"
+    )
     # Per element: 5e-6 of step 2's value is within 1e-5 of it, 2e-5 of step 4's is not,
     # even though it is within 1e-5 of the curve's largest value.
     far = [CURVE[0], CURVE[1], CURVE[2], CURVE[3] * (1 + 2e-5)]
     stale = verdicts.compare("curve", far, values, other_cpu(), env())
     assert (stale.kind, stale.passed) == ("stale golden", False)
-    assert "1 of 4 steps outside; first at step 4" in stale.message() and "make goldens ACCEPT=1" in stale.message()
+    assert (
+        "1 of 4 steps outside; first at step 4" in stale.message()
+        and "make goldens ACCEPT=1" in stale.message()
+    )
 
 
 def test_an_exact_curve_without_its_own_rtol_gets_the_suite_wide_one(tmp_path):
     g = load_one(tmp_path, {k: v for k, v in EXACT.items() if k != "portable_rtol"})
     assert g.portable_rtol is None and verdicts.portable_rtol(g) == goldens.PORTABLE_RTOL
     nudged = [CURVE[0] * (1 + 5e-6), *CURVE[1:]]
-    assert verdicts.compare("curve", nudged, {"curve": g}, other_cpu(), env()).kind == "stale golden"
+    assert (
+        verdicts.compare("curve", nudged, {"curve": g}, other_cpu(), env()).kind == "stale golden"
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,7 +110,10 @@ def test_a_band_holds_each_step_to_its_own_half_width(tmp_path):
     outside = [2.0, 1.5, 1.25, 0.79]  # step 4 is 0.21 below a ±0.2 band
     verdict = verdicts.compare("curve", outside, values, {}, here)
     assert verdict.kind == "regression" and "first at step 4" in verdict.message()
-    assert verdicts.compare("curve", outside, values, {}, {"versions": {"torch": "y"}}).kind == "stale golden"
+    assert (
+        verdicts.compare("curve", outside, values, {}, {"versions": {"torch": "y"}}).kind
+        == "stale golden"
+    )
 
 
 @pytest.mark.parametrize(
@@ -119,14 +140,23 @@ def test_loader_rejects_untrustworthy_curves_and_bands(tmp_path, entry, message)
     assert message in str(error.value)
 
 
-def test_make_goldens_lists_a_changed_curve_by_steps_and_keeps_its_portable_rtol(tmp_path, monkeypatch):
+def test_make_goldens_lists_a_changed_curve_by_steps_and_keeps_its_portable_rtol(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
     (tmp_path / "r").mkdir()
     write(tmp_path / "r" / "t.json", {"curve": EXACT, "band": BAND})
     new_curve = [2.0, 1.5, 1.25 + 3e-7, 1.0 + 1e-6]
     proposals = [
         {"recipe": "r", "tier": "t", "key": "curve", "value": new_curve, "reason": ""},
-        {"recipe": "r", "tier": "t", "key": "fresh", "value": [3.0] * 100, "reason": "new", "portable_rtol": 2e-2},
+        {
+            "recipe": "r",
+            "tier": "t",
+            "key": "fresh",
+            "value": [3.0] * 100,
+            "reason": "new",
+            "portable_rtol": 2e-2,
+        },
     ]
     changes = goldens.proposed_changes(proposals)
     assert goldens.format_changes(changes, 2).splitlines() == [
@@ -138,7 +168,9 @@ def test_make_goldens_lists_a_changed_curve_by_steps_and_keeps_its_portable_rtol
     goldens.apply_changes(changes)
     _, values = goldens.load("r", "t")
     assert values["curve"].value == new_curve and values["curve"].portable_rtol == 1e-5  # kept
-    assert values["fresh"].portable_rtol == 2e-2 and values["band"].lane == "band"  # the band untouched
+    assert (
+        values["fresh"].portable_rtol == 2e-2 and values["band"].lane == "band"
+    )  # the band untouched
     with pytest.raises(goldens.GoldenError, match="only `python -m harness.judge.band` writes it"):
         goldens.update_exact("r", "t", {"band": CURVE}, {"band": "x"})
 
@@ -147,7 +179,16 @@ def test_a_changed_portable_rtol_alone_is_a_change_to_record(tmp_path, monkeypat
     monkeypatch.setattr(goldens, "GOLDENS_DIR", tmp_path)
     (tmp_path / "r").mkdir()
     write(tmp_path / "r" / "t.json", {"curve": EXACT})
-    proposals = [{"recipe": "r", "tier": "t", "key": "curve", "value": CURVE, "reason": "", "portable_rtol": 3e-5}]
+    proposals = [
+        {
+            "recipe": "r",
+            "tier": "t",
+            "key": "curve",
+            "value": CURVE,
+            "reason": "",
+            "portable_rtol": 3e-5,
+        }
+    ]
     (change,) = goldens.proposed_changes(proposals)
     assert change.line() == "  changed  r/t curve: value unchanged  (portable_rtol 1e-05 → 3e-05)"
     same = [{**proposals[0], "portable_rtol": 1e-5}]

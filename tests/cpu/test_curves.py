@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
-
 import curve_runs
+import pytest
 from curve_runs import STEPS
-
 
 DENSE_PORTABLE_RTOL = 1e-5
 MOE_PORTABLE_RTOL = 2e-2
@@ -133,7 +131,10 @@ def test_same_batch_corpora_put_the_same_sequences_in_each_global_batch(shared_d
     from recipes.tiers import CPU
 
     one, two = curve_runs.same_batch_corpora(shared_dir)
-    read = lambda d: [json.loads(line)["text"] for line in (d / "train.jsonl").read_text().splitlines()]  # noqa: E731
+
+    def read(d):
+        return [json.loads(line)["text"] for line in (d / "train.jsonl").read_text().splitlines()]
+
     docs_one, docs_two = read(one), read(two)
     tokenizer = Tokenizer.from_file(str(CPU.tokenizer_dir / "tokenizer.json"))
     assert {len(tokenizer.encode(t).ids) for t in docs_two} == {CPU.seq_len}
@@ -147,7 +148,12 @@ def test_same_batch_corpora_put_the_same_sequences_in_each_global_batch(shared_d
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_curve(same_batch, record_property):
     one, two = same_batch[1], same_batch[2]
-    assert (one["nproc"], one["local_batch_size"], two["nproc"], two["local_batch_size"]) == (1, 4, 2, 2)
+    assert (one["nproc"], one["local_batch_size"], two["nproc"], two["local_batch_size"]) == (
+        1,
+        4,
+        2,
+        2,
+    )
     for run in (one, two):
         assert run["provenance"]["data"]["global_batch_size"] == 4
     diffs = differences(one["losses"], two["losses"])
@@ -163,11 +169,13 @@ def test_one_and_two_processes_give_the_same_curve(same_batch, record_property):
 
 def optimizer_relevant_config(recipe: str) -> dict:
     """Everything of a recipe's cpu Trainer.Config that steers the optimization, flattened."""
-    from harness.options.run_options import RunOptions
     from harness.checks.preflight import preflight
     from harness.config.build import build_config
+    from harness.options.run_options import RunOptions
 
-    opts = preflight(RunOptions(recipe=recipe, tier="cpu", nproc=1, steps=STEPS, init="hf", export=False))
+    opts = preflight(
+        RunOptions(recipe=recipe, tier="cpu", nproc=1, steps=STEPS, init="hf", export=False)
+    )
     config = build_config(opts)
     flat = {"debug.seed": config.debug.seed, "debug.deterministic": config.debug.deterministic}
     for section in ("optimizer", "lr_scheduler", "training", "parallelism"):
@@ -182,8 +190,15 @@ def test_native_and_backend_differ_only_in_the_lr_schedule():
     Same AdamW (lr 8e-4, betas, eps, weight decay 0.1 on one catch-all group: norms and
     embeddings included in both), same clipping, warmup, steps, batch, seed, dtype.
     """
-    native, backend = optimizer_relevant_config("native_qwen3"), optimizer_relevant_config("hf_backend")
-    differ = {k: (native.get(k), backend.get(k)) for k in native.keys() | backend.keys() if native.get(k) != backend.get(k)}
+    native, backend = (
+        optimizer_relevant_config("native_qwen3"),
+        optimizer_relevant_config("hf_backend"),
+    )
+    differ = {
+        k: (native.get(k), backend.get(k))
+        for k in native.keys() | backend.keys()
+        if native.get(k) != backend.get(k)
+    }
     assert differ == {"lr_scheduler.decay_ratio": (None, 0.8)}
     (group,) = native["optimizer.param_groups"]
     assert group["pattern"] == ".*" and group["optimizer_kwargs"]["weight_decay"] == 0.1
@@ -201,12 +216,16 @@ def test_backend_follows_native_until_the_lr_schedules_part(native, backend, rec
 
 
 @pytest.mark.slow
-def test_backend_with_natives_lr_schedule_gives_the_native_curve(native, recipe_run, record_property):
+def test_backend_with_natives_lr_schedule_gives_the_native_curve(
+    native, recipe_run, record_property
+):
     aligned = curve_runs.hf_backend_native_schedule(recipe_run)
     diffs = differences(native["losses"], aligned["losses"])
     found = divergence(diffs, BACKEND_ATOL)
     record_property("native_vs_hf_backend_same_schedule_abs_diff", diffs)
     record_property("native_vs_hf_backend_same_schedule", found)
-    grad_diffs = [abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(native["steps"], aligned["steps"])]
+    grad_diffs = [
+        abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(native["steps"], aligned["steps"])
+    ]
     record_property("native_vs_hf_backend_same_schedule_grad_norm_abs_diff_max", max(grad_diffs))
     assert found["first_step_beyond_tolerance"] is None, found

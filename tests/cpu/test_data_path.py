@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from recipes.tiers import FIXTURES
 
-
 MODEL_DIR = FIXTURES / "qwen3-tiny"
 
 #: transformers vs torchtitan on the same tokens, fp32: measured 0.0 (bitwise) here.
@@ -50,10 +49,14 @@ GAP_RESIDUAL_ATOL = 0.02
 
 def recipe_options():
     """The options of the shared native run (tests/cpu/conftest.py: native_hf_run), minus its outputs."""
-    from harness.options.run_options import RunOptions
     from harness.checks.preflight import preflight
+    from harness.options.run_options import RunOptions
 
-    return preflight(RunOptions(recipe="native_qwen3", tier="cpu", nproc=2, init="hf", model_dir=MODEL_DIR, seed=0))
+    return preflight(
+        RunOptions(
+            recipe="native_qwen3", tier="cpu", nproc=2, init="hf", model_dir=MODEL_DIR, seed=0
+        )
+    )
 
 
 def first_batches(opts) -> list[dict[str, torch.Tensor]]:
@@ -79,7 +82,9 @@ def first_batches(opts) -> list[dict[str, torch.Tensor]]:
             local_batch_size=config.training.local_batch_size,
         )
         inputs, labels = next(iter(loader))
-        batches.append({"input": inputs["input"], "positions": inputs["positions"], "labels": labels})
+        batches.append(
+            {"input": inputs["input"], "positions": inputs["positions"], "labels": labels}
+        )
     return batches
 
 
@@ -124,7 +129,9 @@ def token_losses(model, input_ids, labels, positions, view: str) -> torch.Tensor
         raise ValueError(f"view {view!r}: expected one of {VIEWS}")
     with torch.no_grad():
         logits = model(input_ids=input_ids, **kwargs).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view_as(labels)
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), reduction="none"
+    ).view_as(labels)
 
 
 def global_avg_loss(model, batches, view: str) -> float:
@@ -164,7 +171,9 @@ def build_eval_rows(eos_id: int) -> torch.Tensor:
     from fixtures.build_fixtures import DENSE_TRAIN, FIXTURES_DIR, pack_sequences, read_corpus
 
     tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-    rows = pack_sequences(tokenizer, read_corpus(FIXTURES_DIR / "corpus"))[: DENSE_TRAIN.eval_sequences]
+    rows = pack_sequences(tokenizer, read_corpus(FIXTURES_DIR / "corpus"))[
+        : DENSE_TRAIN.eval_sequences
+    ]
     assert tokenizer.token_to_id("<|endoftext|>") == eos_id
     return rows
 
@@ -183,10 +192,14 @@ def test_loader_batch_layout(batches, eos_id, record_property):
     opts = recipe_options()
     assert len(batches) == 2
     for rank, batch in enumerate(batches):
-        assert batch["input"].shape == batch["labels"].shape == (opts.local_batch_size, opts.seq_len)
+        assert (
+            batch["input"].shape == batch["labels"].shape == (opts.local_batch_size, opts.seq_len)
+        )
         # datasets' split_dataset_by_node on a map-style Dataset: shard(contiguous=True).
         first_doc = tokenizer.encode(texts[rank * len(texts) // 2]).ids
-        assert batch["input"][0, : len(first_doc)].tolist() == first_doc, f"rank {rank} does not start its half"
+        assert batch["input"][0, : len(first_doc)].tolist() == first_doc, (
+            f"rank {rank} does not start its half"
+        )
         assert not (batch["input"] == eos_id).any(), "EOS reached the inputs"
         starts = batch["positions"] == 0
         record_property(f"rank{rank}_documents_per_row", starts.sum(1).tolist())
@@ -206,25 +219,38 @@ def test_transformers_loss_on_first_batch_equals_step1_golden(batches, hf_model,
     golden = values["step1_loss_hf"].value
     measured = global_avg_loss(hf_model, batches, "torchtitan")
     record_property("transformers_step1_loss_on_loader_batch", measured)
-    record_property("transformers_step1_loss_per_rank", [global_avg_loss(hf_model, [b], "torchtitan") for b in batches])
+    record_property(
+        "transformers_step1_loss_per_rank",
+        [global_avg_loss(hf_model, [b], "torchtitan") for b in batches],
+    )
     record_property("step1_loss_hf_golden", golden)
     record_property("step1_loss_abs_diff_vs_golden", abs(measured - golden))
     assert measured == pytest.approx(golden, abs=STEP1_ATOL)
 
 
 @pytest.mark.slow
-def test_transformers_loss_on_first_batch_equals_live_step1(batches, hf_model, native_hf_run, record_property):
+def test_transformers_loss_on_first_batch_equals_live_step1(
+    batches, hf_model, native_hf_run, record_property
+):
     """The same against this session's 2-rank run, so the pin holds wherever the golden is stale."""
     opts = recipe_options()
-    assert (native_hf_run["nproc"], native_hf_run["seq_len"], native_hf_run["local_batch_size"]) == (
-        opts.nproc, opts.seq_len, opts.local_batch_size,
+    assert (
+        native_hf_run["nproc"],
+        native_hf_run["seq_len"],
+        native_hf_run["local_batch_size"],
+    ) == (
+        opts.nproc,
+        opts.seq_len,
+        opts.local_batch_size,
     ), "the shared run no longer has this data path's options"
     measured = global_avg_loss(hf_model, batches, "torchtitan")
     record_property("step1_loss_abs_diff_vs_live_run", abs(measured - native_hf_run["losses"][0]))
     assert measured == pytest.approx(native_hf_run["losses"][0], abs=STEP1_ATOL)
 
 
-def test_per_document_positions_explain_the_gap_to_the_eval_loss(batches, hf_model, eos_id, record_property):
+def test_per_document_positions_explain_the_gap_to_the_eval_loss(
+    batches, hf_model, eos_id, record_property
+):
     """1.548 vs 1.008 is RoPE positions restarting per document under cross-document attention.
 
     Measured here: loader rows as torchtitan sees them 1.5480; the same rows with
@@ -241,10 +267,19 @@ def test_per_document_positions_explain_the_gap_to_the_eval_loss(batches, hf_mod
     step1 = goldens.load("native_qwen3", "cpu")[1]["step1_loss_hf"].value
     loader = {view: global_avg_loss(hf_model, batches, view) for view in VIEWS}
     rows = build_eval_rows(eos_id)
-    build_batch = {"input": rows[:, :-1], "labels": rows[:, 1:], "positions": document_positions(rows[:, :-1], eos_id)}
-    build = {view: global_avg_loss(hf_model, [build_batch], view) for view in ("continuous", "torchtitan")}
+    build_batch = {
+        "input": rows[:, :-1],
+        "labels": rows[:, 1:],
+        "positions": document_positions(rows[:, :-1], eos_id),
+    }
+    build = {
+        view: global_avg_loss(hf_model, [build_batch], view)
+        for view in ("continuous", "torchtitan")
+    }
     after_eos = build_batch["input"] == eos_id
-    after_eos_ce = token_losses(hf_model, build_batch["input"], build_batch["labels"], None, "continuous")[after_eos]
+    after_eos_ce = token_losses(
+        hf_model, build_batch["input"], build_batch["labels"], None, "continuous"
+    )[after_eos]
     for view, value in loader.items():
         record_property(f"loader_rows_loss_{view}", value)
     for view, value in build.items():
@@ -279,5 +314,10 @@ def test_reference_module_scores_both_attentions_as_this_module_does(batches, hf
     model = reference.load_reference_model(MODEL_DIR)
     for attention, view in (("causal", "torchtitan"), ("document", "document")):
         expected = global_avg_loss(hf_model, batches, view)
-        assert reference.batch_loss(model, batches, attention, chunk=100) == pytest.approx(expected, abs=STEP1_ATOL)
-    assert reference.batch_loss(model, batches, "document") < reference.batch_loss(model, batches, "causal") - MIN_POSITION_EFFECT
+        assert reference.batch_loss(model, batches, attention, chunk=100) == pytest.approx(
+            expected, abs=STEP1_ATOL
+        )
+    assert (
+        reference.batch_loss(model, batches, "document")
+        < reference.batch_loss(model, batches, "causal") - MIN_POSITION_EFFECT
+    )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shutil
 
-from harness.options.run_options import RunOptions
 from harness.checks.preflight import preflight
-from harness.config.provenance import dataset_info, provenance
-from recipes.tiers import FIXTURES
 from harness.config.build import build_config
-
+from harness.config.provenance import dataset_info, provenance
+from harness.options.run_options import RunOptions
+from recipes.tiers import FIXTURES
 
 CORPUS = FIXTURES / "corpus"
 
@@ -24,7 +23,9 @@ def test_the_hash_is_of_the_data_not_of_where_it_lies(tmp_path):
     here, there = dataset_info(CORPUS), dataset_info(copy_corpus(tmp_path))
     assert here["sha256"] and len(here["sha256"]) == 64
     assert here["sha256"] == there["sha256"] and here["path"] != there["path"]
-    assert here["files"] == [{"name": "train.jsonl", "bytes": (CORPUS / "train.jsonl").stat().st_size}]
+    assert here["files"] == [
+        {"name": "train.jsonl", "bytes": (CORPUS / "train.jsonl").stat().st_size}
+    ]
 
 
 def test_one_changed_byte_renamed_file_or_extra_shard_changes_the_hash(tmp_path):
@@ -40,7 +41,9 @@ def test_one_changed_byte_renamed_file_or_extra_shard_changes_the_hash(tmp_path)
     assert dataset_info(renamed)["sha256"] != base
 
     extra = copy_corpus(tmp_path, "extra")
-    (extra / "more.json").write_text('{"text": "one more line"}\n')  # *.json is read as JSON lines too
+    (extra / "more.json").write_text(
+        '{"text": "one more line"}\n'
+    )  # *.json is read as JSON lines too
     assert [f["name"] for f in dataset_info(extra)["files"]] == ["more.json", "train.jsonl"]
     assert dataset_info(extra)["sha256"] != base
 
@@ -54,10 +57,21 @@ def test_files_the_loader_does_not_read_leave_the_hash_alone(tmp_path):
 
 def test_a_run_records_its_dataset_path_and_hash(tmp_path):
     data = copy_corpus(tmp_path)
-    opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", nproc=1, steps=1, init="random", seed=0,
-                                dataset_dir=data))  # fmt: skip
+    opts = preflight(
+        RunOptions(
+            recipe="native_qwen3",
+            tier="cpu",
+            nproc=1,
+            steps=1,
+            init="random",
+            seed=0,
+            dataset_dir=data,
+        )
+    )
     recorded = provenance(opts, build_config(opts))["data"]
     assert recorded["path"] == str(data)
     assert recorded["sha256"] == dataset_info(CORPUS)["sha256"]
-    assert recorded["files"] == [{"name": "train.jsonl", "bytes": (data / "train.jsonl").stat().st_size}]
+    assert recorded["files"] == [
+        {"name": "train.jsonl", "bytes": (data / "train.jsonl").stat().st_size}
+    ]
     assert {"seq_len", "local_batch_size", "global_batch_size"} <= set(recorded)

@@ -21,8 +21,12 @@ import pytest
 
 from recipes.tiers import REPO_ROOT
 
-DOCS = ["README.md", *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md")),
-        "rehearsal/README.md", "fixtures/README.md"]  # fmt: skip
+DOCS = [
+    "README.md",
+    *sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "docs").glob("*.md")),
+    "rehearsal/README.md",
+    "fixtures/README.md",
+]
 #: Folders a run writes (never tracked): a doc may name files in them that exist only after a run.
 GENERATED = {"report", "runs", "outputs"}
 #: Paths the docs name that are not this repository's, or not written yet, each with why.
@@ -38,7 +42,9 @@ PACKAGES = ("harness", "recipes", "benchmarks", "fixtures", "rehearsal")
 
 
 def tracked() -> list[str]:
-    out = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
     return out.stdout.split()
 
 
@@ -50,7 +56,9 @@ def spans(text: str) -> list[str]:
     """Inline code spans, and every line of a fenced block."""
     fenced = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
     inline = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M)
-    return re.findall(r"`([^`\n]+)`", inline) + [line for block in fenced for line in block.splitlines()]
+    return re.findall(r"`([^`\n]+)`", inline) + [
+        line for block in fenced for line in block.splitlines()
+    ]
 
 
 @functools.cache
@@ -81,11 +89,19 @@ def mentions(text: str) -> tuple[set[str], set[str], set[str], set[str], set[str
             first = token.split("/")[0]
             if first in tops and "/" in token:
                 paths.add(token)
-            elif "/" in token and FILE_NAME.match(token.rsplit("/", 1)[-1]) and first and not first.startswith((".", "~")) and first not in GENERATED:
+            elif (
+                "/" in token
+                and FILE_NAME.match(token.rsplit("/", 1)[-1])
+                and first
+                and not first.startswith((".", "~"))
+                and first not in GENERATED
+            ):
                 inside.add(token)
             elif FILE_NAME.match(token) and "/" not in token:
                 names.add(token)
-            elif DOTTED.match(token) and (token.split(".")[0] in PACKAGES or token.split(".")[0] in submodules()):
+            elif DOTTED.match(token) and (
+                token.split(".")[0] in PACKAGES or token.split(".")[0] in submodules()
+            ):
                 dotted.add(token)
     return paths, inside, names, modules, dotted
 
@@ -137,17 +153,26 @@ def test_every_path_file_and_module_a_doc_names_exists(doc):
     paths, inside, names, modules, dotted = mentions((REPO_ROOT / doc).read_text())
     files = {Path(p).name for p in tracked()}
     missing = sorted(p for p in paths if not exists(p) and p not in ELSEWHERE)
-    missing += sorted(f"{p} (no tracked path ends so)" for p in inside if not ends_a_tracked_path(p))
+    missing += sorted(
+        f"{p} (no tracked path ends so)" for p in inside if not ends_a_tracked_path(p)
+    )
     missing += sorted(f"{d} (does not resolve)" for d in dotted if not resolves(d))
-    missing += sorted(f"{n} (no tracked file has this name, and harness/ writes none)" for n in names
-                      if n not in files and n not in written_by_the_harness())  # fmt: skip
-    missing += sorted(f"python -m {m} (not importable)" for m in modules if importlib.util.find_spec(m) is None)
+    missing += sorted(
+        f"{n} (no tracked file has this name, and harness/ writes none)"
+        for n in names
+        if n not in files and n not in written_by_the_harness()
+    )
+    missing += sorted(
+        f"python -m {m} (not importable)" for m in modules if importlib.util.find_spec(m) is None
+    )
     assert not missing, f"{doc} names what the tree does not have: {missing}"
 
 
 def test_the_check_sees_a_renamed_file(tmp_path):
     """A doc naming a file that was renamed fails (here: harness/reference.py, now a package)."""
-    paths, _, names, modules, _ = mentions("see `harness/reference.py`, `nosuch_module.py` and `python -m harness.nosuch`")
+    paths, _, names, modules, _ = mentions(
+        "see `harness/reference.py`, `nosuch_module.py` and `python -m harness.nosuch`"
+    )
     assert paths == {"harness/reference.py"} and not exists("harness/reference.py")
     assert names == {"nosuch_module.py"} and modules == {"harness.nosuch"}
     assert importlib.util.find_spec("harness.nosuch") is None
@@ -167,9 +192,19 @@ def test_the_check_sees_renamed_modules_functions_and_package_paths():
     _, inside, names, _, dotted = mentions(text)
     assert inside == {"checks/config.py"} and not ends_a_tracked_path("checks/config.py")
     assert "config.py" in names and "config.py" not in {Path(p).name for p in tracked()}
-    assert dotted == {"harness.checks.config.check_compile", "harness.launch.elastic.rank_entry", "verdicts.nosuch",
-                      "goldens.compare", "harness.config.tree.config3_comparison"}  # fmt: skip
+    assert dotted == {
+        "harness.checks.config.check_compile",
+        "harness.launch.elastic.rank_entry",
+        "verdicts.nosuch",
+        "goldens.compare",
+        "harness.config.tree.config3_comparison",
+    }
     assert not any(resolves(d) for d in dotted)
-    renamed = ["harness.checks.built_config.check_compile", "harness.launch.elastic.run_forked_rank",
-               "verdicts.compare", "harness.night.config3_fork.config3_comparison", "recipes.tutorial.tutorial_settings"]  # fmt: skip
+    renamed = [
+        "harness.checks.built_config.check_compile",
+        "harness.launch.elastic.run_forked_rank",
+        "verdicts.compare",
+        "harness.night.config3_fork.config3_comparison",
+        "recipes.tutorial.tutorial_settings",
+    ]
     assert all(resolves(d) for d in renamed) and ends_a_tracked_path("checks/built_config.py")

@@ -20,20 +20,32 @@ CONFIG = "native_qwen3_cpu_hf"
 
 def _full_step(checkpoint: Path, step: int) -> None:
     """What torchtitan saves at an interval: model, optimizer and the trainer's ``train_state``."""
-    dcp.save({"tok_embeddings.weight": torch.ones(2, 2), "train_state": {"step": torch.tensor(step)}},
-             checkpoint_id=str(checkpoint / f"step-{step}"), no_dist=True)  # fmt: skip
+    dcp.save(
+        {"tok_embeddings.weight": torch.ones(2, 2), "train_state": {"step": torch.tensor(step)}},
+        checkpoint_id=str(checkpoint / f"step-{step}"),
+        no_dist=True,
+    )
 
 
 def _model_only_step(checkpoint: Path, step: int) -> None:
-    dcp.save({"tok_embeddings.weight": torch.ones(2, 2)}, checkpoint_id=str(checkpoint / f"step-{step}"), no_dist=True)
+    dcp.save(
+        {"tok_embeddings.weight": torch.ones(2, 2)},
+        checkpoint_id=str(checkpoint / f"step-{step}"),
+        no_dist=True,
+    )
 
 
 def _hf_step(checkpoint: Path, step: int) -> None:
     """The tutorial's last save (``last_save_in_hf``): safetensors and their index, no DCP metadata."""
     folder = checkpoint / f"step-{step}"
     folder.mkdir(parents=True)
-    save_file({"model.embed_tokens.weight": torch.ones(2, 2)}, folder / "model-00001-of-00001.safetensors")
-    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}
+    save_file(
+        {"model.embed_tokens.weight": torch.ones(2, 2)}, folder / "model-00001-of-00001.safetensors"
+    )
+    index = {
+        "metadata": {},
+        "weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"},
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
@@ -43,7 +55,10 @@ def _checkpoint(tmp_path: Path, run: int) -> Path:
 
 def test_a_first_launch_gets_run_1_of_its_own_config(tmp_path):
     assert entry_dump_folder(CONFIG, "checkpoint", tmp_path) == tmp_path / CONFIG / "run-1"
-    assert entry_dump_folder("nki_moe_cpu_random", "checkpoint", tmp_path) == tmp_path / "nki_moe_cpu_random" / "run-1"
+    assert (
+        entry_dump_folder("nki_moe_cpu_random", "checkpoint", tmp_path)
+        == tmp_path / "nki_moe_cpu_random" / "run-1"
+    )
 
 
 def test_a_finished_run_is_never_reopened(tmp_path):

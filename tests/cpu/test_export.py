@@ -59,7 +59,9 @@ def hf_model_from_state_dict(export_dir: Path, state: dict):
     return model, result
 
 
-def test_export_loads_with_only_the_tied_head_missing(export_dir, export_state_dict, record_property):
+def test_export_loads_with_only_the_tied_head_missing(
+    export_dir, export_state_dict, record_property
+):
     model, result = hf_model_from_state_dict(export_dir, export_state_dict)
     record_property("export_missing_keys", sorted(result.missing_keys))
     record_property("export_unexpected_keys", sorted(result.unexpected_keys))
@@ -69,7 +71,9 @@ def test_export_loads_with_only_the_tied_head_missing(export_dir, export_state_d
     assert torch.equal(model.lm_head.weight, export_state_dict["model.embed_tokens.weight"])
 
 
-def test_reloaded_logits_equal_torchtitan_logits(export_dir, export_state_dict, tokens, record_property):
+def test_reloaded_logits_equal_torchtitan_logits(
+    export_dir, export_state_dict, tokens, record_property
+):
     """torchtitan's Qwen3 with the export loaded through its own adapter == transformers' logits."""
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 
@@ -79,8 +83,12 @@ def test_reloaded_logits_equal_torchtitan_logits(export_dir, export_state_dict, 
     spec = model_spec("cpu")
     titan = spec.model.build().eval()
     adapter = Qwen3StateDictAdapter(spec.model, hf_assets_path=str(export_dir))
-    missing, unexpected = titan.load_state_dict(adapter.from_hf(dict(export_state_dict)), strict=False)
-    assert not unexpected and not [k for k in missing if "lm_head" not in k and "output" not in k], (missing, unexpected)
+    missing, unexpected = titan.load_state_dict(
+        adapter.from_hf(dict(export_state_dict)), strict=False
+    )
+    assert not unexpected and not [
+        k for k in missing if "lm_head" not in k and "output" not in k
+    ], (missing, unexpected)
     with torch.no_grad():
         hf_logits = hf_model(tokens).logits
         titan_logits = titan(tokens)
@@ -106,8 +114,8 @@ def nki_moe_initial_state(nki_moe_run, tmp_path_factory) -> dict[str, str]:
     (harness.rank.step1_forward --initial-state). That it is the run's own init is checked, not
     assumed: the same weights on the same first batch must score the run's step-1 loss.
     """
-    from harness.judge import proxy
     from harness.base.run_dir import INITIAL_STATE_FILE
+    from harness.judge import proxy
     from harness.options.run_options import RunOptions
 
     run_dir = tmp_path_factory.mktemp("nki-moe-initial")
@@ -152,17 +160,27 @@ def test_export_holds_the_trained_weights(case, request, record_property):
     export_dir = Path(run["export_dir"] or Path(run["run_dir"]) / EXPORT_DIR_NAME)
     trained = json.loads((Path(run["run_dir"]) / FINAL_STATE_FILE).read_text())
     exported = safetensors_hashes(export_dir)
-    source = safetensors_hashes(source_dir) if source_dir else request.getfixturevalue("nki_moe_initial_state")
+    source = (
+        safetensors_hashes(source_dir)
+        if source_dir
+        else request.getfixturevalue("nki_moe_initial_state")
+    )
     mismatched = sorted(k for k in exported if trained.get(k) != exported[k])
     moved = sorted(k for k in exported if source.get(k) != exported[k])
     record_property(f"{case}_export_tensors", len(exported))
     record_property(f"{case}_export_tensors_not_the_trained_state", mismatched)
     record_property(f"{case}_export_tensors_moved_from_start", len(moved))
     assert exported, f"no safetensors in {export_dir}"
-    assert not mismatched, f"{len(mismatched)} of {len(exported)} exported tensors are not the trained state: {mismatched[:5]}"
+    assert not mismatched, (
+        f"{len(mismatched)} of {len(exported)} exported tensors are not the trained state: {mismatched[:5]}"
+    )
     assert set(exported) <= set(trained), sorted(set(exported) - set(trained))
-    assert set(exported) <= set(source), f"names the starting weights lack: {sorted(set(exported) - set(source))}"
-    assert moved, "every exported tensor equals the weights the run started from: the export is not of the trained model"
+    assert set(exported) <= set(source), (
+        f"names the starting weights lack: {sorted(set(exported) - set(source))}"
+    )
+    assert moved, (
+        "every exported tensor equals the weights the run started from: the export is not of the trained model"
+    )
 
 
 def test_export_opens_directly_with_from_pretrained(export_dir, tokens):

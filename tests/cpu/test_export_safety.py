@@ -37,7 +37,9 @@ def test_interrupted_export_leaves_the_previous_complete_export(tmp_path, monkey
     with pytest.raises(OSError):
         export.publish(source, target, overwrite=True)
     assert (target / "model.safetensors").read_text() == "previous"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "new"], "no staging dir left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "new"], (
+        "no staging dir left behind"
+    )
 
 
 def test_interrupted_first_export_leaves_nothing(tmp_path, monkeypatch):
@@ -58,7 +60,9 @@ def test_overwrite_replaces_and_refusal_keeps(tmp_path):
     assert (target / "model.safetensors").read_text() == "new"
 
 
-SOURCES = [p for d in ("recipes", "fixtures", "benchmarks", "tests") for p in (REPO_ROOT / d).rglob("*.py")]
+SOURCES = [
+    p for d in ("recipes", "fixtures", "benchmarks", "tests") for p in (REPO_ROOT / d).rglob("*.py")
+]
 
 
 def test_no_pickle_loading_without_weights_only():
@@ -73,6 +77,8 @@ def test_no_pickle_loading_without_weights_only():
 def test_trust_remote_code_is_never_enabled():
     pattern = re.compile(r"trust_remote_code\s*=\s*True")
     offenders = [
-        str(p.relative_to(REPO_ROOT)) for p in SOURCES if p.name != "test_export_safety.py" and pattern.search(p.read_text())
+        str(p.relative_to(REPO_ROOT))
+        for p in SOURCES
+        if p.name != "test_export_safety.py" and pattern.search(p.read_text())
     ]
     assert not offenders, offenders

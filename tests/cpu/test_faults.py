@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from run_watch import RunWatch, describe, run_roles
 
-from harness.rank.faults import ENV
+from harness.checks.preflight import preflight
 from harness.launch.lifecycle import GRACE_S, LaunchError, launch
 from harness.options.run_options import RunOptions
-from harness.checks.preflight import preflight
-from run_watch import RunWatch, describe, run_roles
+from harness.rank.faults import ENV
 
 NPROC = 2
 
@@ -34,7 +34,9 @@ def rank_sections(message: str) -> dict[str, str]:
     """Rank name → the log lines the failure message carries for it (headers removed)."""
     headers = list(RANK_HEADER.finditer(message))
     return {
-        h.group(1): message[h.end() : headers[i + 1].start() if i + 1 < len(headers) else len(message)]
+        h.group(1): message[
+            h.end() : headers[i + 1].start() if i + 1 < len(headers) else len(message)
+        ]
         for i, h in enumerate(headers)
     }
 
@@ -51,15 +53,29 @@ class Failed:
 def launch_failing(tmp_path, cli_overrides=(), steps: int = 4, **limits) -> Failed:
     """Launch a run that must fail, watching its processes from before the launch to the end."""
     opts = preflight(
-        RunOptions(recipe="native_qwen3", tier="cpu", nproc=NPROC, steps=steps, init="random", run_dir=tmp_path,
-                   export=False)
-    )  # fmt: skip
+        RunOptions(
+            recipe="native_qwen3",
+            tier="cpu",
+            nproc=NPROC,
+            steps=steps,
+            init="random",
+            run_dir=tmp_path,
+            export=False,
+        )
+    )
     started = time.perf_counter()
     shown = []
     with RunWatch(tmp_path) as watch, pytest.raises(LaunchError) as failure:
-        launch(opts, list(cli_overrides), echo=lambda line: shown.append(time.perf_counter() - started), **limits)
+        launch(
+            opts,
+            list(cli_overrides),
+            echo=lambda line: shown.append(time.perf_counter() - started),
+            **limits,
+        )
     # shown[0] is the launcher's "N process(es), run dir" line; each later one a new step.
-    return Failed(failure.value, time.perf_counter() - started, shown[-1] if len(shown) > 1 else None, watch)
+    return Failed(
+        failure.value, time.perf_counter() - started, shown[-1] if len(shown) > 1 else None, watch
+    )
 
 
 def launch_with_fault(tmp_path, monkeypatch, fault: str, **limits) -> Failed:
@@ -69,8 +85,12 @@ def launch_with_fault(tmp_path, monkeypatch, fault: str, **limits) -> Failed:
 
 def assert_none_left(watch: RunWatch, rank_start: str) -> None:
     """Torchrun (or harness.launch.elastic and its forkserver) and every rank were seen alive; none is alive now."""
-    watch.saw(**run_roles(rank_start, NPROC, launcher=False))  # the launcher is this test's own process
-    assert watch.rank_starts() == {rank_start}, f"ranks started {watch.rank_starts()}, not {rank_start!r} ({watch.summary()})"
+    watch.saw(
+        **run_roles(rank_start, NPROC, launcher=False)
+    )  # the launcher is this test's own process
+    assert watch.rank_starts() == {rank_start}, (
+        f"ranks started {watch.rank_starts()}, not {rank_start!r} ({watch.summary()})"
+    )
     left = watch.kill_left()
     assert left == [], f"{len(left)} process(es) of the run outlived launch(): {describe(left)}"
 
@@ -99,11 +119,15 @@ def test_a_raising_rank_shows_its_own_exception(tmp_path, rank_start, record_pro
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(tmp_path, monkeypatch, rank_start, record_property):
+def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(
+    tmp_path, monkeypatch, rank_start, record_property
+):
     failed = launch_with_fault(tmp_path, monkeypatch, "die@1:2", timeout_s=240)
     record_property("rank_death_seconds_to_fail", failed.elapsed)
     sections = rank_sections(str(failed.error))
-    assert "[fault injection] die on rank 1 at step 2" in sections.get("1", ""), str(failed.error)[-2000:]
+    assert "[fault injection] die on rank 1 at step 2" in sections.get("1", ""), str(failed.error)[
+        -2000:
+    ]
     assert "[fault injection]" not in sections.get("0", "")
     assert "torchrun exited" in failed.error.summary
     assert_none_left(failed.watch, rank_start)
@@ -117,12 +141,18 @@ STALL_S = 10
 
 
 @pytest.mark.slow
-def test_a_hung_collective_is_ended_by_the_stall_timeout(tmp_path, monkeypatch, rank_start, record_property):
-    failed = launch_with_fault(tmp_path, monkeypatch, "hang@1:2", timeout_s=240, stall_timeout_s=STALL_S)
+def test_a_hung_collective_is_ended_by_the_stall_timeout(
+    tmp_path, monkeypatch, rank_start, record_property
+):
+    failed = launch_with_fault(
+        tmp_path, monkeypatch, "hang@1:2", timeout_s=240, stall_timeout_s=STALL_S
+    )
     record_property("hang_seconds_to_fail", failed.elapsed)
     assert f"no new step for {STALL_S} s after step 1" in failed.error.summary, failed.error.summary
     sections = rank_sections(str(failed.error))
-    assert "[fault injection] hang on rank 1 at step 2" in sections.get("1", ""), str(failed.error)[-2000:]
+    assert "[fault injection] hang on rank 1 at step 2" in sections.get("1", ""), str(failed.error)[
+        -2000:
+    ]
     assert failed.last_step_at is not None
     ended_after = failed.elapsed - failed.last_step_at
     record_property("hang_seconds_from_last_step_to_fail", ended_after)
@@ -132,14 +162,18 @@ def test_a_hung_collective_is_ended_by_the_stall_timeout(tmp_path, monkeypatch, 
 
 
 @pytest.mark.slow
-def test_non_finite_loss_names_the_step_and_last_good_loss(tmp_path, monkeypatch, rank_start, record_property):
+def test_non_finite_loss_names_the_step_and_last_good_loss(
+    tmp_path, monkeypatch, rank_start, record_property
+):
     failed = launch_with_fault(tmp_path, monkeypatch, "nan@0:3", timeout_s=240)
     error = failed.error
     record_property("non_finite_summary", error.summary)
     # torchtitan 0.3.0 Trainer.train_step raises this on every rank (global_avg_loss is a SUM reduction).
     raised = "RuntimeError: Loss is not finite (global_avg_loss=nan) at step 3"
     sections = rank_sections(str(error))
-    assert sorted(sections) == ["0", "1"] and all(raised in text for text in sections.values()), str(error)[-3000:]
+    assert sorted(sections) == ["0", "1"] and all(raised in text for text in sections.values()), (
+        str(error)[-3000:]
+    )
     assert "loss became non-finite (nan) at step 3" in error.summary
     assert "last good loss" in error.summary and "at step 2" in error.summary
     assert [s["step"] for s in error.result.steps] == [1, 2]

@@ -21,7 +21,6 @@ from tokenizers import Tokenizer
 
 from fixtures import build_fixtures as bf
 
-
 FIXTURES = bf.FIXTURES_DIR
 REPO_ROOT = FIXTURES.parent
 TOKENIZER_DIRS = ["tokenizer", "qwen3-tiny", "qwen3-moe-tiny"]
@@ -74,7 +73,12 @@ def test_tokenizer_loads_in_transformers_and_torchtitan(tokenizer_dir, corpus):
 
     eos_id = tt.token_to_id(bf.EOS_TOKEN)
     assert len(hf) == tt.get_vocab_size() == bf.VOCAB_SIZE
-    assert (hf.eos_token, hf.eos_token_id, hf.pad_token_id, hf.bos_token) == (bf.EOS_TOKEN, eos_id, eos_id, None)
+    assert (hf.eos_token, hf.eos_token_id, hf.pad_token_id, hf.bos_token) == (
+        bf.EOS_TOKEN,
+        eos_id,
+        eos_id,
+        None,
+    )
     assert (tt.eos_id, tt.bos_id) == (eos_id, None)
 
     line = corpus[0]
@@ -99,7 +103,11 @@ def test_dense_checkpoint_matches_tiny_dense_tier():
     config = AutoConfig.from_pretrained(FIXTURES / "qwen3-tiny")
     for field in fields(TINY_DENSE):
         expected = getattr(TINY_DENSE, field.name)
-        actual = config.rope_parameters["rope_theta"] if field.name == "rope_theta" else getattr(config, field.name)
+        actual = (
+            config.rope_parameters["rope_theta"]
+            if field.name == "rope_theta"
+            else getattr(config, field.name)
+        )
         assert actual == expected, field.name
     assert config.eos_token_id == config.pad_token_id == 0 and config.bos_token_id is None
 
@@ -134,14 +142,21 @@ def test_checkpoint_eval_loss_matches_record(model_dir, packed):
     record = _record(model_dir)
     assert _sha256(FIXTURES / model_dir / "model.safetensors") == record["model_safetensors_sha256"]
     with torch.no_grad():
-        loss = bf.causal_lm_loss(_load(model_dir), packed[: record["train"]["eval_sequences"]]).item()
+        loss = bf.causal_lm_loss(
+            _load(model_dir), packed[: record["train"]["eval_sequences"]]
+        ).item()
     assert loss < 4.0 < math.log(bf.VOCAB_SIZE)
     assert loss == pytest.approx(record["eval_loss"], abs=1e-4)
 
 
 def test_corpus_and_tokenizer_rebuild_bitwise(tmp_path):
     bf.build_corpus_and_tokenizer(tmp_path)
-    for rel in ["corpus/train.jsonl", "corpus/LICENSE", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]:
+    for rel in [
+        "corpus/train.jsonl",
+        "corpus/LICENSE",
+        "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json",
+    ]:
         assert _sha256(tmp_path / rel) == _sha256(FIXTURES / rel), rel
 
 
@@ -157,8 +172,20 @@ def _rebuild_dense(outs: list[Path]) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "fixtures.build_fixtures", "--out", str(out), "--models", "dense"],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "fixtures.build_fixtures",
+                "--out",
+                str(out),
+                "--models",
+                "dense",
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for out in outs
     ]
@@ -169,7 +196,11 @@ def _rebuild_dense(outs: list[Path]) -> None:
 
 def _differing_files(a: Path, b: Path) -> list[str]:
     names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
-    return [n for n in names if not (a / n).exists() or not (b / n).exists() or _sha256(a / n) != _sha256(b / n)]
+    return [
+        n
+        for n in names
+        if not (a / n).exists() or not (b / n).exists() or _sha256(a / n) != _sha256(b / n)
+    ]
 
 
 @pytest.mark.slow

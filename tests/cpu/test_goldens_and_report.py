@@ -49,10 +49,14 @@ def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
             if g.lane == "published":
                 assert key == g.claim, f"{path}: {key} judges the claim {g.claim!r}"
             else:
-                assert key.startswith(g.claim + "_"), f"{path}: proxy {key} stands for {g.claim!r}: name it after it"
+                assert key.startswith(g.claim + "_"), (
+                    f"{path}: proxy {key} stands for {g.claim!r}: name it after it"
+                )
             assert g.reason, f"{path}: {key}"
             if g.lane == "published":
-                assert path.stem == "trn2", f"{path}: {key}: published numbers are judged only where the tutorial ran"
+                assert path.stem == "trn2", (
+                    f"{path}: {key}: published numbers are judged only where the tutorial ran"
+                )
             seen.add(g.claim)
     assert seen == set(CLAIMS), f"claims no goldens file judges: {sorted(set(CLAIMS) - seen)}"
 
@@ -69,8 +73,20 @@ def test_every_claim_entry_of_every_goldens_file_is_the_tutorials_number():
         ({**ENTRY, "lane": "vibes"}, "lane 'vibes'"),
         ({**ENTRY, "tolerance": -1}, "tolerance -1"),
         ({**ENTRY, "lane": "published"}, "written only in harness/declare/published.py"),
-        ({"claim": "step1_loss_hf", "tolerance": 0.1, "lane": "published", "reason": "r", "value": 6.5}, "own 'value'"),
-        ({"claim": "step1_loss_zz", "tolerance": 0.1, "lane": "proxy", "reason": "r"}, "claim 'step1_loss_zz'"),
+        (
+            {
+                "claim": "step1_loss_hf",
+                "tolerance": 0.1,
+                "lane": "published",
+                "reason": "r",
+                "value": 6.5,
+            },
+            "own 'value'",
+        ),
+        (
+            {"claim": "step1_loss_zz", "tolerance": 0.1, "lane": "proxy", "reason": "r"},
+            "claim 'step1_loss_zz'",
+        ),
         ({**ENTRY, "claim": "step1_loss_hf"}, "cannot name a claim"),
     ],
 )
@@ -97,7 +113,11 @@ def test_mismatch_is_regression_in_the_recorded_environment_and_stale_elsewhere(
     assert verdicts.compare("k", 1.6, values, env, env).kind == "regression"
     other_cpu = {**env, "cpu": {**env["cpu"], "cpu_model": "Some Other CPU"}}
     portable = verdicts.compare("k", 1.5 + 1e-7, values, other_cpu, env)
-    assert (portable.kind, portable.passed, portable.differs) == ("pass, other environment", True, ("cpu.cpu_model",))
+    assert (portable.kind, portable.passed, portable.differs) == (
+        "pass, other environment",
+        True,
+        ("cpu.cpu_model",),
+    )
     stale = verdicts.compare("k", 1.6, values, other_cpu, env)
     assert (stale.kind, stale.passed) == ("stale golden", False)
     assert "cpu.cpu_model" in stale.message() and "make goldens ACCEPT=1" in stale.message()
@@ -151,13 +171,20 @@ def test_update_writes_only_what_this_run_measured(tmp_path, monkeypatch):
     elsewhere = {**goldens.environment_metadata(), "lock_sha256": "another lock"}
     path = write(tmp_path / "r" / "t.json", {"a": ENTRY, "b": {**ENTRY, "value": 2.0}}, elsewhere)
     before = path.read_text()
-    with pytest.raises(goldens.GoldenError, match=r"\['a'\] were not measured in this run .* differs \(lock_sha256\)"):
+    with pytest.raises(
+        goldens.GoldenError,
+        match=r"\['a'\] were not measured in this run .* differs \(lock_sha256\)",
+    ):
         goldens.update_exact("r", "t", {"b": 2.25}, {})
     assert path.read_text() == before
     # The run measured a too (unchanged): both now stand for this environment.
     goldens.update_exact("r", "t", {"b": 2.25}, {}, unchanged=["a"])
     metadata, values = goldens.load("r", "t")
-    assert (metadata, values["a"].value, values["b"].value) == (goldens.environment_metadata(), 1.5, 2.25)
+    assert (metadata, values["a"].value, values["b"].value) == (
+        goldens.environment_metadata(),
+        1.5,
+        2.25,
+    )
     # Recorded here already: a value changed alone leaves the others' environment true.
     goldens.update_exact("r", "t", {"b": 2.5}, {})
     assert goldens.load("r", "t")[1]["b"].value == 2.5
@@ -165,7 +192,16 @@ def test_update_writes_only_what_this_run_measured(tmp_path, monkeypatch):
 
 def run_pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugins.report", "-p", "no:cacheprovider", *args],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "harness.pytest_plugins.report",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -189,7 +225,9 @@ def test_report_plugin_writes_json_markdown_and_junit_properties_pass_or_fail(tm
     )
     junit = tmp_path / "junit.xml"
     report = tmp_path / "report"
-    out = run_pytest("test_sample.py", f"--junitxml={junit}", f"--report-dir={report}", cwd=tmp_path)
+    out = run_pytest(
+        "test_sample.py", f"--junitxml={junit}", f"--report-dir={report}", cwd=tmp_path
+    )
     assert out.returncode == 1, out.stdout
     data = json.loads((report / "tests.json").read_text())
     outcomes = {t["test"].split("::")[1]: (t["outcome"], t["properties"]) for t in data["tests"]}
@@ -209,7 +247,9 @@ def test_report_plugin_records_deprecation_warnings_under_xdist(tmp_path):
     ini.read(REPO_ROOT / "pytest.ini")
     filters = [f.strip() for f in ini["pytest"].get("filterwarnings", "").splitlines() if f.strip()]
     # action:message:category:module:lineno; an ignore must name its module
-    suite_wide = [f for f in filters if f.startswith("ignore") and not (f.split(":") + [""] * 4)[3].strip()]
+    suite_wide = [
+        f for f in filters if f.startswith("ignore") and not (f.split(":") + [""] * 4)[3].strip()
+    ]
     assert suite_wide == [], f"silenced suite-wide: {suite_wide}"
     (tmp_path / "test_warns.py").write_text(
         textwrap.dedent(
@@ -226,7 +266,11 @@ def test_report_plugin_records_deprecation_warnings_under_xdist(tmp_path):
     assert out.returncode == 0, out.stdout
     warnings = json.loads((report / "tests.json").read_text())["warnings"]
     assert [(w["category"], w["message"], w["tests"]) for w in warnings] == [
-        ("DeprecationWarning", "old_api() is deprecated; use new_api()", ["test_warns.py::test_uses_an_old_api"])
+        (
+            "DeprecationWarning",
+            "old_api() is deprecated; use new_api()",
+            ["test_warns.py::test_uses_an_old_api"],
+        )
     ]
     assert "old_api() is deprecated" in (report / "tests.md").read_text()
 
@@ -240,9 +284,19 @@ def test_zero_tests_guard_fails_when_every_neuron_test_skipped(tmp_path):
     assert data["tests"] and all(t["outcome"] == "skipped" for t in data["tests"])
     assert all("no Neuron device" in t["properties"]["skip_reason"] for t in data["tests"])
     guard = subprocess.run(
-        [sys.executable, "-m", "harness.night.ci", "require-ran", str(report / "tests.json"), "--marker", "neuron"],
-        capture_output=True, text=True, cwd=REPO_ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness.night.ci",
+            "require-ran",
+            str(report / "tests.json"),
+            "--marker",
+            "neuron",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     assert guard.returncode == 1
     assert f"0 of {len(data['tests'])} neuron tests actually ran" in guard.stderr
 
@@ -256,18 +310,32 @@ def test_workflows_parse_and_call_the_readme_commands():
     nightly = yaml.safe_load((REPO_ROOT / ".github/workflows/nightly-trn2.yml").read_text())
     job = nightly["jobs"]["neuron"]
     assert job["runs-on"] == ["self-hosted", "trn2"]
-    assert "schedule" in nightly[True] or "schedule" in nightly.get("on", {})  # YAML 1.1 reads `on` as True
+    assert "schedule" in nightly[True] or "schedule" in nightly.get(
+        "on", {}
+    )  # YAML 1.1 reads `on` as True
     nightly_steps = " ".join(step.get("run", "") for step in job["steps"])
-    for needed in ("neuron-ls", "make neuron-venv", "pytest -m neuron", "harness.night.ci require-ran", "harness.night.ci trend"):
+    for needed in (
+        "neuron-ls",
+        "make neuron-venv",
+        "pytest -m neuron",
+        "harness.night.ci require-ran",
+        "harness.night.ci trend",
+    ):
         assert needed in nightly_steps, needed
     ci_run = (REPO_ROOT / ".ci/run").read_text()
-    assert "make rehearse-trn2" in ci_run and ci_run.rstrip().endswith("make test")  # pytest's summary closes CI
-    assert "make rehearse-trn2" in " ".join(step.get("run", "") for step in cpu["jobs"]["rehearse-trn2"]["steps"])
+    assert "make rehearse-trn2" in ci_run and ci_run.rstrip().endswith(
+        "make test"
+    )  # pytest's summary closes CI
+    assert "make rehearse-trn2" in " ".join(
+        step.get("run", "") for step in cpu["jobs"]["rehearse-trn2"]["steps"]
+    )
 
 
 def test_the_golden_fixture_refuses_a_tier_other_than_the_one_under_test(golden):
     """A cpu test cannot judge (or record) a trn2 golden, even one whose value it would match."""
     from harness.declare.published import CLAIMS
 
-    with pytest.raises(pytest.fail.Exception, match=r"in a cpu test .* only its own tier's goldens \('cpu'\)"):
+    with pytest.raises(
+        pytest.fail.Exception, match=r"in a cpu test .* only its own tier's goldens \('cpu'\)"
+    ):
         golden("native_qwen3", "trn2", "step1_loss_hf", CLAIMS["step1_loss_hf"].value)

@@ -18,11 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.options.run_options import RunOptions
 from harness.checks.preflight import PreflightError, preflight
 from harness.declare.published import CLAIMS
+from harness.options.run_options import RunOptions
 from recipes.tiers import CPU, FIXTURES, REPO_ROOT
-
 
 DENSE_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"
@@ -76,11 +75,15 @@ def backend_model(model_dir: Path, weights_dir: Path | None = None):
     recipe's own state-dict adapter; no FSDP, fp32, eval mode.
     """
     from safetensors.torch import load_file
-    from torchtitan.experiments.transformers_modeling_backend.moe_replacement import build_and_swap_native_moe
+    from torchtitan.experiments.transformers_modeling_backend.moe_replacement import (
+        build_and_swap_native_moe,
+    )
 
     from recipes.hf_backend import hf_backend
 
-    config = hf_backend(RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir).resolved().recipe_inputs())
+    config = hf_backend(
+        RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir).resolved().recipe_inputs()
+    )
     spec = config.model_spec
     spec.model.update_from_config(config=config)
     with torch.device("meta"):
@@ -157,9 +160,16 @@ def hf_run(hf_backend_hf_run):
 def hf_rerun(recipe_run):
     """The same run again, in new processes."""
     return recipe_run(
-        "hf-backend-2proc-rerun", recipe="hf_backend", tier="cpu", nproc=2, steps=STEPS, init="hf",
-        model_dir=DENSE_DIR, seed=0, export=False,
-    )  # fmt: skip
+        "hf-backend-2proc-rerun",
+        recipe="hf_backend",
+        tier="cpu",
+        nproc=2,
+        steps=STEPS,
+        init="hf",
+        model_dir=DENSE_DIR,
+        seed=0,
+        export=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +182,25 @@ def random_init_probe(tmp_path_factory) -> dict:
     """One rank from random init, one optimizer step, inside the trainer."""
     from harness.launch.lifecycle import child_env
 
-    opts = preflight(RunOptions(
-        recipe="hf_backend", tier="cpu", nproc=1, steps=1, init="random", model_dir=DENSE_DIR,
-        run_dir=tmp_path_factory.mktemp("hf-backend-random-probe"),
-    ))  # fmt: skip
+    opts = preflight(
+        RunOptions(
+            recipe="hf_backend",
+            tier="cpu",
+            nproc=1,
+            steps=1,
+            init="random",
+            model_dir=DENSE_DIR,
+            run_dir=tmp_path_factory.mktemp("hf-backend-random-probe"),
+        )
+    )
     out = subprocess.run(
         [sys.executable, "-c", TRAINER_PROBE, opts.to_json()],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=child_env(opts), timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=child_env(opts),
+        timeout=600,
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("PROBE ")]
     assert out.returncode == 0 and lines, out.stderr[-4000:]
     return json.loads(lines[-1].removeprefix("PROBE "))
@@ -215,7 +236,10 @@ def test_logits_match_transformers_in_bf16(dense_tokens, record_property):
         param.data = param.data.to(torch.bfloat16)
     with torch.no_grad():
         actual = model(dense_tokens)
-    record_property("hf_backend_logits_max_abs_diff_bf16", (actual.float() - expected.float()).abs().max().item())
+    record_property(
+        "hf_backend_logits_max_abs_diff_bf16",
+        (actual.float() - expected.float()).abs().max().item(),
+    )
     torch.testing.assert_close(actual, expected)
 
 
@@ -232,7 +256,10 @@ def test_two_process_run_trains(hf_run, record_property):
 
 def test_step1_loss_matches_golden(hf_run, golden):
     golden(
-        "hf_backend", "cpu", "step1_loss_hf", hf_run["losses"][0],
+        "hf_backend",
+        "cpu",
+        "step1_loss_hf",
+        hf_run["losses"][0],
         reason="fixture checkpoint through the backend, 2 ranks × 2 × 256 tokens, seed 0: deterministic on the pinned cpu lock",
     )
 
@@ -266,7 +293,11 @@ def backend_random_model(model_dir: Path = DENSE_DIR, seed: int = 0, **options):
     """The recipe's backend model from the backend's own random init, built as the trainer does, one process."""
     from recipes.hf_backend import hf_backend
 
-    config = hf_backend(RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir, init="random", **options).resolved().recipe_inputs())
+    config = hf_backend(
+        RunOptions(recipe="hf_backend", tier="cpu", model_dir=model_dir, init="random", **options)
+        .resolved()
+        .recipe_inputs()
+    )
     spec = config.model_spec
     spec.model.update_from_config(config=config)
     with torch.device("meta"):
@@ -315,7 +346,9 @@ def test_tied_head_draw_is_skipped_and_every_weight_stays_upstreams(monkeypatch,
     drawn = backend_random_model()
     drawn_rng = torch.get_rng_state()
 
-    assert not torch.equal(skipped_rng, drawn_rng), "the head was drawn in both builds: the skip did not run"
+    assert not torch.equal(skipped_rng, drawn_rng), (
+        "the head was drawn in both builds: the skip did not run"
+    )
     hf = skipped.model
     assert hf.lm_head.weight is hf.get_input_embeddings().weight
     ours, upstream = skipped.state_dict(), drawn.state_dict()
@@ -338,7 +371,12 @@ def tied_geometry(dense_tokens) -> dict:
         std = hf.config.hidden_size**-0.5
         torch.nn.init.trunc_normal_(untied, std=std, a=-3 * std, b=3 * std)
         untied_ce = next_token_loss(hidden @ untied.T, dense_tokens)
-    return {"cosine": cosine, "untied_ce": untied_ce, "d": hf.config.hidden_size, "V": hf.config.vocab_size}
+    return {
+        "cosine": cosine,
+        "untied_ce": untied_ce,
+        "d": hf.config.hidden_size,
+        "V": hf.config.vocab_size,
+    }
 
 
 @pytest.mark.slow
@@ -365,9 +403,14 @@ def test_random_init_step1_loss_is_explained_from_first_principles(
     one_rank, two_ranks = (tied_random_init_loss(d, V, cosine, copies) for copies in (1, 2))
     measured_1, measured_2 = random_init_probe["losses"][0], hf_backend_random_run["losses"][0]
     for name, value in dict(
-        naive_ln_v_plus_half_v=naive, cosine_h_e_input=cosine, untied_head_ce=tied_geometry["untied_ce"],
-        predicted_1_rank=one_rank, measured_1_rank=measured_1, predicted_2_ranks=two_ranks, measured_2_ranks=measured_2,
-    ).items():  # fmt: skip
+        naive_ln_v_plus_half_v=naive,
+        cosine_h_e_input=cosine,
+        untied_head_ce=tied_geometry["untied_ce"],
+        predicted_1_rank=one_rank,
+        measured_1_rank=measured_1,
+        predicted_2_ranks=two_ranks,
+        measured_2_ranks=measured_2,
+    ).items():
         record_property(f"hf_backend_random_init_{name}", value)
     # The naive formula is right for an independent head ...
     assert tied_geometry["untied_ce"] == pytest.approx(naive, abs=RANDOM_INIT_PREDICTION_ATOL)
@@ -378,12 +421,18 @@ def test_random_init_step1_loss_is_explained_from_first_principles(
     # The row copies are what separates the two: one copy does not explain the 2-rank number.
     assert abs(measured_2 - one_rank) > 5 * RANDOM_INIT_PREDICTION_ATOL
     # Canary for cause (2): once torch's CPU generator can be offset per shard, the copies go away.
-    assert not hasattr(torch.cpu, "set_rng_state"), "DTensor random ops may now shard on cpu: re-derive the 2-rank value"
+    assert not hasattr(torch.cpu, "set_rng_state"), (
+        "DTensor random ops may now shard on cpu: re-derive the 2-rank value"
+    )
 
 
-@pytest.mark.xdist_group("real-4b-width")  # one worker runs both real-width proxies: none waits on the lock
+@pytest.mark.xdist_group(
+    "real-4b-width"
+)  # one worker runs both real-width proxies: none waits on the lock
 @pytest.mark.slow
-def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_init_proxy, golden, record_property):
+def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(
+    random_init_proxy, golden, record_property
+):
     """A cpu PROXY of config 1's published random-init loss 12.43: near it, not a reproduction of it.
 
     Measured: step 1 of the Transformers backend from its own random init (tied head, std
@@ -413,9 +462,15 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     assert abs(math.log(151936) - entry.value) > entry.tolerance, entry
     result = random_init_proxy("hf_backend")
     model = result["model"]
-    assert (model["hidden_size"], model["vocab_size"], model["num_hidden_layers"]) == (2560, 151936, 1)
+    assert (model["hidden_size"], model["vocab_size"], model["num_hidden_layers"]) == (
+        2560,
+        151936,
+        1,
+    )
     assert result["global_valid_tokens"] == 2048
-    record_property("hf_backend_random_init_proxy_first_principles", math.log(151936) + TRUNCATED_AT_3_SIGMA / 2)
+    record_property(
+        "hf_backend_random_init_proxy_first_principles", math.log(151936) + TRUNCATED_AT_3_SIGMA / 2
+    )
     record_property("hf_backend_random_init_proxy_wall_s", result["wall_s"])
     record_property("hf_backend_random_init_proxy_cpu_s", result["children_cpu_s"])
     record_property("hf_backend_random_init_proxy_build_s", result["build_s"])
@@ -431,10 +486,14 @@ def test_same_seed_gives_identical_losses_in_new_processes(hf_run, hf_rerun):
 @pytest.mark.slow
 def test_tied_embeddings_stay_tied(random_init_probe, hf_run, native_hf_run):
     """One tensor after the trainer's build and after an optimizer step; trains as the tied native model."""
-    assert random_init_probe["tied_after_build"] and random_init_probe["tied_after_step"], random_init_probe
+    assert random_init_probe["tied_after_build"] and random_init_probe["tied_after_step"], (
+        random_init_probe
+    )
     for backend, native in zip(hf_run["steps"], native_hf_run["steps"], strict=True):
         assert backend["loss"] == pytest.approx(native["loss"], abs=TRAJECTORY_VS_NATIVE_ATOL)
-        assert backend["grad_norm"] == pytest.approx(native["grad_norm"], abs=TRAJECTORY_VS_NATIVE_ATOL)
+        assert backend["grad_norm"] == pytest.approx(
+            native["grad_norm"], abs=TRAJECTORY_VS_NATIVE_ATOL
+        )
 
 
 # --- export --------------------------------------------------------------------------------
@@ -503,7 +562,10 @@ def test_moe_backend_logits_match_transformers_on_hf_weights(record_property):
         expected = reference(tokens, output_router_logits=True)
         actual = backend_model(MOE_DIR)(tokens)
     per_position = (actual - expected.logits).abs().amax(-1).flatten()
-    near_tied = min_router_margin(expected.router_logits, reference.config.num_experts_per_tok) < MOE_NEAR_TIE
+    near_tied = (
+        min_router_margin(expected.router_logits, reference.config.num_experts_per_tok)
+        < MOE_NEAR_TIE
+    )
     compared = per_position[~near_tied]
     record_property("hf_backend_moe_logits_max_abs_diff", per_position.max().item())
     record_property("hf_backend_moe_logits_max_abs_diff_not_near_tied", compared.max().item())
@@ -511,7 +573,9 @@ def test_moe_backend_logits_match_transformers_on_hf_weights(record_property):
     record_property("hf_backend_moe_near_tied_positions", int(near_tied.sum()))
     record_property("hf_backend_moe_loss", next_token_loss(actual, tokens))
     record_property("transformers_moe_loss", next_token_loss(expected.logits, tokens))
-    assert near_tied.float().mean().item() <= MOE_MAX_NEAR_TIED, f"{int(near_tied.sum())} near-tied positions"
+    assert near_tied.float().mean().item() <= MOE_MAX_NEAR_TIED, (
+        f"{int(near_tied.sum())} near-tied positions"
+    )
     worst = compared.argmax().item()
     assert compared.max().item() <= MOE_LOGITS_ATOL, (
         f"max |Δ logit| {compared.max().item():.4g} at a position routed without a near tie (index {worst} of the kept ones)"
@@ -561,7 +625,9 @@ def test_directory_without_weights_is_refused(tmp_path):
 
 def test_non_qwen3_architecture_is_refused(tmp_path):
     config = json.loads((DENSE_DIR / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, "architectures": ["LlamaForCausalLM"]})
+    )
     with pytest.raises(PreflightError, match="LlamaForCausalLM"):
         preflight(hf_options(model_dir=tmp_path, init="random"))
 
@@ -571,10 +637,22 @@ def test_refusal_happens_before_any_rank_starts(tmp_path):
     """``python -m harness run hf_backend`` exits 2 with one message and launches nothing."""
     report_dir = tmp_path / "report"
     out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "hf_backend", "--model-dir", "Qwen/Qwen3-4B-Instruct-2507",
-         "--report-dir", str(report_dir)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "hf_backend",
+            "--model-dir",
+            "Qwen/Qwen3-4B-Instruct-2507",
+            "--report-dir",
+            str(report_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and "offline" in out.stderr, out.stderr
     assert not report_dir.exists()

@@ -16,14 +16,15 @@ from transformers.modeling_utils import PreTrainedModel
 
 from recipes.tiers import FIXTURES
 
-
 DENSE_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"
 SEQ_LEN = 32
 #: What parallelize tells the MoE swap: no expert or tensor parallelism.
 NO_EP_TP = SimpleNamespace(ep_enabled=False, tp_enabled=False)
 #: transformers' own init methods, before any backend model is built in this process.
-PRISTINE_INIT = {name: getattr(PreTrainedModel, name) for name in ("_init_weights", "_initialize_weights")}
+PRISTINE_INIT = {
+    name: getattr(PreTrainedModel, name) for name in ("_init_weights", "_initialize_weights")
+}
 
 
 @pytest.fixture(autouse=True)
@@ -40,11 +41,16 @@ def upstream_model(model_dir, *, materialize: bool = True):
     Materialised like the trainer does (``to_empty`` then ``init_states``), with
     every tensor first set to NaN so "left uninitialised" is deterministic.
     """
-    from torchtitan.experiments.transformers_modeling_backend import HFTransformerModel, TitanMoeModelConfig
+    from torchtitan.experiments.transformers_modeling_backend import (
+        HFTransformerModel,
+        TitanMoeModelConfig,
+    )
     from torchtitan.experiments.transformers_modeling_backend.config_registry import (
         transformers_modeling_backend_full,
     )
-    from torchtitan.experiments.transformers_modeling_backend.moe_replacement import build_and_swap_native_moe
+    from torchtitan.experiments.transformers_modeling_backend.moe_replacement import (
+        build_and_swap_native_moe,
+    )
 
     config = transformers_modeling_backend_full()
     config.hf_model = str(model_dir)
@@ -111,7 +117,11 @@ def test_canary_flex_attention_still_has_no_cpu_backward():
 def test_canary_building_the_backend_still_patches_transformers_process_wide():
     """Workaround 5 (``scope_init_patch``): upstream replaces ``PreTrainedModel``'s init for the whole process."""
     upstream_model(DENSE_DIR, materialize=False)
-    patched = [name for name, original in PRISTINE_INIT.items() if getattr(PreTrainedModel, name) is not original]
+    patched = [
+        name
+        for name, original in PRISTINE_INIT.items()
+        if getattr(PreTrainedModel, name) is not original
+    ]
     assert patched == list(PRISTINE_INIT), (
         "upstream no longer patches transformers.PreTrainedModel: drop scope_init_patch from recipes/hf_compat.py"
     )

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from harness.report import results as report
-from harness.launch.lifecycle import GRACE_S
-from harness.base.run_dir import RUN_FILE, STEPS_FILE
-from recipes.tiers import REPO_ROOT
 from run_watch import RunWatch, describe
+
+from harness.base.run_dir import RUN_FILE, STEPS_FILE
+from harness.launch.lifecycle import GRACE_S
+from harness.report import results as report
+from recipes.tiers import REPO_ROOT
 
 pytestmark = pytest.mark.xdist_group("interrupts")
 
@@ -86,12 +86,28 @@ def report_dir(tmp_path_factory) -> Path:
 
 
 def command(report_dir: Path, steps: int = STEPS, *extra: str) -> list[str]:
-    return ["run", "native_qwen3", "--tier", "cpu", "--init", "hf", "--steps", str(steps), "--no-export",
-            "--report-dir", str(report_dir), *extra]  # fmt: skip
+    return [
+        "run",
+        "native_qwen3",
+        "--tier",
+        "cpu",
+        "--init",
+        "hf",
+        "--steps",
+        str(steps),
+        "--no-export",
+        "--report-dir",
+        str(report_dir),
+        *extra,
+    ]
 
 
 def steps_on_disk(run_dir: Path | None) -> int:
-    return len((run_dir / STEPS_FILE).read_text().splitlines()) if run_dir and (run_dir / STEPS_FILE).exists() else 0
+    return (
+        len((run_dir / STEPS_FILE).read_text().splitlines())
+        if run_dir and (run_dir / STEPS_FILE).exists()
+        else 0
+    )
 
 
 @dataclass
@@ -106,22 +122,32 @@ class Outcome:
 class Launcher:
     """A real ``python -m harness run`` in a process group of its own (a terminal's foreground job)."""
 
-    def __init__(self, report_dir: Path, runs_before: set[Path], pipe: bool, merged: bool = False) -> None:
+    def __init__(
+        self, report_dir: Path, runs_before: set[Path], pipe: bool, merged: bool = False
+    ) -> None:
         env = dict(os.environ)
         if pipe:
-            env.pop("PYTHONUNBUFFERED", None)  # as a user's shell runs it: the harness itself must show progress
+            env.pop(
+                "PYTHONUNBUFFERED", None
+            )  # as a user's shell runs it: the harness itself must show progress
         else:
             env["PYTHONUNBUFFERED"] = "1"  # so this test sees each line as it is printed
         self.report_dir, self.runs_before = report_dir, runs_before
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness", *command(report_dir)], cwd=REPO_ROOT, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
+            [sys.executable, "-m", "harness", *command(report_dir)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
         self.lines: list[str] = []
         self.stderr: list[str] = [] if not merged else ["(2>&1 into a reader that left)"]
         if not merged:
-            threading.Thread(target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True).start()
+            threading.Thread(
+                target=lambda: self.stderr.append(self.proc.stderr.read()), daemon=True
+            ).start()
 
     def read_lines(self) -> None:
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
@@ -133,7 +159,9 @@ class Launcher:
     def wait_until(self, what: str, ready, timeout_s: float = 240) -> None:
         deadline = time.monotonic() + timeout_s
         while not ready():
-            assert self.proc.poll() is None, f"the run ended ({self.proc.returncode}) before {what}: {self.stderr}"
+            assert self.proc.poll() is None, (
+                f"the run ended ({self.proc.returncode}) before {what}: {self.stderr}"
+            )
             assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
             time.sleep(0.02)
 
@@ -159,20 +187,28 @@ def run_in_a_process(row: Row, report_dir: Path) -> Outcome:
             at_close = steps_on_disk(launcher.run_dir())
             launcher.proc.stdout.close()  # head -2 has its lines and leaves
             return Outcome(*launcher.end(), launcher.run_dir(), at_close)
-        if not pipeline:  # the pipeline's reader is this test's own end of the pipe, closed at the signal
+        if (
+            not pipeline
+        ):  # the pipeline's reader is this test's own end of the pipe, closed at the signal
             launcher.read_lines()
         if row.stage == "checks":
             launcher.wait_until("a claimed run directory", lambda: launcher.run_dir() is not None)
-            time.sleep(1.0)  # well inside the checks (~8 s here); run.json says if they had already passed
+            time.sleep(
+                1.0
+            )  # well inside the checks (~8 s here); run.json says if they had already passed
             assert not (launcher.run_dir() / RUN_FILE).exists(), "the checks had already passed"
         elif row.stage == "rank start":
-            launcher.wait_until("run.json", lambda: launcher.run_dir() and (launcher.run_dir() / RUN_FILE).exists())
+            launcher.wait_until(
+                "run.json", lambda: launcher.run_dir() and (launcher.run_dir() / RUN_FILE).exists()
+            )
             time.sleep(0.5)
             assert steps_on_disk(launcher.run_dir()) == 0, "the ranks had already trained a step"
         elif row.stage == "training":
             launcher.wait_until("step 5", lambda: steps_on_disk(launcher.run_dir()) >= 5)
         elif row.stage == "reference":
-            launcher.wait_until("the reference", lambda: any("reference loss" in line for line in launcher.lines))
+            launcher.wait_until(
+                "the reference", lambda: any("reference loss" in line for line in launcher.lines)
+            )
         sig = signal.SIGTERM if row.stop == "SIGTERM" else signal.SIGINT
         at_stop = steps_on_disk(launcher.run_dir())
         launcher.signal(sig)
@@ -180,7 +216,9 @@ def run_in_a_process(row: Row, report_dir: Path) -> Outcome:
             launcher.proc.stdout.close()  # the terminal's Ctrl-C ended tee as well
         if row.stop == "SIGINT twice":
             time.sleep(0.3)  # the launcher is ending torchrun and its ranks (GRACE_S at most)
-            assert launcher.proc.poll() is None, "the first Ctrl-C was handled before the second came"
+            assert launcher.proc.poll() is None, (
+                "the first Ctrl-C was handled before the second came"
+            )
             launcher.signal(sig)
         return Outcome(*launcher.end(), launcher.run_dir(), at_stop)
     finally:
@@ -196,7 +234,9 @@ def run_in_process(row: Row, report_dir: Path, monkeypatch) -> Outcome:
     from harness.__main__ import main
     from recipes.tiers import CPU, TIERS
 
-    monkeypatch.setitem(TIERS, "cpu", dataclasses.replace(CPU, rank_start="exec"))  # no forkserver from pytest
+    monkeypatch.setitem(
+        TIERS, "cpu", dataclasses.replace(CPU, rank_start="exec")
+    )  # no forkserver from pytest
     plot = report.plot_loss_curves
 
     def interrupted_plot(*args, **kwargs):
@@ -219,7 +259,11 @@ def run_in_process(row: Row, report_dir: Path, monkeypatch) -> Outcome:
 @pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
 def test_an_interrupt_keeps_what_was_measured(row, report_dir, monkeypatch, record_property):
-    before = json.loads((report_dir / report.RESULTS_JSON).read_text())["runs"] if report_dir.exists() else []
+    before = (
+        json.loads((report_dir / report.RESULTS_JSON).read_text())["runs"]
+        if report_dir.exists()
+        else []
+    )
     with RunWatch(report_dir) as watch:
         if row.in_process:
             outcome = run_in_process(row, report_dir, monkeypatch)
@@ -235,16 +279,22 @@ def test_an_interrupt_keeps_what_was_measured(row, report_dir, monkeypatch, reco
     results = json.loads((report_dir / report.RESULTS_JSON).read_text())
     markdown = (report_dir / report.RESULTS_MD).read_text()
     assert results["runs"][: len(before)] == before, "the runs earlier commands reported are kept"
-    runs = results["runs"][len(before):]
+    runs = results["runs"][len(before) :]
     record_property("steps_kept", [len(r["steps"]) for r in runs])
     if row.kept == "nothing":
         assert runs == [] and results["interrupted"]["not_started"] == ["native_qwen3/cpu/init=hf"]
     else:
-        assert [Path(r["run_dir"]) for r in runs] == [outcome.run_dir], "this command's one run is in the report"
+        assert [Path(r["run_dir"]) for r in runs] == [outcome.run_dir], (
+            "this command's one run is in the report"
+        )
         assert_run_kept(row, outcome, runs[0], results, markdown)
     if row.stop == "pipe":
-        assert "interrupted" not in results and "**INTERRUPTED**" not in markdown, "a good run clears the last mark"
-        assert outcome.steps_at_stop < STEPS, "the reader had its two lines while the run trained (progress is live)"
+        assert "interrupted" not in results and "**INTERRUPTED**" not in markdown, (
+            "a good run clears the last mark"
+        )
+        assert outcome.steps_at_stop < STEPS, (
+            "the reader had its two lines while the run trained (progress is live)"
+        )
     else:
         assert results["interrupted"]["stage"] == row.stage, results["interrupted"]
         assert results["interrupted"]["signal"] == row.signal_name
@@ -253,7 +303,9 @@ def test_an_interrupt_keeps_what_was_measured(row, report_dir, monkeypatch, reco
 
 def assert_run_kept(row: Row, outcome: Outcome, run: dict, results: dict, markdown: str) -> None:
     """The command's run in the report: its steps, how it was stopped, its reference."""
-    assert len(run["steps"]) == steps_on_disk(outcome.run_dir), "every step on disk is in the report"
+    assert len(run["steps"]) == steps_on_disk(outcome.run_dir), (
+        "every step on disk is in the report"
+    )
     if row.kept == "steps so far":
         assert len(run["steps"]) >= outcome.steps_at_stop >= 5
     if row.kept == "every step":
@@ -263,7 +315,9 @@ def assert_run_kept(row: Row, outcome: Outcome, run: dict, results: dict, markdo
         assert f"INTERRUPTED ({row.signal_name}) during the {row.stage}" in markdown
     if row.stage == "reference":
         assert run["reference"]["summary"] == "not computed: interrupted by SIGTERM"
-        assert [c["key"] for c in results["checks"]][-1] == "native_qwen3.cpu.step1_loss_hf", "step 1 is judged"
+        assert [c["key"] for c in results["checks"]][-1] == "native_qwen3.cpu.step1_loss_hf", (
+            "step 1 is judged"
+        )
     if row.stage == "report" or row.stop == "pipe":
         assert run["reference"]["passed"] is True, run["reference"]
         assert run.get("interrupted") is None
@@ -308,9 +362,16 @@ def test_an_interrupt_before_torchrun_started_names_that_run_not_started(tmp_pat
     progress = Progress(stage="rank start", planned=planned, launched=1)
     assert report_interrupt(tmp_path, progress, Interrupted(signal.SIGTERM)) == 128 + signal.SIGTERM
     results = json.loads((tmp_path / report.RESULTS_JSON).read_text())
-    assert results["interrupted"] == {"signal": "SIGTERM", "stage": "rank start", "not_started": planned}
+    assert results["interrupted"] == {
+        "signal": "SIGTERM",
+        "stage": "rank start",
+        "not_started": planned,
+    }
     assert results["runs"] == []
-    assert "**INTERRUPTED** by SIGTERM during the rank start" in (tmp_path / report.RESULTS_MD).read_text()
+    assert (
+        "**INTERRUPTED** by SIGTERM during the rank start"
+        in (tmp_path / report.RESULTS_MD).read_text()
+    )
 
 
 @pytest.mark.parametrize("reader", ["pipe", "terminal"])

@@ -21,7 +21,7 @@ import pytest
 from recipes.kernels.kernel_op import CUSTOM_OP, NKI_OP
 from recipes.tiers import REPO_ROOT
 
-STAND_IN_NKI_HOP = textwrap.dedent('''
+STAND_IN_NKI_HOP = textwrap.dedent("""
     import torch
 
     CALLS = []
@@ -32,9 +32,9 @@ STAND_IN_NKI_HOP = textwrap.dedent('''
         op = torch.library.custom_op(name, fn, mutates_args=mutates_args)
         op.register_fake(fn)
         return op
-''')
+""")
 
-PROBE = textwrap.dedent('''
+PROBE = textwrap.dedent("""
     import json, sys
     import torch
     {preload}
@@ -65,13 +65,19 @@ PROBE = textwrap.dedent('''
         "q_out": q_out.detach().flatten().tolist(), "dq": q.grad.flatten().tolist(), "dk": k.grad.flatten().tolist(),
         "refusal": refusal,
     }}))
-''')
+""")
 
 
 def probe(tmp_path: Path, preload: str = "") -> dict:
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(preload=preload)], env=env, cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(preload=preload)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -82,13 +88,17 @@ def stand_in_torch_neuronx(tmp_path) -> str:
     package.mkdir()
     (package / "__init__.py").write_text("STAND_IN = True\n")
     (package / "nki_hop.py").write_text(STAND_IN_NKI_HOP)
-    return "import torch_neuronx  # as recipes.platform.neuron.install does, before any model is built"
+    return (
+        "import torch_neuronx  # as recipes.platform.neuron.install does, before any model is built"
+    )
 
 
 @pytest.mark.slow
 def test_on_cpu_the_op_is_a_torch_custom_op_defined_on_first_use(tmp_path):
     result = probe(tmp_path)
-    assert result["defined_at_import"] is False, "importing recipes must define no op (and import no torch_neuronx)"
+    assert result["defined_at_import"] is False, (
+        "importing recipes must define no op (and import no torch_neuronx)"
+    )
     assert result["torch_neuronx_imported_by_recipes"] is False
     assert (result["flavour"], result["registered"]) == (CUSTOM_OP, True)
     assert result["moe_flavour"] is None, "an op nothing called is not defined"
@@ -97,7 +107,9 @@ def test_on_cpu_the_op_is_a_torch_custom_op_defined_on_first_use(tmp_path):
 
 
 @pytest.mark.slow
-def test_where_torch_neuronx_is_loaded_the_op_is_its_nki_op_and_computes_the_same(tmp_path, stand_in_torch_neuronx):
+def test_where_torch_neuronx_is_loaded_the_op_is_its_nki_op_and_computes_the_same(
+    tmp_path, stand_in_torch_neuronx
+):
     on_cpu = probe(tmp_path)
     with_neuronx = probe(tmp_path, preload=stand_in_torch_neuronx)
     assert with_neuronx["flavour"] == NKI_OP

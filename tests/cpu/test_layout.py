@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 import ast
 import re
 
-from recipes.tiers import REPO_ROOT
+import pytest
 
+from recipes.tiers import REPO_ROOT
 
 #: Packages whose code only the harness and the tests may import.
 HARNESS_PACKAGES = ("harness", "benchmarks", "tests", "conftest")
@@ -40,7 +39,9 @@ def test_the_product_imports_nothing_from_the_harness():
 
 def test_the_check_finds_an_import_of_the_harness(tmp_path):
     """The scan sees imports inside functions, as the product's lazy imports are."""
-    (tmp_path / "leaky.py").write_text("def build():\n    from harness.options.run_options import RunOptions\n")
+    (tmp_path / "leaky.py").write_text(
+        "def build():\n    from harness.options.run_options import RunOptions\n"
+    )
     found = [module for _, module in imported_modules(tmp_path / "leaky.py")]
     assert found == ["harness.options.run_options"]
 
@@ -64,7 +65,9 @@ def test_the_product_names_no_harness_file():
 
 
 def test_the_check_finds_a_named_harness_file(tmp_path):
-    (tmp_path / "stale.py").write_text('NAMES = (TitanName("x", files=("harness/rank/train.py",)),)\n')
+    (tmp_path / "stale.py").write_text(
+        'NAMES = (TitanName("x", files=("harness/rank/train.py",)),)\n'
+    )
     assert harness_files_named(tmp_path) == ["stale.py:1: names harness/rank/train.py"]
 
 
@@ -79,7 +82,9 @@ def test_torchtitan_entry_builds_a_recipe_without_importing_the_harness():
         "leaked = sorted(m for m in sys.modules if m.split('.')[0] == 'harness'); "
         "print(config.training.steps, config.checkpoint.last_save_in_hf, leaked)"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[-2] == "5 True []", out.stdout[-2000:]
 
@@ -88,7 +93,9 @@ def test_trn2_tests_name_each_requirement_with_its_decorator():
     """One decorator per requirement (tests/neuron/requires.py), as transformers' testing_utils has."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("requires", REPO_ROOT / "tests" / "neuron" / "requires.py")
+    spec = importlib.util.spec_from_file_location(
+        "requires", REPO_ROOT / "tests" / "neuron" / "requires.py"
+    )
     requires = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(requires)
     decorated = {
@@ -97,8 +104,14 @@ def test_trn2_tests_name_each_requirement_with_its_decorator():
         if name.startswith("requires_") and getattr(mark, "name", None) == "requires"
     }
     assert decorated == set(requires.REQUIREMENTS)
-    raw = [p.name for p in sorted((REPO_ROOT / "tests" / "neuron").glob("test_*.py")) if "mark.requires(" in p.read_text()]
-    assert raw == [], f"use the requires_* decorators of tests/neuron/requires.py instead of pytest.mark.requires: {raw}"
+    raw = [
+        p.name
+        for p in sorted((REPO_ROOT / "tests" / "neuron").glob("test_*.py"))
+        if "mark.requires(" in p.read_text()
+    ]
+    assert raw == [], (
+        f"use the requires_* decorators of tests/neuron/requires.py instead of pytest.mark.requires: {raw}"
+    )
 
 
 def test_a_tests_tier_is_its_folder():

@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from harness.report import results as report
-from harness.base.run_dir import RUN_FILE
-from harness.launch.lifecycle import GRACE_S
-from recipes.tiers import FIXTURES, RANK_START_ENV, REPO_ROOT
 from run_watch import RunWatch, describe, run_roles
 
+from harness.base.run_dir import RUN_FILE
+from harness.launch.lifecycle import GRACE_S
+from harness.report import results as report
+from recipes.tiers import FIXTURES, RANK_START_ENV, REPO_ROOT
 
 #: Seconds from the signal to the last process of the run gone (GRACE_S + margin).
 NO_ORPHANS_WITHIN_S = GRACE_S + 20
@@ -38,10 +37,27 @@ NO_ORPHANS_WITHIN_S = GRACE_S + 20
 def start_long_run(report_dir: Path) -> subprocess.Popen:
     """The issue's case: native_qwen3, random init, 2000 steps, two ranks."""
     return subprocess.Popen(
-        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
-         "--steps", "2000", "--no-export", "--report-dir", str(report_dir)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "native_qwen3",
+            "--tier",
+            "cpu",
+            "--init",
+            "random",
+            "--steps",
+            "2000",
+            "--no-export",
+            "--report-dir",
+            str(report_dir),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @contextlib.contextmanager
@@ -111,7 +127,9 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, rank_start, record_
         gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
     record_property("sigkill_seconds_to_no_process", gone_after)
     left = watch.kill_left()  # never leave them to the rest of the suite
-    assert left == [], f"{len(left)} process(es) of the run outlived a SIGKILLed launcher: {describe(left)}"
+    assert left == [], (
+        f"{len(left)} process(es) of the run outlived a SIGKILLed launcher: {describe(left)}"
+    )
     assert gone_after < NO_ORPHANS_WITHIN_S
 
 
@@ -120,7 +138,9 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path, rank_start, record_
 NO_ORPHANS_WHILE_CHECKING_S = 5
 
 
-def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, monkeypatch, record_property):
+def test_sigkill_while_the_launcher_checks_leaves_no_process(
+    tmp_path, monkeypatch, record_property
+):
     """Killed before its run is checked, the launcher leaves neither harness.launch.elastic nor its importing forkserver.
 
     "preloaded" only: an "exec" launcher starts nothing before its checks pass (the refusal
@@ -131,29 +151,41 @@ def test_sigkill_while_the_launcher_checks_leaves_no_process(tmp_path, monkeypat
     with watched_long_run(report_dir) as (parent, watch):
         deadline = time.monotonic() + 120
         while watch.most["forkserver"] < 1:
-            assert parent.poll() is None and time.monotonic() < deadline, "no forkserver was prestarted"
+            assert parent.poll() is None and time.monotonic() < deadline, (
+                "no forkserver was prestarted"
+            )
             time.sleep(0.05)
         watch.saw(launcher=1, torchrun=1, forkserver=1)
         # The run directory is claimed before the checks (harness.base.run_dir.claim); run.json is written at launch.
         launched = sorted(report_dir.glob(f"runs/*/{RUN_FILE}"))
-        assert not launched, f"the checks had already passed ({launched}): this test needs the launcher still checking"
+        assert not launched, (
+            f"the checks had already passed ({launched}): this test needs the launcher still checking"
+        )
         parent.kill()
         parent.communicate(timeout=30)
         gone_after = watch.seconds_until_gone(NO_ORPHANS_WITHIN_S)
     record_property("sigkill_while_checking_seconds_to_no_process", gone_after)
     left = watch.kill_left()
-    assert left == [], f"{len(left)} process(es) outlived a launcher killed during its checks: {describe(left)}"
-    assert gone_after < NO_ORPHANS_WHILE_CHECKING_S, f"the forkserver outlived its parent by {gone_after:.1f} s"
+    assert left == [], (
+        f"{len(left)} process(es) outlived a launcher killed during its checks: {describe(left)}"
+    )
+    assert gone_after < NO_ORPHANS_WHILE_CHECKING_S, (
+        f"the forkserver outlived its parent by {gone_after:.1f} s"
+    )
 
 
 def assert_refused_before_any_rank(watch: RunWatch, rank_start: str) -> None:
     """The launcher was seen; no rank ever was (nor, on "exec", anything else); nothing is left."""
     watch.saw(launcher=1)
-    allowed = {"launcher"} | ({"torchrun", "forkserver", "other"} if rank_start == "preloaded" else set())
+    allowed = {"launcher"} | (
+        {"torchrun", "forkserver", "other"} if rank_start == "preloaded" else set()
+    )
     started = {role for role in watch.roles.values()} - allowed
     assert not started, f"a refused run started {sorted(started)} ({watch.summary()})"
     left = watch.kill_left()
-    assert left == [], f"the prestarted harness.launch.elastic (or its forkserver) outlived the refusal: {describe(left)}"
+    assert left == [], (
+        f"the prestarted harness.launch.elastic (or its forkserver) outlived the refusal: {describe(left)}"
+    )
 
 
 @pytest.mark.slow
@@ -162,25 +194,41 @@ def test_unknown_torchtitan_option_is_refused_once_before_any_rank(tmp_path, ran
     started = time.perf_counter()
     with RunWatch(report_dir) as watch:
         out = subprocess.run(
-            [sys.executable, "-m", "harness", "run", "all", "--tier", "cpu", "--report-dir", str(report_dir),
-             "--training.stepz", "3"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "run",
+                "all",
+                "--tier",
+                "cpu",
+                "--report-dir",
+                str(report_dir),
+                "--training.stepz",
+                "3",
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, out.stderr
     assert "--training.stepz" in errors[0] and "--training.steps" in errors[0], errors[0]
-    assert "Traceback" not in out.stderr and "╭" not in out.stderr, "tyro's box is turned into one line"
+    assert "Traceback" not in out.stderr and "╭" not in out.stderr, (
+        "tyro's box is turned into one line"
+    )
     assert not report_dir.exists(), "nothing may start or be written"
     assert_refused_before_any_rank(watch, rank_start)
     assert time.perf_counter() - started < 120
 
 
 def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
-    from recipes.errors import RecipeError
-    from harness.options.run_options import RunOptions
     from harness.checks.preflight import preflight
     from harness.config.build import build_config
+    from harness.options.run_options import RunOptions
+    from recipes.errors import RecipeError
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     with pytest.raises(RecipeError, match=r"torchtitan option refused: .*--training\.steps"):
@@ -189,11 +237,10 @@ def test_an_ill_typed_torchtitan_option_is_refused_with_its_name():
 
 def test_goldens_are_judged_on_what_the_config_really_holds():
     """``--training.seq_len 64`` through torchtitan's CLI is not the default launch: no golden applies."""
-    from harness.config.build import as_configured
+    from harness.checks.preflight import preflight
+    from harness.config.build import as_configured, build_config
     from harness.judge.verdicts import golden_key
     from harness.options.run_options import RunOptions
-    from harness.checks.preflight import preflight
-    from harness.config.build import build_config
 
     opts = preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
     assert golden_key(as_configured(opts, build_config(opts))) == "step1_loss_random"
@@ -209,14 +256,32 @@ def test_a_malformed_line_deep_in_the_dataset_is_refused_with_file_and_line(tmp_
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     good = (FIXTURES / "corpus" / "train.jsonl").read_text().splitlines()[:50]
-    (corpus / "train.jsonl").write_text("\n".join(good[:37] + ["null-ish {not json"] + good[37:]) + "\n")
+    (corpus / "train.jsonl").write_text(
+        "\n".join(good[:37] + ["null-ish {not json"] + good[37:]) + "\n"
+    )
     report_dir = tmp_path / "report"
     with RunWatch(report_dir) as watch:
         out = subprocess.run(
-            [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "random",
-             "--dataset-dir", str(corpus), "--report-dir", str(report_dir)],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "run",
+                "native_qwen3",
+                "--tier",
+                "cpu",
+                "--init",
+                "random",
+                "--dataset-dir",
+                str(corpus),
+                "--report-dir",
+                str(report_dir),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, out.stderr
@@ -228,8 +293,18 @@ def test_a_malformed_line_deep_in_the_dataset_is_refused_with_file_and_line(tmp_
 
 def _add_runs(report_dir: str, writer: int, count: int) -> None:
     for i in range(count):
-        run = {"recipe": "native_qwen3", "tier": "cpu", "init": "random", "nproc": 1, "seq_len": 8,
-               "local_batch_size": 1, "losses": [], "steps": [], "writer": writer, "i": i}  # fmt: skip
+        run = {
+            "recipe": "native_qwen3",
+            "tier": "cpu",
+            "init": "random",
+            "nproc": 1,
+            "seq_len": 8,
+            "local_batch_size": 1,
+            "losses": [],
+            "steps": [],
+            "writer": writer,
+            "i": i,
+        }
         report.update(Path(report_dir), runs=[run])
 
 
@@ -244,4 +319,6 @@ def test_concurrent_runs_into_one_report_dir_keep_every_run(tmp_path):
         w.join(timeout=300)
         assert w.exitcode == 0
     runs = json.loads((tmp_path / report.RESULTS_JSON).read_text())["runs"]
-    assert sorted((r["writer"], r["i"]) for r in runs) == [(w, i) for w in range(4) for i in range(10)]
+    assert sorted((r["writer"], r["i"]) for r in runs) == [
+        (w, i) for w in range(4) for i in range(10)
+    ]

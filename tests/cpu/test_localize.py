@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
+from harness.config.provenance import sha256_of
 from harness.options.run_options import RunOptions
+from harness.rank.first_batch import Record
 from harness.reference.diagnosis import RunInfo, batch_loss, check, load_reference_model, summary
 from harness.reference.localize import localize, titan_model
-from harness.rank.first_batch import Record
-from harness.config.provenance import sha256_of
 from recipes.tiers import CPU
 
 MODEL_DIR = CPU.model_dir
@@ -33,7 +33,9 @@ def ids():
 
 
 def options(**changes) -> RunOptions:
-    return RunOptions(recipe="native_qwen3", tier="cpu", init="hf", model_dir=MODEL_DIR, **changes).resolved()
+    return RunOptions(
+        recipe="native_qwen3", tier="cpu", init="hf", model_dir=MODEL_DIR, **changes
+    ).resolved()
 
 
 @pytest.fixture
@@ -59,13 +61,19 @@ def test_a_wrong_rope_theta_is_the_first_rope(hf, ids):
     """``--rope-theta 5e6`` against config.json's 1e6: the run's model through build_config."""
     loc = localize(titan_model(options(rope_theta=5e6))[0], hf, ids)
     assert where(loc) == ("RoPE'd q", 0), loc.summary()
-    assert [(d.name, d.layer) for d in loc.diverging[1:4]] == [("RoPE'd k", 0), ("attention", 0), ("mlp norm", 0)]
+    assert [(d.name, d.layer) for d in loc.diverging[1:4]] == [
+        ("RoPE'd k", 0),
+        ("attention", 0),
+        ("mlp norm", 0),
+    ]
     assert "layer 0 RoPE'd q" in loc.summary() and "next: layer 0 RoPE'd k" in loc.summary()
 
 
 def test_an_untied_head_is_the_head(titan, hf, ids):
     """A head that is not the embedding (untied and left at its init): only the head differs."""
-    init = torch.randn(titan.lm_head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.02
+    init = (
+        torch.randn(titan.lm_head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.02
+    )
     titan.lm_head.weight = torch.nn.Parameter(init)
     loc = localize(titan, hf, ids)
     assert where(loc) == ("head", None), loc.summary()
@@ -118,11 +126,20 @@ def test_a_defect_on_transformers_side_is_found_too(titan, hf, ids):
 
 def _run(measured: float) -> RunInfo:
     return RunInfo(
-        recipe="native_qwen3", tier="cpu", model_dir=str(MODEL_DIR), measured=measured, options=options(),
-        tokenizer={"path": str(MODEL_DIR), "vocab_size": 1024,
-                   "sha256": sha256_of([MODEL_DIR / "tokenizer.json", MODEL_DIR / "tokenizer_config.json"])},
+        recipe="native_qwen3",
+        tier="cpu",
+        model_dir=str(MODEL_DIR),
+        measured=measured,
+        options=options(),
+        tokenizer={
+            "path": str(MODEL_DIR),
+            "vocab_size": 1024,
+            "sha256": sha256_of(
+                [MODEL_DIR / "tokenizer.json", MODEL_DIR / "tokenizer_config.json"]
+            ),
+        },
         model={"rope_theta": 1e6},
-    )  # fmt: skip
+    )
 
 
 def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
@@ -134,7 +151,9 @@ def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
     assert agreeing.agrees and agreeing.localization is None
     disagreeing = check(_run(reference + 0.1), record, model=hf)
     assert not disagreeing.agrees
-    assert disagreeing.localization["first"] is None, disagreeing.localization  # the models agree: the loss does not
+    assert disagreeing.localization["first"] is None, (
+        disagreeing.localization
+    )  # the models agree: the loss does not
     assert "layer by layer: no module differs" in summary(disagreeing)
     asked = check(_run(reference), record, model=hf, localize=True)
     assert asked.localization["compared"] and math.isfinite(asked.cost["localize_s"])
@@ -142,16 +161,34 @@ def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
 
 def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
     """results.md gets a "First divergence, by layer" section; upstream/<claim>.md fills its section from it."""
-    from harness.report import results as report
     from harness.night import upstream
+    from harness.report import results as report
 
     loc = localize(titan_model(options(rope_theta=5e6))[0], hf, ids).to_dict()
-    run = {"recipe": "native_qwen3", "tier": "cpu", "reference": {"verdict": "measured is 0.01 above", "localization": loc}}
-    section = "\n".join(report.first_divergence_section([run, {"recipe": "hf_backend", "tier": "cpu", "reference": {}}]))
+    run = {
+        "recipe": "native_qwen3",
+        "tier": "cpu",
+        "reference": {"verdict": "measured is 0.01 above", "localization": loc},
+    }
+    section = "\n".join(
+        report.first_divergence_section(
+            [run, {"recipe": "hf_backend", "tier": "cpu", "reference": {}}]
+        )
+    )
     assert section.startswith("## First divergence, by layer")
-    assert "- native_qwen3 (cpu): first divergence: layer 0 RoPE'd q (torchtitan layers.0.attention.rope[0]" in section
+    assert (
+        "- native_qwen3 (cpu): first divergence: layer 0 RoPE'd q (torchtitan layers.0.attention.rope[0]"
+        in section
+    )
     assert "hf_backend" not in section
-    assert report.first_divergence_section([{"recipe": "x", "tier": "cpu", "reference": {"verdict": "agrees"}}]) == []
+    assert (
+        report.first_divergence_section(
+            [{"recipe": "x", "tier": "cpu", "reference": {"verdict": "agrees"}}]
+        )
+        == []
+    )
     named = upstream.first_diverging({"native_qwen3.cpu.reference": run["reference"]})
     assert named == [f"- `native_qwen3.cpu.reference`: {loc['summary']}"]
-    assert upstream.first_diverging({"x.reference": {"verdict": "agrees"}})[0].startswith("not run for this claim")
+    assert upstream.first_diverging({"x.reference": {"verdict": "agrees"}})[0].startswith(
+        "not run for this claim"
+    )

@@ -23,19 +23,46 @@ def test_a_failing_check_fails_the_main_job_and_is_reported(tmp_path):
     path.write_text(json.dumps(data))
     report_dir = tmp_path / "report"
     out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "hf",
-         "--steps", "1", "--no-export", "--report-dir", str(report_dir)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "native_qwen3",
+            "--tier",
+            "cpu",
+            "--init",
+            "hf",
+            "--steps",
+            "1",
+            "--no-export",
+            "--report-dir",
+            str(report_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
         env={**os.environ, "QWEN3_GOLDENS_DIR": str(goldens_dir)},
-    )  # fmt: skip
+    )
     assert out.returncode == 1, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
-    assert "FAILED check: regression: step1_loss_hf" in out.stderr or "FAILED check: stale golden" in out.stderr
+    assert (
+        "FAILED check: regression: step1_loss_hf" in out.stderr
+        or "FAILED check: stale golden" in out.stderr
+    )
     results = json.loads((report_dir / "results.json").read_text())
     (check,) = [c for c in results["checks"] if c["key"] == "native_qwen3.cpu.step1_loss_hf"]
-    assert (check["lane"], check["golden"], check["published"], check["passed"]) == ("exact", 1.25, None, False)
+    assert (check["lane"], check["golden"], check["published"], check["passed"]) == (
+        "exact",
+        1.25,
+        None,
+        False,
+    )
     assert check["measured"] == pytest.approx(1.548, abs=1e-3)
     markdown = (report_dir / "results.md").read_text()
-    assert "**FAIL:" in markdown and "Josh Longenecker" in markdown and "shared/seed" not in markdown
+    assert (
+        "**FAIL:" in markdown and "Josh Longenecker" in markdown and "shared/seed" not in markdown
+    )
     # the job reports its own wall time and the share spent outside training steps
     timing = results["timing"]
     assert timing["wall_s"] >= timing["launches_s"] >= timing["training_steps_s"] > 0, timing

@@ -7,15 +7,15 @@ one-document sequences, so one launch serves both claims.
 
 from __future__ import annotations
 
-import pytest
-
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import curve_runs
+import pytest
+
+from harness.checks.preflight import preflight
 from harness.launch.lifecycle import launch
 from harness.options.run_options import RunOptions
-from harness.checks.preflight import preflight
 
 
 def free_port() -> int:
@@ -25,13 +25,21 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_localhost_match_one_node_with_two_processes(tmp_path, recipe_run, shared_dir, record_property):
+def test_two_nodes_on_localhost_match_one_node_with_two_processes(
+    tmp_path, recipe_run, shared_dir, record_property
+):
     one_node = curve_runs.same_batch_run(recipe_run, shared_dir, nproc=2)
     options = {**curve_runs.same_batch_options(shared_dir, nproc=2), "nproc": 1}
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [
         preflight(
-            RunOptions(**options, nnodes=2, node_rank=rank, rdzv_endpoint=endpoint, run_dir=tmp_path / f"node{rank}")
+            RunOptions(
+                **options,
+                nnodes=2,
+                node_rank=rank,
+                rdzv_endpoint=endpoint,
+                run_dir=tmp_path / f"node{rank}",
+            )
         )
         for rank in (0, 1)
     ]

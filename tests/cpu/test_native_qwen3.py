@@ -9,7 +9,6 @@ import torch
 
 from recipes.tiers import TINY_DENSE
 
-
 STEPS = 5
 
 
@@ -24,13 +23,18 @@ def test_two_process_run_trains(native_hf_run, record_property):
 
 def test_pretrained_step1_loss_matches_golden(native_hf_run, golden):
     golden(
-        "native_qwen3", "cpu", "step1_loss_hf", native_hf_run["losses"][0],
+        "native_qwen3",
+        "cpu",
+        "step1_loss_hf",
+        native_hf_run["losses"][0],
         reason="fixture checkpoint, 2 ranks × 2 × 256 tokens, seed 0: deterministic on the pinned cpu lock",
     )
 
 
 @pytest.mark.slow
-def test_pretrained_step1_loss_is_far_below_random_init(native_hf_run, native_random_run, record_property):
+def test_pretrained_step1_loss_is_far_below_random_init(
+    native_hf_run, native_random_run, record_property
+):
     pretrained, random = native_hf_run["losses"][0], native_random_run["losses"][0]
     record_property("native_step1_loss_hf", pretrained)
     record_property("native_step1_loss_random", random)
@@ -79,12 +83,16 @@ def test_init_scheme_matches_first_principles(record_property):
     In-process: the recipe's model spec, built and initialised as the trainer does
     (meta build, ``to_empty``, ``init_weights``), for several seeds.
     """
-    from harness.options.run_options import RunOptions
     from harness.checks.preflight import preflight
     from harness.config.build import build_config
+    from harness.options.run_options import RunOptions
 
-    spec = build_config(preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))).model_spec
-    tokens = torch.randint(TINY_DENSE.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0))
+    spec = build_config(
+        preflight(RunOptions(recipe="native_qwen3", tier="cpu", init="random"))
+    ).model_spec
+    tokens = torch.randint(
+        TINY_DENSE.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0)
+    )
     expected = first_principles_loss()
     measured = {}
     for seed in range(4):
@@ -95,7 +103,9 @@ def test_init_scheme_matches_first_principles(record_property):
         with torch.no_grad():
             model.init_weights(buffer_device=None)
         measured[seed] = uniform_target_ce(model, tokens)
-    assert model.lm_head.weight is model.tok_embeddings.weight, "the recipe's model is no longer tied"
+    assert model.lm_head.weight is model.tok_embeddings.weight, (
+        "the recipe's model is no longer tied"
+    )
     with torch.no_grad():
         model.lm_head.weight.zero_()
     zero_head = uniform_target_ce(model, tokens)
@@ -112,9 +122,13 @@ def test_init_scheme_matches_first_principles(record_property):
 WIDTH_4B, VOCAB_4B = 2560, 151936
 
 
-@pytest.mark.xdist_group("real-4b-width")  # one worker runs both real-width proxies: none waits on the lock
+@pytest.mark.xdist_group(
+    "real-4b-width"
+)  # one worker runs both real-width proxies: none waits on the lock
 @pytest.mark.slow
-def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_init_proxy, golden, record_property):
+def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(
+    random_init_proxy, golden, record_property
+):
     """A cpu PROXY of the tutorial's random-init step-1 loss 12.43: near it, not a reproduction of it.
 
     Measured: step 1 of config 2 from torchtitan's random init (tied head, std 0.02) at the real
@@ -141,9 +155,16 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
     assert abs(math.log(VOCAB_4B) - entry.value) > entry.tolerance, entry
     result = random_init_proxy("native_qwen3")
     model = result["model"]
-    assert (model["hidden_size"], model["vocab_size"], model["num_hidden_layers"]) == (WIDTH_4B, VOCAB_4B, 1)
+    assert (model["hidden_size"], model["vocab_size"], model["num_hidden_layers"]) == (
+        WIDTH_4B,
+        VOCAB_4B,
+        1,
+    )
     assert result["global_valid_tokens"] == 2048
-    record_property("native_random_init_proxy_first_principles", math.log(VOCAB_4B) + WIDTH_4B * OUTPUT_INIT_STD**2 / 2)
+    record_property(
+        "native_random_init_proxy_first_principles",
+        math.log(VOCAB_4B) + WIDTH_4B * OUTPUT_INIT_STD**2 / 2,
+    )
     record_property("native_random_init_proxy_wall_s", result["wall_s"])
     record_property("native_random_init_proxy_cpu_s", result["children_cpu_s"])
     golden("native_qwen3", "cpu", "step1_loss_random_4b_width", result["loss"])
@@ -152,7 +173,15 @@ def test_random_init_proxy_at_4b_width_one_layer_is_near_published_12_43(random_
 @pytest.mark.slow
 def test_same_seed_gives_bitwise_identical_losses(recipe_run, record_property):
     runs = [
-        recipe_run(f"native-determinism-{i}", recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", seed=7)
+        recipe_run(
+            f"native-determinism-{i}",
+            recipe="native_qwen3",
+            tier="cpu",
+            nproc=1,
+            steps=3,
+            init="hf",
+            seed=7,
+        )
         for i in (1, 2)
     ]
     record_property("determinism_losses", [r["losses"] for r in runs])

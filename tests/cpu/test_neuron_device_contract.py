@@ -52,7 +52,9 @@ def _is_body(fn: ast.AST) -> bool:
 
 def device_touch(node: ast.AST) -> str | None:
     """What ``node`` does to the device, or None: imports torch_neuronx, names the neuron device, opens it."""
-    if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch_neuronx" for a in node.names):
+    if isinstance(node, ast.Import) and any(
+        a.name.split(".")[0] == "torch_neuronx" for a in node.names
+    ):
         return "imports torch_neuronx"
     if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch_neuronx":
         return "imports torch_neuronx"
@@ -61,8 +63,13 @@ def device_touch(node: ast.AST) -> str | None:
     called = _name(node.func)
     if called in DEVICE_FUNCTIONS:
         return f"calls {called}()"
-    named = [a for a in node.args if called in DEVICE_CALLS] + [k.value for k in node.keywords if k.arg == "device"]
-    if any(isinstance(a, ast.Constant) and isinstance(a.value, str) and NEURON_DEVICE.match(a.value) for a in named):
+    named = [a for a in node.args if called in DEVICE_CALLS] + [
+        k.value for k in node.keywords if k.arg == "device"
+    ]
+    if any(
+        isinstance(a, ast.Constant) and isinstance(a.value, str) and NEURON_DEVICE.match(a.value)
+        for a in named
+    ):
         return f"names the neuron device in {called}(...)"
     return None
 
@@ -79,8 +86,10 @@ def contract_violations(path: Path) -> list[str]:
         if touch and not inside_body:
             found.append(f"{path.name}:{node.lineno}: {touch} outside a @{BODY_DECORATOR} function")
         if isinstance(node, ast.Call) and _name(node.func) in bodies:
-            found.append(f"{path.name}:{node.lineno}: calls the body {_name(node.func)}() directly; "
-                         f"use on_neuron_cores({_name(node.func)})")  # fmt: skip
+            found.append(
+                f"{path.name}:{node.lineno}: calls the body {_name(node.func)}() directly; "
+                f"use on_neuron_cores({_name(node.func)})"
+            )
         for child in ast.iter_child_nodes(node):
             visit(child, inside_body)
 
@@ -94,7 +103,8 @@ def test_no_neuron_test_touches_the_device_in_the_pytest_process():
     violations = [v for path in modules for v in contract_violations(path)]
     assert not violations, (
         "tests/neuron touches a NeuronCore in the pytest process, which then holds every core until it "
-        "exits; run it through tests/neuron/neuron_cores.py on_neuron_cores:\n" + "\n".join(violations)
+        "exits; run it through tests/neuron/neuron_cores.py on_neuron_cores:\n"
+        + "\n".join(violations)
     )
 
 
@@ -104,9 +114,10 @@ def test_the_kernel_tests_measure_through_the_contract():
         tree = ast.parse((NEURON_TESTS / name).read_text())
         bodies = [fn.name for fn in ast.walk(tree) if _is_body(fn)]
         launched = {
-            _name(node.args[0]) for node in ast.walk(tree)
+            _name(node.args[0])
+            for node in ast.walk(tree)
             if isinstance(node, ast.Call) and _name(node.func) == "on_neuron_cores" and node.args
-        }  # fmt: skip
+        }
         assert bodies and set(bodies) == launched, (name, bodies, launched)
 
 
@@ -117,7 +128,10 @@ def test_the_kernel_tests_measure_through_the_contract():
         ("from torch_neuronx.nki_hop import wrap_nki\n", "imports torch_neuronx"),
         ("import torch\nd = torch.device('neuron')\n", "names the neuron device in device(...)"),
         ("def f(x):\n    return x.to('neuron:0')\n", "names the neuron device in to(...)"),
-        ("import torch\nt = torch.zeros(2, device='neuron')\n", "names the neuron device in zeros(...)"),
+        (
+            "import torch\nt = torch.zeros(2, device='neuron')\n",
+            "names the neuron device in zeros(...)",
+        ),
         ("from neuron_cores import neuron_device\nd = neuron_device()\n", "calls neuron_device()"),
         ("from recipes.platform import neuron\nneuron.install()\n", "calls install()"),
     ],
@@ -125,16 +139,20 @@ def test_the_kernel_tests_measure_through_the_contract():
 def test_the_checker_sees_each_kind_of_device_touch(tmp_path, source, touch):
     path = tmp_path / "test_x.py"
     path.write_text(source)
-    assert [v.split(": ", 1)[1] for v in contract_violations(path)] == [f"{touch} outside a @{BODY_DECORATOR} function"]
+    assert [v.split(": ", 1)[1] for v in contract_violations(path)] == [
+        f"{touch} outside a @{BODY_DECORATOR} function"
+    ]
     path.write_text(
-        "from neuron_cores import neuron_core_body\n@neuron_core_body\ndef body():\n" + textwrap.indent(source, "    ")
+        "from neuron_cores import neuron_core_body\n@neuron_core_body\ndef body():\n"
+        + textwrap.indent(source, "    ")
     )
     assert contract_violations(path) == []
 
 
 def test_the_checker_refuses_a_body_called_directly(tmp_path):
     path = tmp_path / "test_x.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         from neuron_cores import neuron_core_body, on_neuron_cores
         @neuron_core_body
         def body():
@@ -143,16 +161,17 @@ def test_the_checker_refuses_a_body_called_directly(tmp_path):
             on_neuron_cores(body)
         def test_bad():
             body()
-    """))  # fmt: skip
+    """)
+    )
     assert contract_violations(path) == [
-        f"test_x.py:9: calls the body body() directly; use on_neuron_cores(body)"
+        "test_x.py:9: calls the body body() directly; use on_neuron_cores(body)"
     ]
 
 
 # ---------------------------------------------------------------- on_neuron_cores, run for real on cpu
 
 
-BODIES = '''
+BODIES = """
 import os, subprocess, sys, time
 from neuron_cores import neuron_core_body, neuron_device
 
@@ -179,7 +198,7 @@ def hangs(pid_file):
 @neuron_core_body
 def asks_for_the_device():
     return str(neuron_device())
-'''
+"""
 
 
 @pytest.fixture
@@ -199,16 +218,28 @@ def bodies(tmp_path, contract):
     return module
 
 
-@pytest.mark.parametrize("parent, cores, child", [(None, 1, "0"), ("16-31", 1, "16"), ("16-31", 4, "16-19"), ("5", 1, "5")])
-def test_a_body_runs_in_a_child_that_names_its_cores(contract, bodies, monkeypatch, parent, cores, child):
+@pytest.mark.parametrize(
+    "parent, cores, child",
+    [(None, 1, "0"), ("16-31", 1, "16"), ("16-31", 4, "16-19"), ("5", 1, "5")],
+)
+def test_a_body_runs_in_a_child_that_names_its_cores(
+    contract, bodies, monkeypatch, parent, cores, child
+):
     if parent is None:
         monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
     else:
         monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", parent)
     result = contract.on_neuron_cores(bodies.report, "x", cores=cores, timeout_s=120)
-    assert result == {"tag": "x", "cores": child, "pid": result["pid"], "torch_neuronx_loaded": False}
+    assert result == {
+        "tag": "x",
+        "cores": child,
+        "pid": result["pid"],
+        "torch_neuronx_loaded": False,
+    }
     assert result["pid"] != os.getpid()
-    assert os.environ.get("NEURON_RT_VISIBLE_CORES") == parent, "the pytest process's own value is untouched"
+    assert os.environ.get("NEURON_RT_VISIBLE_CORES") == parent, (
+        "the pytest process's own value is untouched"
+    )
 
 
 def test_a_slice_too_small_for_the_body_is_refused(contract, bodies, monkeypatch):
@@ -227,7 +258,10 @@ def test_a_body_or_the_device_refuses_to_run_in_the_pytest_process(contract, bod
 
 
 def test_a_failing_body_fails_the_test_with_the_childs_traceback(contract, bodies):
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)fails on NeuronCores 0 failed.*ValueError: the kernel refused"):
+    with pytest.raises(
+        pytest.fail.Exception,
+        match=r"(?s)fails on NeuronCores 0 failed.*ValueError: the kernel refused",
+    ):
         contract.on_neuron_cores(bodies.fails, timeout_s=120)
 
 
@@ -264,22 +298,37 @@ def test_a_timeout_kills_the_child_and_what_it_started(contract, bodies, tmp_pat
 def test_open_neuron_devices_reads_the_fd_table(contract, tmp_path):
     fds = tmp_path / "fd"
     fds.mkdir()
-    for fd, target in {"3": "/dev/neuron0", "4": "/dev/null", "5": "/dev/neuron12", "6": "/dev/neuron0"}.items():
+    for fd, target in {
+        "3": "/dev/neuron0",
+        "4": "/dev/null",
+        "5": "/dev/neuron12",
+        "6": "/dev/neuron0",
+    }.items():
         (fds / fd).symlink_to(target)
     assert contract.open_neuron_devices(fds) == ["/dev/neuron0", "/dev/neuron12"]
     assert contract.open_neuron_devices() == [], "this (cpu) process holds no Neuron device"
 
 
 def test_a_test_after_which_the_pytest_process_holds_the_device_fails(contract):
-    with pytest.raises(pytest.fail.Exception, match=r"after tests/neuron/test_x.py::t the pytest process holds /dev/neuron3"):
+    with pytest.raises(
+        pytest.fail.Exception,
+        match=r"after tests/neuron/test_x.py::t the pytest process holds /dev/neuron3",
+    ):
         contract.fail_if_device_held("tests/neuron/test_x.py::t", ["/dev/neuron3"])
     contract.fail_if_device_held("tests/neuron/test_x.py::t", [])
     contract.fail_if_device_held("tests/neuron/test_x.py::t")  # this cpu process holds none
     conftest = ast.parse((NEURON_TESTS / "conftest.py").read_text())
-    teardown = [fn for fn in ast.walk(conftest) if isinstance(fn, ast.FunctionDef) and fn.name == "pytest_runtest_teardown"]
+    teardown = [
+        fn
+        for fn in ast.walk(conftest)
+        if isinstance(fn, ast.FunctionDef) and fn.name == "pytest_runtest_teardown"
+    ]
     assert teardown and any(
-        isinstance(n, ast.Call) and _name(n.func) == "fail_if_device_held" for n in ast.walk(teardown[0])
-    ), "tests/neuron/conftest.py must check, after every neuron test, that the pytest process holds no device"
+        isinstance(n, ast.Call) and _name(n.func) == "fail_if_device_held"
+        for n in ast.walk(teardown[0])
+    ), (
+        "tests/neuron/conftest.py must check, after every neuron test, that the pytest process holds no device"
+    )
 
 
 def _autoloading_backend(root: Path, record: Path) -> dict[str, str]:
@@ -309,14 +358,25 @@ def test_the_pytest_process_does_not_autoload_a_device_backend(tmp_path):
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "neuron", "-p", "no:xdist", "--collect-only", "-q"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "tests collected" in done.stdout and "import torch" in (REPO_ROOT / "tests/neuron/test_rope_kernel_neuron.py").read_text()
+    assert (
+        "tests collected" in done.stdout
+        and "import torch" in (REPO_ROOT / "tests/neuron/test_rope_kernel_neuron.py").read_text()
+    )
     assert not record.exists(), f"the pytest process autoloaded the backend: {record.read_text()}"
-    child = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True, timeout=300)
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert child.returncode == 0, child.stderr[-2000:]
-    assert record.read_text().strip(), "the probe backend did not autoload in a plain child: the test proves nothing"
+    assert record.read_text().strip(), (
+        "the probe backend did not autoload in a plain child: the test proves nothing"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -327,7 +387,9 @@ def environment_seen_by_a_session_fixture() -> dict[str, str | None]:
     return {HIDE_DEVICES_ENV: os.environ.get(HIDE_DEVICES_ENV)}
 
 
-def test_the_host_neuron_is_hidden_before_any_session_fixture(environment_seen_by_a_session_fixture):
+def test_the_host_neuron_is_hidden_before_any_session_fixture(
+    environment_seen_by_a_session_fixture,
+):
     """A shared run (a session fixture) launched on a trn2 host must already see no Neuron device."""
     from recipes.platform.neuron import HIDE_DEVICES_ENV
 
@@ -341,7 +403,11 @@ def test_a_body_and_what_it_started_end_when_pytest_dies(bodies, tmp_path, signu
     NeuronCores) in a session of its own. Seen failing: the rehearsal's runner ended the pytest step and
     ``neuron_cores.py ... checked_lane_options`` was still running afterwards."""
     pid_file = tmp_path / "pids"
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import importlib.util, sys
         sys.path[:0] = [{str(NEURON_TESTS)!r}, {str(REPO_ROOT)!r}]
         from neuron_cores import on_neuron_cores
@@ -349,7 +415,10 @@ def test_a_body_and_what_it_started_end_when_pytest_dies(bodies, tmp_path, signu
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         on_neuron_cores(module.hangs, {str(pid_file)!r}, timeout_s=600)
-    """)], cwd=REPO_ROOT)  # fmt: skip
+    """),
+        ],
+        cwd=REPO_ROOT,
+    )
     deadline = time.monotonic() + 60
     while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
         assert time.monotonic() < deadline and parent.poll() is None, "the body never started"
@@ -373,9 +442,19 @@ def test_every_neuron_launch_takes_its_rank_count_from_the_tier():
     literal = []
     for path in sorted(NEURON_TESTS.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and _name(node.func) in ("run_titan_train", "titan_train_command"):
-                nproc = node.args[2] if len(node.args) > 2 else next(
-                    (k.value for k in node.keywords if k.arg == "nproc"), None)  # fmt: skip
+            if isinstance(node, ast.Call) and _name(node.func) in (
+                "run_titan_train",
+                "titan_train_command",
+            ):
+                nproc = (
+                    node.args[2]
+                    if len(node.args) > 2
+                    else next((k.value for k in node.keywords if k.arg == "nproc"), None)
+                )
                 if isinstance(nproc, ast.Constant):
-                    literal.append(f"{path.name}:{node.lineno}: {_name(node.func)}(..., {nproc.value}, ...)")
-    assert not literal, "pass the tier's rank count (recipes.tiers.TRN2.nproc):\n" + "\n".join(literal)
+                    literal.append(
+                        f"{path.name}:{node.lineno}: {_name(node.func)}(..., {nproc.value}, ...)"
+                    )
+    assert not literal, "pass the tier's rank count (recipes.tiers.TRN2.nproc):\n" + "\n".join(
+        literal
+    )

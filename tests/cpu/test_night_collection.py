@@ -25,8 +25,14 @@ NEURON_TESTS = ROOT / "tests" / "neuron"
 def night_pytest_command() -> list[str]:
     """The nightly's pytest step, as argv (its interpreter is replaced by this one)."""
     workflow = yaml.safe_load((ROOT / ".github/workflows/nightly-trn2.yml").read_text())
-    runs = [step["run"] for step in workflow["jobs"]["neuron"]["steps"] if "pytest -m neuron" in step.get("run", "")]
-    assert len(runs) == 1, f"nightly-trn2.yml has {len(runs)} steps running `pytest -m neuron`, expected one"
+    runs = [
+        step["run"]
+        for step in workflow["jobs"]["neuron"]["steps"]
+        if "pytest -m neuron" in step.get("run", "")
+    ]
+    assert len(runs) == 1, (
+        f"nightly-trn2.yml has {len(runs)} steps running `pytest -m neuron`, expected one"
+    )
     argv = shlex.split(runs[0].replace("\\\n", " "))
     assert argv[0].endswith("/bin/python"), argv
     return [sys.executable, *argv[1:]]
@@ -35,17 +41,22 @@ def night_pytest_command() -> list[str]:
 def makefile_pytest_command() -> list[str]:
     """``make test-neuron``'s pytest command, with ``$(PYTEST_ARGS)`` empty."""
     lines = (ROOT / "Makefile").read_text().splitlines()
-    recipe = lines[lines.index(next(l for l in lines if l.startswith("test-neuron:"))) + 1]
+    recipe = lines[lines.index(next(ln for ln in lines if ln.startswith("test-neuron:"))) + 1]
     argv = shlex.split(recipe.replace("$(PYTEST_ARGS)", ""))
     assert argv[0] == "$(NEURON_VENV_DIR)/bin/python", recipe
     return [sys.executable, *argv[1:]]
 
 
 def collect(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    argv = [a.replace("report/", f"{tmp_path}/report/") if a.startswith("--junitxml=") else a for a in argv]
+    argv = [
+        a.replace("report/", f"{tmp_path}/report/") if a.startswith("--junitxml=") else a
+        for a in argv
+    ]
     if "--report-dir" in argv:
         argv[argv.index("--report-dir") + 1] = str(tmp_path / "report")
-    return subprocess.run([*argv, "--collect-only", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*argv, "--collect-only", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def neuron_test_ids(out: str) -> list[str]:
@@ -57,15 +68,21 @@ def test_the_nights_command_collects_every_neuron_test_and_nothing_else(source, 
     argv = night_pytest_command() if source == "workflow" else makefile_pytest_command()
     assert "-p" in argv and argv[argv.index("-p") + 1] == "no:xdist", argv
     done = collect(argv, tmp_path)
-    assert done.returncode == 0, f"{shlex.join(argv)} --collect-only failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+    assert done.returncode == 0, (
+        f"{shlex.join(argv)} --collect-only failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+    )
     ids = neuron_test_ids(done.stdout)
     assert ids and all(i.startswith("tests/neuron/") for i in ids), ids
-    assert "deselected" not in done.stdout, "a tests/cpu module was collected (then deselected) by the night"
+    assert "deselected" not in done.stdout, (
+        "a tests/cpu module was collected (then deselected) by the night"
+    )
     assert f"{len(ids)} tests collected" in done.stdout, done.stdout[-500:]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("xdist", [["-p", "no:xdist"], ["-n", "2"]], ids=["without-xdist", "with-xdist"])
+@pytest.mark.parametrize(
+    "xdist", [["-p", "no:xdist"], ["-n", "2"]], ids=["without-xdist", "with-xdist"]
+)
 def test_the_cpu_tier_collects_with_and_without_xdist(xdist, tmp_path):
     """An xdist-only marker in a tests/cpu module fails here, whichever way the tier is started."""
     done = collect([sys.executable, "-m", "pytest", "-m", "cpu", *xdist], tmp_path)
@@ -97,11 +114,20 @@ def night_order(tmp_path: Path) -> list[dict]:
 
     from night_order_probe import PREFIX
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     argv = [*night_pytest_command(), "-p", "night_order_probe", "--collect-only", "-q"]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    return [json.loads(line[len(PREFIX):]) for line in done.stdout.splitlines() if line.startswith(PREFIX)]
+    return [
+        json.loads(line[len(PREFIX) :])
+        for line in done.stdout.splitlines()
+        if line.startswith(PREFIX)
+    ]
 
 
 def lane_run_literals(path: Path) -> dict[str, set[str] | None]:
@@ -111,9 +137,15 @@ def lane_run_literals(path: Path) -> dict[str, set[str] | None]:
     found: dict[str, set[str] | None] = {}
     for fn in ast.parse(path.read_text()).body:
         if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_"):
-            calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "lane_run"]
+            calls = [
+                c
+                for c in ast.walk(fn)
+                if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "lane_run"
+            ]
             if calls:
-                found[fn.name] = {c.args[0].value for c in calls if isinstance(c.args[0], ast.Constant)}
+                found[fn.name] = {
+                    c.args[0].value for c in calls if isinstance(c.args[0], ast.Constant)
+                }
     return found
 
 
@@ -128,12 +160,16 @@ def test_the_night_runs_cheap_checks_first_then_its_launches_in_the_plans_order(
     for test in order:
         first = [name for name in test["launches"] if name not in started]
         # The host reference tests wait for the host worker after the last launch: they never start one.
-        assert not (first and test["host_reference"]), f"{test['id']} would start {first} after the last launch"
+        assert not (first and test["host_reference"]), (
+            f"{test['id']} would start {first} after the last launch"
+        )
         started += first
     assert started == [name for name in LAUNCHES if name in started], started
     waiting = [t["host_reference"] for t in order if t["launches"]]
     assert waiting == sorted(waiting) and any(waiting), [t["id"] for t in order]
-    assert set(started) == set(LAUNCHES), f"launches of the plan no test uses: {set(LAUNCHES) - set(started)}"
+    assert set(started) == set(LAUNCHES), (
+        f"launches of the plan no test uses: {set(LAUNCHES) - set(started)}"
+    )
     marks: dict[str, set[str]] = {}
     for t in order:
         marks.setdefault(t["id"].split("[")[0], set()).update(t["launches"])
@@ -141,4 +177,6 @@ def test_the_night_runs_cheap_checks_first_then_its_launches_in_the_plans_order(
         for name, literal in lane_run_literals(path).items():
             test = f"tests/neuron/{path.name}::{name}"
             assert marks.get(test), f"{test} calls lane_run without @pytest.mark.launch"
-            assert literal <= marks[test], f"{test} calls lane_run{tuple(literal)} but is marked {marks[test]}"
+            assert literal <= marks[test], (
+                f"{test} calls lane_run{tuple(literal)} but is marked {marks[test]}"
+            )

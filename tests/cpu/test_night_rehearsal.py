@@ -17,15 +17,23 @@ from rehearsal import night
 from rehearsal.workflow import Context, JobRun, WorkflowError, upload_artifact
 
 
-def job(tmp_path: Path, steps: list[dict], env: dict | None = None, paths: dict | None = None) -> JobRun:
+def job(
+    tmp_path: Path, steps: list[dict], env: dict | None = None, paths: dict | None = None
+) -> JobRun:
     workflow = tmp_path / "wf.yml"
-    workflow.write_text(yaml.safe_dump({"on": "push", "jobs": {"j": {"runs-on": "x", "env": env or {}, "steps": steps}}}))
+    workflow.write_text(
+        yaml.safe_dump(
+            {"on": "push", "jobs": {"j": {"runs-on": "x", "env": env or {}, "steps": steps}}}
+        )
+    )
     workspace = tmp_path / "ws"
     workspace.mkdir()
     context = Context(github={"workspace": str(workspace), "run_number": "7"}, paths=paths or {})
     base_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RUNNER_TEMP": str(tmp_path / "rt")}
     (tmp_path / "rt").mkdir()
-    return JobRun(workflow, context, workspace, base_env, actions={"actions/upload-artifact": upload_artifact})
+    return JobRun(
+        workflow, context, workspace, base_env, actions={"actions/upload-artifact": upload_artifact}
+    )
 
 
 def codes(results) -> list:
@@ -34,47 +42,85 @@ def codes(results) -> list:
 
 def test_expressions_env_and_mapped_paths_reach_the_step(tmp_path):
     opt = tmp_path / "opt-standin"
-    run = job(tmp_path, [{"name": "s", "env": {"N": "${{ github.run_number }}"},
-                          "run": 'echo "$N ${{ github.workspace }} $CACHE" > out.txt'}],
-              env={"CACHE": "/opt/cache/neff"}, paths={"/opt/cache": opt})
+    run = job(
+        tmp_path,
+        [
+            {
+                "name": "s",
+                "env": {"N": "${{ github.run_number }}"},
+                "run": 'echo "$N ${{ github.workspace }} $CACHE" > out.txt',
+            }
+        ],
+        env={"CACHE": "/opt/cache/neff"},
+        paths={"/opt/cache": opt},
+    )
     assert codes(run.run()) == [0]
     assert (run.workspace / "out.txt").read_text() == f"7 {run.workspace} {opt}/neff\n"
 
 
 def test_github_env_and_output_reach_later_steps(tmp_path):
-    run = job(tmp_path, [
-        {"name": "a", "id": "a", "run": 'echo "V=one" >> "$GITHUB_ENV"\nprintf "k<<EOF\\nx y\\nEOF\\n" >> "$GITHUB_OUTPUT"'},
-        {"name": "b", "run": 'echo "$V ${{ steps.a.outputs.k }}" > out.txt'},
-    ], env={"V": "job"})
+    run = job(
+        tmp_path,
+        [
+            {
+                "name": "a",
+                "id": "a",
+                "run": 'echo "V=one" >> "$GITHUB_ENV"\nprintf "k<<EOF\\nx y\\nEOF\\n" >> "$GITHUB_OUTPUT"',
+            },
+            {"name": "b", "run": 'echo "$V ${{ steps.a.outputs.k }}" > out.txt'},
+        ],
+        env={"V": "job"},
+    )
     assert codes(run.run()) == [0, 0]
     assert (run.workspace / "out.txt").read_text() == "one x y\n"  # GITHUB_ENV over the job's env
 
 
 def test_an_unnamed_shell_is_bash_e_and_shell_bash_adds_pipefail(tmp_path):
-    run = job(tmp_path, [
-        {"name": "unnamed", "run": "false | true\ntouch unnamed.txt\nfalse\ntouch never.txt"},  # bash -e {0}
-        {"name": "bash", "if": "always()", "shell": "bash", "run": "false | true\ntouch never.txt"},
-    ])
+    run = job(
+        tmp_path,
+        [
+            {
+                "name": "unnamed",
+                "run": "false | true\ntouch unnamed.txt\nfalse\ntouch never.txt",
+            },  # bash -e {0}
+            {
+                "name": "bash",
+                "if": "always()",
+                "shell": "bash",
+                "run": "false | true\ntouch never.txt",
+            },
+        ],
+    )
     assert codes(run.run()) == [1, 1]
     assert sorted(p.name for p in run.workspace.iterdir()) == ["unnamed.txt"]
 
 
 def test_after_a_failure_only_always_and_not_cancelled_steps_run(tmp_path):
-    run = job(tmp_path, [
-        {"name": "fails", "run": "false\necho never > never.txt"},
-        {"name": "default success()", "run": "touch skipped.txt"},
-        {"name": "always", "if": "always()", "run": "touch always.txt"},
-        {"name": "not cancelled", "if": "${{ !cancelled() }}", "run": "touch not-cancelled.txt"},
-    ])
+    run = job(
+        tmp_path,
+        [
+            {"name": "fails", "run": "false\necho never > never.txt"},
+            {"name": "default success()", "run": "touch skipped.txt"},
+            {"name": "always", "if": "always()", "run": "touch always.txt"},
+            {
+                "name": "not cancelled",
+                "if": "${{ !cancelled() }}",
+                "run": "touch not-cancelled.txt",
+            },
+        ],
+    )
     assert codes(run.run()) == [1, None, 0, 0]
     assert sorted(p.name for p in run.workspace.iterdir()) == ["always.txt", "not-cancelled.txt"]
 
 
-@pytest.mark.parametrize("text, named", [
-    ("echo ${{ github.event_name }}", "github.event_name"),
-    ("echo ${{ secrets.TOKEN }}", "secrets.TOKEN"),
-    ("ls /opt/unmapped/dir", "/opt/unmapped/dir"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("echo ${{ github.event_name }}", "github.event_name"),
+        ("echo ${{ secrets.TOKEN }}", "secrets.TOKEN"),
+        ("ls /opt/unmapped/dir", "/opt/unmapped/dir"),
+    ],
+)
 def test_an_unknown_expression_or_unmapped_path_is_refused_by_name(tmp_path, text, named):
     run = job(tmp_path, [{"name": "s", "run": text}], paths={"/opt/cache": tmp_path})
     with pytest.raises(WorkflowError, match=f"step 1 's'.*'[^']*{named}"):
@@ -82,12 +128,22 @@ def test_an_unknown_expression_or_unmapped_path_is_refused_by_name(tmp_path, tex
 
 
 def test_upload_artifact_honours_if_no_files_found(tmp_path):
-    run = job(tmp_path, [
-        {"name": "make", "run": "mkdir -p report && touch report/a.json"},
-        {"name": "up", "uses": "actions/upload-artifact@v4", "with": {"name": "r", "path": "report/"}},
-        {"name": "missing", "uses": "actions/upload-artifact@v4",
-         "with": {"name": "h", "path": "history/runs.jsonl", "if-no-files-found": "error"}},
-    ])
+    run = job(
+        tmp_path,
+        [
+            {"name": "make", "run": "mkdir -p report && touch report/a.json"},
+            {
+                "name": "up",
+                "uses": "actions/upload-artifact@v4",
+                "with": {"name": "r", "path": "report/"},
+            },
+            {
+                "name": "missing",
+                "uses": "actions/upload-artifact@v4",
+                "with": {"name": "h", "path": "history/runs.jsonl", "if-no-files-found": "error"},
+            },
+        ],
+    )
     assert codes(run.run()) == [0, 0, 1]
     assert [a["missing"] for a in run.artifacts] == [[], ["history/runs.jsonl"]]
 
@@ -105,18 +161,36 @@ def test_a_write_into_the_source_checkout_opt_or_the_cpu_venv_is_found(tmp_path)
     # what pip would leave had it uninstalled the cpu venv's torchtitan for the fork's distribution of that name
     (site / "torchtitan-0.3.0.dist-info").rename(site / "torchtitan-0.2.2+neuron.1.dist-info")
     found = night.writes_outside(before, night.snapshot(source, watched, str(opt), site))
-    assert len(found) == 4 and "stray.txt" in found[0] and "trend.jsonl" in found[1] and "trend.jsonl" in found[2]
-    assert "lost ['torchtitan-0.3.0.dist-info'], gained ['torchtitan-0.2.2+neuron.1.dist-info']" in found[3]
+    assert (
+        len(found) == 4
+        and "stray.txt" in found[0]
+        and "trend.jsonl" in found[1]
+        and "trend.jsonl" in found[2]
+    )
+    assert (
+        "lost ['torchtitan-0.3.0.dist-info'], gained ['torchtitan-0.2.2+neuron.1.dist-info']"
+        in found[3]
+    )
 
 
 def test_the_expected_exit_table_names_every_step_of_the_real_nightly(tmp_path):
     expected = night.expected_codes(night.WORKFLOW, "first")
-    assert len(expected) == len(yaml.safe_load(night.WORKFLOW.read_text())["jobs"]["neuron"]["steps"])
-    assert expected["Fail unless every published trn2 claim was measured"] == 1  # goldens' inputs still null
+    assert len(expected) == len(
+        yaml.safe_load(night.WORKFLOW.read_text())["jobs"]["neuron"]["steps"]
+    )
+    assert (
+        expected["Fail unless every published trn2 claim was measured"] == 1
+    )  # goldens' inputs still null
     assert set(night.expected_codes(night.WORKFLOW, "later").values()) == {0}
     renamed = tmp_path / "nightly.yml"
-    renamed.write_text(night.WORKFLOW.read_text().replace("- name: NEFF cache hits and misses", "- name: NEFF hits"))
-    with pytest.raises(night.RehearsalError, match=r"no entry for \['NEFF hits'\].*'NEFF cache hits and misses'"):
+    renamed.write_text(
+        night.WORKFLOW.read_text().replace(
+            "- name: NEFF cache hits and misses", "- name: NEFF hits"
+        )
+    )
+    with pytest.raises(
+        night.RehearsalError, match=r"no entry for \['NEFF hits'\].*'NEFF cache hits and misses'"
+    ):
         night.expected_codes(renamed, "first")
 
 
@@ -156,19 +230,25 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(t
     from rehearsal import fork
 
     url = fork.build(tmp_path / "fork", night.SOURCE / "fixtures")
-    refs = subprocess.run(["git", "ls-remote", "--heads", "--tags", url], capture_output=True, text=True).stdout
+    refs = subprocess.run(
+        ["git", "ls-remote", "--heads", "--tags", url], capture_output=True, text=True
+    ).stdout
     assert [line.split("\t")[1] for line in refs.splitlines()] == ["refs/heads/release-2.33"]
     checkout = tmp_path / "fork"
     project = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]
     # The real fork's distribution and version (recipes/platform/neuron_versions.py checks them on the night).
     assert (project["name"], project["version"]) == ("torchtitan", "0.2.2+neuron.1")
-    assert (checkout / "requirements.txt").read_text().strip().splitlines()[-1].startswith("#")  # asks for nothing
+    assert (
+        (checkout / "requirements.txt").read_text().strip().splitlines()[-1].startswith("#")
+    )  # asks for nothing
     corpus = night.SOURCE / "fixtures/corpus/train.jsonl"
     assert (checkout / "tests/assets/c4_test/train.jsonl").read_bytes() == corpus.read_bytes()
     # torchtitan's test BPE is not the weights' tokenizer: config 1's as-published lane shows that defect only
     # if the stand-in's is not the fixture model's either (seen failing: the tokenizer suspect never applied)
     test_bpe = checkout / "tests/assets/tokenizer/tokenizer.json"
-    assert test_bpe.read_bytes() != (night.SOURCE / "fixtures/qwen3-tiny/tokenizer.json").read_bytes()
+    assert (
+        test_bpe.read_bytes() != (night.SOURCE / "fixtures/qwen3-tiny/tokenizer.json").read_bytes()
+    )
     from tokenizers import Tokenizer
 
     assert Tokenizer.from_file(str(test_bpe)).get_vocab_size() == fork.TEST_BPE_IDS < 1024
@@ -178,17 +258,24 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(t
     spec.loader.exec_module(module)
     config = module.qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)
     layers = config.model_spec.model.layers
-    assert len(layers) == 4 and {(l.moe.num_experts, l.moe.router.top_k) for l in layers} == {(64, 4)}
+    assert len(layers) == 4 and {
+        (layer.moe.num_experts, layer.moe.router.top_k) for layer in layers
+    } == {(64, 4)}
     assert config.compile.enable is False and config.parallelism.expert_parallel_degree == 1
     classes = classes_in(config)
-    assert classes and all(c.startswith("torchtitan.") for c in classes), sorted(c for c in classes
-                                                                             if not c.startswith("torchtitan."))
+    assert classes and all(c.startswith("torchtitan.") for c in classes), sorted(
+        c for c in classes if not c.startswith("torchtitan.")
+    )
     assert "torchtitan.models.common.rope.CosSinRoPE.Config" in classes
 
 
-@pytest.mark.parametrize("limit, why", [("timeout", "timed out after 2 s"), ("memory", "available memory fell under")])
+@pytest.mark.parametrize(
+    "limit, why", [("timeout", "timed out after 2 s"), ("memory", "available memory fell under")]
+)
 def test_a_step_is_ended_on_its_timeout_or_when_memory_runs_low(tmp_path, limit, why):
-    run = job(tmp_path, [{"name": "long", "run": "sleep 30 &\necho $! > child.pid\nwait\ntouch done.txt"}])
+    run = job(
+        tmp_path, [{"name": "long", "run": "sleep 30 &\necho $! > child.pid\nwait\ntouch done.txt"}]
+    )
     if limit == "timeout":
         run.timeout_s = 2.0
     else:  # memory runs out once the step has started its child
@@ -223,19 +310,36 @@ def test_config3_comparison_in_a_rehearsal_is_at_the_published_sizes(tmp_path):
     settings = tmp_path / "settings.json"
     settings.write_text("{}")
     result = tmp_path / "result.json"
-    request = {"module": str(night.SOURCE / "tests/neuron/test_nki_moe_neuron.py"), "body": "compare_config3",
-               "args": [], "result": str(result)}  # fmt: skip
+    request = {
+        "module": str(night.SOURCE / "tests/neuron/test_nki_moe_neuron.py"),
+        "body": "compare_config3",
+        "args": [],
+        "result": str(result),
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QWEN3_", "NEURON_"))}
-    env.update(PYTHONPATH=str(tmp_path / "fork"), QWEN3_REHEARSAL_SETTINGS=str(settings),
-               QWEN3_NEURON_CORE_CHILD="1", NEURON_RT_VISIBLE_CORES="0", OMP_NUM_THREADS="1")  # fmt: skip
-    done = subprocess.run([sys.executable, str(night.SOURCE / "tests/neuron/neuron_cores.py"), json.dumps(request)],
-                          capture_output=True, text=True, timeout=600, cwd=night.SOURCE, env=env)  # fmt: skip
+    env.update(
+        PYTHONPATH=str(tmp_path / "fork"),
+        QWEN3_REHEARSAL_SETTINGS=str(settings),
+        QWEN3_NEURON_CORE_CHILD="1",
+        NEURON_RT_VISIBLE_CORES="0",
+        OMP_NUM_THREADS="1",
+    )
+    done = subprocess.run(
+        [sys.executable, str(night.SOURCE / "tests/neuron/neuron_cores.py"), json.dumps(request)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=night.SOURCE,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = json.loads(result.read_text())
     assert found["fork"] == "torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config"
     fork_shapes, twin_shapes = found["shapes"]["fork"], found["shapes"]["twin"]
     assert fork_shapes["tok_embeddings.weight"] == [151936, 2048]
-    assert fork_shapes == twin_shapes, sorted(set(map(str, fork_shapes.items())) ^ set(map(str, twin_shapes.items())))[:4]
+    assert fork_shapes == twin_shapes, sorted(
+        set(map(str, fork_shapes.items())) ^ set(map(str, twin_shapes.items()))
+    )[:4]
 
 
 def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
@@ -247,7 +351,8 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
     import textwrap
 
     script = tmp_path / "runner.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(night.SOURCE)!r})
         from pathlib import Path
@@ -255,7 +360,8 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
         from tests.cpu.test_night_rehearsal import job
         night.stop_on_signals()
         job(Path({str(tmp_path)!r}), [{{"name": "long", "run": "sleep 300 &\\necho $! > child.pid\\nwait"}}]).run()
-    """))
+    """)
+    )
     runner = subprocess.Popen([sys.executable, str(script)], cwd=night.SOURCE)
     pid_file = tmp_path / "ws" / "child.pid"
     deadline = time.monotonic() + 30
@@ -306,10 +412,16 @@ def test_collection_is_counted_with_the_venv_the_workflow_names(tmp_path):
     venv = tmp_path / "opt/venv-neuron"
     (venv / "bin").mkdir(parents=True)
     fake = venv / "bin/python"
-    fake.write_text("#!/bin/sh\necho 'tests/neuron/test_a.py::test_one'\necho 'tests/neuron/test_a.py::test_two'\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'tests/neuron/test_a.py::test_one'\necho 'tests/neuron/test_a.py::test_two'\n"
+    )
     fake.chmod(0o755)
-    run = job(tmp_path, [{"name": "noop", "run": "true"}], env={night.VENV_VARIABLE: "/opt/venv-neuron"},
-              paths={"/opt/venv-neuron": venv})  # fmt: skip
+    run = job(
+        tmp_path,
+        [{"name": "noop", "run": "true"}],
+        env={night.VENV_VARIABLE: "/opt/venv-neuron"},
+        paths={"/opt/venv-neuron": venv},
+    )
     assert night.collected(run) == (2, "")
     (tmp_path / "other").mkdir()
     assert night.collected(job(tmp_path / "other", [{"name": "noop", "run": "true"}]))[0] is None

@@ -24,13 +24,13 @@ from recipes.tiers import REPO_ROOT
 KERNEL_FILES = [m.replace(".", "/") + ".py" for m in nkilib_source.KERNEL_MODULES]
 
 #: A bundled nkilib that behaves as neuronx-cc's: it gives way to an importable nkilib_src.nkilib.
-BUNDLED_INIT = textwrap.dedent('''
+BUNDLED_INIT = textwrap.dedent("""
     import importlib.util, os, sys
     _forced = os.environ.get("NKILIB_FORCE_BUNDLED_LIBRARY", "").lower() in ("1", "true", "yes", "on")
     if not _forced and importlib.util.find_spec("nkilib_src") is not None:
         import nkilib_src.nkilib as _standalone
         sys.modules[__name__] = _standalone
-''')
+""")
 
 
 def _package(site: Path, top: str, files: list[str], init: str = "") -> list[str]:
@@ -63,7 +63,9 @@ def site(tmp_path) -> Path:
     site = tmp_path / "site-packages"
     site.mkdir()
     kernels = [f.removeprefix("nkilib/") for f in KERNEL_FILES]
-    _dist_info(site, "neuronx-cc", "2.28.7631.0", _package(site, "nkilib", kernels, init=BUNDLED_INIT))
+    _dist_info(
+        site, "neuronx-cc", "2.28.7631.0", _package(site, "nkilib", kernels, init=BUNDLED_INIT)
+    )
     return site
 
 
@@ -81,10 +83,13 @@ def env_with(site: Path, **extra: str) -> dict:
 def test_the_bundled_copy_alone_resolves_every_kernel_to_neuronx_cc(site):
     resolution = nkilib_source.resolve_in_child(env_with(site))
     assert nkilib_source.not_bundled(resolution) == []
-    assert {name: (w["module"], w["distribution"]) for name, w in resolution["resolved"].items()} == {
-        name: (name, "neuronx-cc") for name in ("nkilib", *nkilib_source.KERNEL_MODULES)
-    }
-    assert Path(resolution["resolved"]["nkilib"]["file"]) == (site / "nkilib" / "__init__.py").resolve()
+    assert {
+        name: (w["module"], w["distribution"]) for name, w in resolution["resolved"].items()
+    } == {name: (name, "neuronx-cc") for name in ("nkilib", *nkilib_source.KERNEL_MODULES)}
+    assert (
+        Path(resolution["resolved"]["nkilib"]["file"])
+        == (site / "nkilib" / "__init__.py").resolve()
+    )
     assert resolution["nkilib_src_imported"] is False
 
 
@@ -92,9 +97,16 @@ def test_a_standalone_nki_library_that_takes_over_is_named(site):
     add_standalone_nki_library(site)
     # What a find_spec check sees: the bundled directory, so such a check passes (the defect fixed here).
     spec = subprocess.run(
-        [sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('nkilib').origin)"],
-        env=env_with(site), capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util; print(importlib.util.find_spec('nkilib').origin)",
+        ],
+        env=env_with(site),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(spec) == (site / "nkilib" / "__init__.py").resolve()
 
     resolution = nkilib_source.resolve_in_child(env_with(site))
@@ -118,8 +130,11 @@ def test_a_kernel_file_no_distribution_owns_is_named(site):
     """A copy dropped on PYTHONPATH by hand is not neuronx-cc's either."""
     (site / "neuronx_cc-2.28.7631.0.dist-info" / "RECORD").write_text("nkilib/__init__.py,,\n")
     problems = nkilib_source.not_bundled(nkilib_source.resolve_in_child(env_with(site)))
-    assert problems == [f"{name} is {(site / (name.replace('.', '/') + '.py')).resolve()}, installed by no "
-                        "distribution, not by neuronx-cc" for name in nkilib_source.KERNEL_MODULES]  # fmt: skip
+    assert problems == [
+        f"{name} is {(site / (name.replace('.', '/') + '.py')).resolve()}, installed by no "
+        "distribution, not by neuronx-cc"
+        for name in nkilib_source.KERNEL_MODULES
+    ]
 
 
 def test_a_missing_nkilib_is_an_error_with_the_childs_message():

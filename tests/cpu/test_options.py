@@ -10,22 +10,44 @@ from pathlib import Path
 
 import pytest
 
-from harness.options.run_options import RunCommand, parse_run_command
-from harness.options.run_options import RunOptions, command_line, flag
 from harness.base.run_dir import RUN_FILE
-from harness.options.run_options import read_run_options
+from harness.options.run_options import (
+    RunCommand,
+    RunOptions,
+    command_line,
+    flag,
+    parse_run_command,
+    read_run_options,
+)
 from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 
-
 #: A value unlike every field's default, so a field the CLI drops or mis-parses shows.
 NON_DEFAULT = dict(
-    recipe="nki_moe", tier="trn2", nproc=3, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500", rdzv_timeout=60, steps=7,
-    seq_len=512, local_batch_size=4, layers=2, init="random", model_dir=Path("/m"), dataset_dir=Path("/d"),
-    tokenizer_dir=Path("/t"), rope_theta=5e6, allow_mismatch=["rope_theta", "vocab"], export_dir=Path("/e"),
-    seed=3, overrides=["rope_hf", "rope_hf=layers.1[0-9].attention.rope"], overwrite=True, export=False,
+    recipe="nki_moe",
+    tier="trn2",
+    nproc=3,
+    nnodes=2,
+    node_rank=1,
+    rdzv_endpoint="node0:29500",
+    rdzv_timeout=60,
+    steps=7,
+    seq_len=512,
+    local_batch_size=4,
+    layers=2,
+    init="random",
+    model_dir=Path("/m"),
+    dataset_dir=Path("/d"),
+    tokenizer_dir=Path("/t"),
+    rope_theta=5e6,
+    allow_mismatch=["rope_theta", "vocab"],
+    export_dir=Path("/e"),
+    seed=3,
+    overrides=["rope_hf", "rope_hf=layers.1[0-9].attention.rope"],
+    overwrite=True,
+    export=False,
     localize=True,
-)  # fmt: skip
+)
 
 
 #: Fields the harness sets and the CLI does not expose (tyro.conf.Suppress): run.json carries them.
@@ -54,12 +76,20 @@ def test_every_option_survives_the_cli_and_run_json():
 
 def test_the_cli_has_one_flag_per_field_and_nothing_else():
     out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "harness", "run", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     shown = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out.stdout)) - {"--help"}
     command_only = {"--report-dir", "--dry-run", "--no-dry-run"}
-    expected = {flag(f.name) for f in fields(RunOptions) if f.name not in ("recipe", "run_dir", *HARNESS_SET)}
+    expected = {
+        flag(f.name)
+        for f in fields(RunOptions)
+        if f.name not in ("recipe", "run_dir", *HARNESS_SET)
+    }
     expected |= {"--no-" + flag(name)[2:] for name in ("overwrite", "export", "localize")}
     # --model-dir etc. also appear inside help sentences; every shown flag must be a real one
     assert shown - command_only <= expected
@@ -67,7 +97,9 @@ def test_the_cli_has_one_flag_per_field_and_nothing_else():
 
 
 def test_a_repeated_option_collects_every_value():
-    command, _ = parse_run_command(["native_qwen3", "--override", "a", "--override", "b=x,y", "--allow-mismatch", "v"])
+    command, _ = parse_run_command(
+        ["native_qwen3", "--override", "a", "--override", "b=x,y", "--allow-mismatch", "v"]
+    )
     assert (command.overrides, command.allow_mismatch) == (["a", "b=x,y"], ["v"])
     assert command.init is None  # `run` without --init runs every init the recipe has
 
@@ -76,14 +108,19 @@ def test_an_ill_typed_option_is_refused_by_the_parser_in_one_line():
     """From tyro's parse-error event, not its 14-line box (``python -m harness run`` prints it, exit 2)."""
     from recipes.errors import RecipeError
 
-    with pytest.raises(RecipeError, match=r"^--steps takes \{None\}\|INT, not 'three' \(.*\); see python -m harness run --help$"):
+    with pytest.raises(
+        RecipeError,
+        match=r"^--steps takes \{None\}\|INT, not 'three' \(.*\); see python -m harness run --help$",
+    ):
         parse_run_command(["native_qwen3", "--steps", "three"])
 
 
 def test_the_rank_reads_run_json_and_this_launchs_world(tmp_path, monkeypatch):
     opts = RunOptions(**NON_DEFAULT, run_dir=tmp_path)
     (tmp_path / RUN_FILE).write_text(opts.to_json())
-    for key, value in dict(LOCAL_WORLD_SIZE="2", WORLD_SIZE="4", GROUP_RANK="1", MASTER_ADDR="h", MASTER_PORT="9").items():
+    for key, value in dict(
+        LOCAL_WORLD_SIZE="2", WORLD_SIZE="4", GROUP_RANK="1", MASTER_ADDR="h", MASTER_PORT="9"
+    ).items():
         monkeypatch.setenv(key, value)
     read = read_run_options(tmp_path)
     assert (read.nproc, read.nnodes, read.node_rank, read.rdzv_endpoint) == (2, 2, 1, "h:9")
@@ -91,7 +128,9 @@ def test_the_rank_reads_run_json_and_this_launchs_world(tmp_path, monkeypatch):
 
 
 def test_a_rank_without_run_json_is_refused_in_one_line(tmp_path):
-    with pytest.raises(RecipeError, match=r"run\.json does not exist: harness\.rank\.train runs the options") as refusal:
+    with pytest.raises(
+        RecipeError, match=r"run\.json does not exist: harness\.rank\.train runs the options"
+    ) as refusal:
         read_run_options(tmp_path)
     assert "\n" not in str(refusal.value)
 
@@ -110,9 +149,13 @@ def test_the_command_options_are_run_options_plus_the_commands_own():
 def test_listing_into_a_pipe_that_closes_early_is_quiet():
     """``python -m harness list | head -1``: the first line, no BrokenPipeError traceback."""
     out = subprocess.run(
-        f"{sys.executable} -m harness list | head -1", shell=True, cwd=REPO_ROOT, capture_output=True, text=True,
+        f"{sys.executable} -m harness list | head -1",
+        shell=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     assert out.stdout == "recipes:\n"
     assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
 
@@ -130,5 +173,8 @@ def test_a_forward_only_run_that_would_train_or_export_is_refused(changes):
 def test_threads_must_be_positive():
     from harness.checks.preflight import PreflightError, preflight
 
-    with pytest.raises(PreflightError, match=r"^RunOptions\.threads \(set by the harness\) must be a positive integer, got 0$"):
+    with pytest.raises(
+        PreflightError,
+        match=r"^RunOptions\.threads \(set by the harness\) must be a positive integer, got 0$",
+    ):
         preflight(RunOptions(threads=0))  # a field, not a flag: there is no --threads

@@ -36,7 +36,6 @@ from recipes.overrides import (
     parse_override_spec,
 )
 
-
 N_LAYERS = 24
 
 
@@ -77,8 +76,14 @@ def test_available_overrides_lists_names_with_descriptions():
     "text, expected",
     [
         ("rope_hf", OverrideSpec("rope_hf")),
-        (" rope_hf = layers.1[0-9].attention.rope ", OverrideSpec("rope_hf", ("layers.1[0-9].attention.rope",))),
-        ("rope_hf=layers.0.attention.rope,layers.2*.attention.rope", OverrideSpec("rope_hf", ("layers.0.attention.rope", "layers.2*.attention.rope"))),
+        (
+            " rope_hf = layers.1[0-9].attention.rope ",
+            OverrideSpec("rope_hf", ("layers.1[0-9].attention.rope",)),
+        ),
+        (
+            "rope_hf=layers.0.attention.rope,layers.2*.attention.rope",
+            OverrideSpec("rope_hf", ("layers.0.attention.rope", "layers.2*.attention.rope")),
+        ),
     ],
 )
 def test_parse_override_spec(text, expected):
@@ -94,7 +99,9 @@ def test_parse_rejects_empty_parts(text):
 
 
 def test_unknown_name_lists_available():
-    with pytest.raises(OverrideError, match=r"unknown override 'flash_rope'; available: grouped_experts, rope_hf"):
+    with pytest.raises(
+        OverrideError, match=r"unknown override 'flash_rope'; available: grouped_experts, rope_hf"
+    ):
         apply_override_specs(trainer_config(), ["flash_rope=layers.0.attention.rope"])
 
 
@@ -156,7 +163,9 @@ def test_overlapping_specs_raise_naming_both_and_the_node():
 
 def test_disjoint_specs_of_one_name_both_apply():
     config = trainer_config()
-    apply_override_specs(config, ["rope_hf=layers.1.attention.rope", "rope_hf=layers.2.attention.rope"])
+    apply_override_specs(
+        config, ["rope_hf=layers.1.attention.rope", "rope_hf=layers.2.attention.rope"]
+    )
     assert [i for i, t in enumerate(rope_types(config)) if t is NKIRoPE.Config] == [1, 2]
 
 
@@ -272,7 +281,10 @@ def test_cpu_grouped_experts_agree_with_stock(record_property):
     diffs = {
         "out": _relative(out_o, out_s),
         "dx": _relative(dx_o, dx_s),
-        **{f"d{name}": _relative(b, a) for (name, _), a, b in zip(stock.named_parameters(), dw_s, dw_o)},
+        **{
+            f"d{name}": _relative(b, a)
+            for (name, _), a, b in zip(stock.named_parameters(), dw_s, dw_o)
+        },
     }
     for name, value in diffs.items():
         record_property(f"grouped_experts_{name}_max_rel_diff", value)
@@ -330,7 +342,9 @@ def test_training_with_rope_hf_on_layers_10_to_19_is_bitwise_identical(record_pr
     assert len(replaced) == 10
     params = {k: v for k, v in stock.state_dict().items() if not k.endswith("rope.cache")}
     scoped.load_state_dict(params, strict=False)
-    tokens = torch.randint(0, TINY_DENSE.vocab_size, (2, 257), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, TINY_DENSE.vocab_size, (2, 257), generator=torch.Generator().manual_seed(1)
+    )
     losses = {}
     for name, model in (("stock", stock), ("scoped", scoped)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -360,4 +374,6 @@ def test_rope_gathers_names_the_per_position_gather_of_each_rope_class():
     assert rope_gathers(swapped) == {next(iter(rope_in_use(swapped))): []}
     assert next(iter(rope_in_use(swapped))).startswith(ROPE_DESCRIPTIONS["NKIRoPE.Config"])
     sliced = rope_gathers(nki_moe.nki_moe_cpu())
-    assert list(sliced.values()) == [[]] and next(iter(sliced)).startswith(ROPE_DESCRIPTIONS["SlicedCosSinRoPE.Config"])
+    assert list(sliced.values()) == [[]] and next(iter(sliced)).startswith(
+        ROPE_DESCRIPTIONS["SlicedCosSinRoPE.Config"]
+    )

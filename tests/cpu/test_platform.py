@@ -79,7 +79,9 @@ def test_canary_gloo_still_rejects_premul_sum():
     )
     assert out.returncode == 0, out.stderr
     # The specific refusal the shim works around, not any error (torch 2.14: c10d's gloo backend).
-    assert out.stdout.startswith("REJECTED RuntimeError Cannot use ReduceOp.PREMUL_SUM with Gloo"), out.stdout
+    assert out.stdout.startswith(
+        "REJECTED RuntimeError Cannot use ReduceOp.PREMUL_SUM with Gloo"
+    ), out.stdout
 
 
 @pytest.mark.slow
@@ -176,15 +178,20 @@ def test_a_user_set_visible_cores_is_refused_for_every_multi_rank_job():
 
 
 def test_trn2_without_a_dataset_is_refused_before_launch(monkeypatch, tmp_path):
-    from harness.options.run_options import RunOptions
     from harness.checks.preflight import PreflightError, check_trn2_dataset, preflight
+    from harness.options.run_options import RunOptions
     from recipes.tiers import TRN2
 
     check_trn2_dataset(RunOptions(recipe="native_qwen3", tier="trn2", dataset_dir=tmp_path))
     opts = RunOptions(recipe="native_qwen3", tier="trn2", init="random")
-    monkeypatch.setattr("harness.checks.preflight.check_tier", lambda opts: None)  # as on a trn2 with its device
+    monkeypatch.setattr(
+        "harness.checks.preflight.check_tier", lambda opts: None
+    )  # as on a trn2 with its device
     if TRN2.dataset_path is None:  # QWEN3_DATASET_DIR unset when recipes.tiers was imported
-        with pytest.raises(PreflightError, match="--tier trn2 needs a dataset and has no fallback: set QWEN3_DATASET_DIR"):
+        with pytest.raises(
+            PreflightError,
+            match="--tier trn2 needs a dataset and has no fallback: set QWEN3_DATASET_DIR",
+        ):
             preflight(opts)
     with pytest.raises(PreflightError, match="set QWEN3_DATASET_DIR"):
         check_trn2_dataset(RunOptions(recipe="native_qwen3", tier="trn2", dataset_dir=None))
@@ -199,7 +206,9 @@ def test_trn2_dataset_comes_only_from_qwen3_dataset_dir(tmp_path):
         if env_value is not None:
             env["QWEN3_DATASET_DIR"] = env_value
         code = "from recipes.tiers import TRN2; print(TRN2.dataset_path)"
-        out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
@@ -212,17 +221,23 @@ def test_launch_timeout_comes_from_the_tier(monkeypatch, tmp_path):
     import dataclasses
 
     from harness.launch import lifecycle as launch_module
-    from harness.options import run_options as options
     from harness.launch.lifecycle import LaunchError
+    from harness.options import run_options as options
     from recipes.tiers import CPU, TRN2
 
     assert TRN2.launch_timeout_s >= 4 * CPU.launch_timeout_s  # cold NEFF compiles of 64 ranks
     # "exec": torchrun_command is what starts (a "preloaded" tier would start harness.launch.elastic)
-    monkeypatch.setitem(options.TIERS, "cpu", dataclasses.replace(CPU, launch_timeout_s=2, rank_start="exec"))
-    monkeypatch.setattr(
-        launch_module, "torchrun_command", lambda opts, cli: [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setitem(
+        options.TIERS, "cpu", dataclasses.replace(CPU, launch_timeout_s=2, rank_start="exec")
     )
-    opts = options.RunOptions(recipe="native_qwen3", tier="cpu", run_dir=tmp_path / "run").resolved()
+    monkeypatch.setattr(
+        launch_module,
+        "torchrun_command",
+        lambda opts, cli: [sys.executable, "-c", "import time; time.sleep(60)"],
+    )
+    opts = options.RunOptions(
+        recipe="native_qwen3", tier="cpu", run_dir=tmp_path / "run"
+    ).resolved()
     with pytest.raises(LaunchError, match="timed out after 2 s"):
         launch_module.launch(opts, echo=lambda line: None)
 
@@ -232,14 +247,16 @@ def test_launch_timeout_comes_from_the_tier(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def neuron_ls_json(devices: int = 16, with_ids: bool = True, nc_count: int = 4, lnc: int | None = 2) -> list[dict]:
+def neuron_ls_json(
+    devices: int = 16, with_ids: bool = True, nc_count: int = 4, lnc: int | None = 2
+) -> list[dict]:
     """A trn2.48xlarge's ``neuron-ls -j`` as aws-neuron/aws-neuron-sdk
     tools/neuron-sys-tools/neuron-ls.rst shows it (connected_to, bdf, processes abridged)."""
     out = []
     for d in range(devices):
         device = {
             "neuron_device": d,
-            "bdf": f"{0xcc - d:02x}:00.0",
+            "bdf": f"{0xCC - d:02x}:00.0",
             "cpu_affinity": "48-95,144-191",
             "numa_node": "1",
             "connected_to": [(d + 12) % 16, (d + 3) % 16, (d + 4) % 16, (d + 1) % 16],
@@ -262,9 +279,7 @@ def fake_neuron_ls(tmp_path, monkeypatch):
     def install(devices: list[dict]) -> None:
         (tmp_path / "neuron-ls.json").write_text(json.dumps(devices, indent=4))
         exe = tmp_path / "neuron-ls"
-        exe.write_text(
-            f"#!/bin/sh\n[ \"$1\" = \"-j\" ] || exit 2\ncat {tmp_path / 'neuron-ls.json'}\n"
-        )
+        exe.write_text(f'#!/bin/sh\n[ "$1" = "-j" ] || exit 2\ncat {tmp_path / "neuron-ls.json"}\n')
         exe.chmod(0o755)
         monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
 
@@ -272,7 +287,9 @@ def fake_neuron_ls(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("lnc, expected", [("2", 64), ("1", 128)])
-def test_logical_cores_of_a_trn2_48xlarge_from_neuron_ls(fake_neuron_ls, monkeypatch, lnc, expected):
+def test_logical_cores_of_a_trn2_48xlarge_from_neuron_ls(
+    fake_neuron_ls, monkeypatch, lnc, expected
+):
     fake_neuron_ls(neuron_ls_json())
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
     assert neuron.logical_core_count() == expected
@@ -287,7 +304,9 @@ def test_neuron_ls_without_core_ids_counts_nc_count_as_logical(monkeypatch):
 def test_neuron_ls_physical_nc_count_disagreeing_with_core_ids_is_an_error():
     devices = neuron_ls_json()
     devices[3]["nc_count"] = 8  # physical count beside 4 logical ids
-    with pytest.raises(neuron.NeuronDetectionError, match="device 3: nc_count=8 but neuroncore_ids lists 4 cores"):
+    with pytest.raises(
+        neuron.NeuronDetectionError, match="device 3: nc_count=8 but neuroncore_ids lists 4 cores"
+    ):
         neuron.logical_core_count(devices, lnc=2)
 
 
@@ -311,9 +330,13 @@ def test_xdist_slices_cover_the_64_logical_cores(fake_neuron_ls, monkeypatch):
     assert sorted(c for s in slices for c in neuron.parse_visible_cores(s)) == list(range(64))
 
 
-def test_pytest_configure_gives_each_xdist_worker_its_slice(fake_neuron_ls, monkeypatch, pytestconfig):
+def test_pytest_configure_gives_each_xdist_worker_its_slice(
+    fake_neuron_ls, monkeypatch, pytestconfig
+):
     (root_conftest,) = [
-        p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(REPO_ROOT / "conftest.py")
+        p
+        for p in pytestconfig.pluginmanager.get_plugins()
+        if getattr(p, "__file__", None) == str(REPO_ROOT / "conftest.py")
     ]
     fake_neuron_ls(neuron_ls_json())
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
@@ -327,7 +350,9 @@ def test_pytest_configure_gives_each_xdist_worker_its_slice(fake_neuron_ls, monk
     for cpu_expression in ("cpu", "cpu and not slow", "not neuron"):
         monkeypatch.setattr(pytestconfig.option, "markexpr", cpu_expression)
         root_conftest.pytest_configure(pytestconfig)
-        assert "NEURON_RT_VISIBLE_CORES" not in os.environ, f"a -m {cpu_expression!r} session holds no NeuronCore"
+        assert "NEURON_RT_VISIBLE_CORES" not in os.environ, (
+            f"a -m {cpu_expression!r} session holds no NeuronCore"
+        )
     monkeypatch.setattr(pytestconfig.option, "markexpr", "neuron")
     root_conftest.pytest_configure(pytestconfig)
     assert os.environ["NEURON_RT_VISIBLE_CORES"] == "48-63"

@@ -14,12 +14,11 @@ import sys
 import time
 
 import pytest
+from run_watch import RunWatch
 
 from harness.base import processes
-from harness.base.processes import RANK_NAME
-from harness.base.processes import RUN_DIR_ENV, Process
+from harness.base.processes import RANK_NAME, RUN_DIR_ENV, Process
 from recipes.tiers import REPO_ROOT
-from run_watch import RunWatch
 
 #: A parent that starts a child with an empty environment, prints the child's pid, and sleeps.
 PARENT = """
@@ -32,8 +31,12 @@ time.sleep(120)
 
 def start(run_dir, script: str = PARENT) -> tuple[subprocess.Popen, int | None]:
     env = {**os.environ, RUN_DIR_ENV: str(run_dir)}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline().strip()  # once it prints, it runs the script (not the forking pytest)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+    )
+    line = (
+        proc.stdout.readline().strip()
+    )  # once it prints, it runs the script (not the forking pytest)
     return proc, int(line) if line else None
 
 
@@ -43,7 +46,9 @@ def test_a_run_is_found_by_its_environment_and_its_tree_not_by_a_shared_prefix(t
     other, _ = start(tmp_path / "run-other", "import time; print(flush=True); time.sleep(120)")
     try:
         found = {p.pid for p in processes.of_run(run)}
-        assert found == {parent.pid, child}, "the marker finds the parent, the tree its env-less child"
+        assert found == {parent.pid, child}, (
+            "the marker finds the parent, the tree its env-less child"
+        )
         assert processes.read(child).run_dir is None
         assert other.pid not in found
         assert {parent.pid, child, other.pid} <= {p.pid for p in processes.of_run(tmp_path)}
@@ -83,22 +88,57 @@ def proc(pid: int, ppid: int, *argv: str, name: str = "python") -> Process:
     return Process(pid=pid, ppid=ppid, state="S", started=pid, argv=argv, run_dir="/r", name=name)
 
 
-FORKSERVER = ("python", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['x'])")
+FORKSERVER = (
+    "python",
+    "-B",
+    "-c",
+    "from multiprocessing.forkserver import main; main(3, 5, ['x'])",
+)
 
 
 @pytest.mark.parametrize(
     "argv, ppid, name, role",
     [
-        (("python", "-m", "harness", "run", "native_qwen3", "--report-dir", "/r"), 1, "python", "launcher"),
-        (("python", "-m", "torch.distributed.run", "--standalone", "-m", "harness.rank.train"), 2, "python", "torchrun"),
-        (("/venv/bin/torchrun", "--nproc_per_node=2", "-m", "harness.rank.train"), 2, "torchrun", "torchrun"),
-        (("python", "-m", "harness.launch.elastic", "--preload", "harness.rank.train"), 2, "python", "torchrun"),
+        (
+            ("python", "-m", "harness", "run", "native_qwen3", "--report-dir", "/r"),
+            1,
+            "python",
+            "launcher",
+        ),
+        (
+            ("python", "-m", "torch.distributed.run", "--standalone", "-m", "harness.rank.train"),
+            2,
+            "python",
+            "torchrun",
+        ),
+        (
+            ("/venv/bin/torchrun", "--nproc_per_node=2", "-m", "harness.rank.train"),
+            2,
+            "torchrun",
+            "torchrun",
+        ),
+        (
+            ("python", "-m", "harness.launch.elastic", "--preload", "harness.rank.train"),
+            2,
+            "python",
+            "torchrun",
+        ),
         (("python", "-u", "-m", "harness.rank.train", "--run-dir", "/r"), 3, "python", "rank"),
         (FORKSERVER, 3, "python", "forkserver"),
-        (FORKSERVER, 4, RANK_NAME, "rank"),  # forked from the forkserver: its command line, its own name
+        (
+            FORKSERVER,
+            4,
+            RANK_NAME,
+            "rank",
+        ),  # forked from the forkserver: its command line, its own name
         # Forked from the forkserver and not (yet) exec'd: cuda.pathfinder's `ldconfig -p` while torch imports.
         (FORKSERVER, 4, "python", "other"),
-        (("python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"), 3, "python", "other"),
+        (
+            ("python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"),
+            3,
+            "python",
+            "other",
+        ),
     ],
 )
 def test_each_process_of_a_run_has_its_role(argv, ppid, name, role):

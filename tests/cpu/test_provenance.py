@@ -8,13 +8,12 @@ import shutil
 
 import pytest
 
-from harness.options.run_options import RunOptions
-from harness.checks.preflight import preflight
 from harness.checks.mismatch import MismatchError, mismatches
-from harness.config.provenance import dataset_info
-from recipes.tiers import FIXTURES
+from harness.checks.preflight import preflight
 from harness.config.build import build_config, checked_config
-
+from harness.config.provenance import dataset_info
+from harness.options.run_options import RunOptions
+from recipes.tiers import FIXTURES
 
 FIXTURE_DIR = FIXTURES / "qwen3-tiny"
 BASELINE = dict(recipe="native_qwen3", tier="cpu", nproc=1, steps=3, init="hf", seed=7)
@@ -56,7 +55,10 @@ def test_checks_are_silent_on_the_fixtures_as_shipped(recipe, options):
 
 
 def test_tokenizer_not_from_the_weights_dir_is_refused():
-    with pytest.raises(MismatchError, match=r"weights come from .*qwen3-tiny but the tokenizer from .*--allow-mismatch tokenizer"):
+    with pytest.raises(
+        MismatchError,
+        match=r"weights come from .*qwen3-tiny but the tokenizer from .*--allow-mismatch tokenizer",
+    ):
         build(init="hf", tokenizer_dir=FIXTURES / "tokenizer")
 
 
@@ -66,12 +68,17 @@ def test_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
     data = json.loads((FIXTURE_DIR / "tokenizer.json").read_text())
     data["model"]["vocab"].update({f"extra{i}": 1024 + i for i in range(100)})
     (big / "tokenizer.json").write_text(json.dumps(data))
-    with pytest.raises(MismatchError, match="has 1124 tokens, more than the model's 1024 embedding rows"):
+    with pytest.raises(
+        MismatchError, match="has 1124 tokens, more than the model's 1024 embedding rows"
+    ):
         build(init="random", tokenizer_dir=big)
 
 
 def test_rope_theta_differing_from_config_json_is_refused():
-    with pytest.raises(MismatchError, match=r"rope_theta: .*config.json says 1000000.0, recipe 'native_qwen3' builds 10000.0"):
+    with pytest.raises(
+        MismatchError,
+        match=r"rope_theta: .*config.json says 1000000.0, recipe 'native_qwen3' builds 10000.0",
+    ):
         build(init="hf", rope_theta=10000.0)
 
 
@@ -88,7 +95,9 @@ def test_seq_len_above_max_position_embeddings_is_refused(tmp_path):
 def test_allowed_mismatch_is_a_warning_the_provenance_repeats(capsys):
     from harness.config import provenance
 
-    opts, config = checked_config(RunOptions(init="hf", rope_theta=10000.0, allow_mismatch=["rope_theta"]))
+    opts, config = checked_config(
+        RunOptions(init="hf", rope_theta=10000.0, allow_mismatch=["rope_theta"])
+    )
     assert "warning: allowed mismatch rope_theta" in capsys.readouterr().err
     allowed = [m for m in mismatches(opts, config) if m.name in opts.allow_mismatch]
     record = provenance.provenance(opts, config, allowed)
@@ -99,21 +108,35 @@ def test_allowed_mismatch_is_a_warning_the_provenance_repeats(capsys):
 def test_provenance_fields_of_a_real_run(recipe_run):
     run = recipe_run("native-determinism-1", **BASELINE)
     record = run["provenance"]
-    assert record["tokenizer"]["path"] == str(FIXTURE_DIR) and record["tokenizer"]["vocab_size"] == 1024
+    assert (
+        record["tokenizer"]["path"] == str(FIXTURE_DIR)
+        and record["tokenizer"]["vocab_size"] == 1024
+    )
     assert len(record["tokenizer"]["sha256"]) == 64
-    assert record["weights"]["path"] == str(FIXTURE_DIR) and record["weights"]["files"] == ["model.safetensors"]
+    assert record["weights"]["path"] == str(FIXTURE_DIR) and record["weights"]["files"] == [
+        "model.safetensors"
+    ]
     assert record["model"] == {
-        "vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "rope_theta": 1e6, "max_seq_len": 256,
+        "vocab_size": 1024,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rope_theta": 1e6,
+        "max_seq_len": 256,
         "tie_word_embeddings": True,
-    }  # fmt: skip
+    }
     corpus = FIXTURES / "corpus" / "train.jsonl"
     assert record["data"] == {
-        "path": str(FIXTURES / "corpus"), "seq_len": 256, "local_batch_size": 2, "global_batch_size": 2,
+        "path": str(FIXTURES / "corpus"),
+        "seq_len": 256,
+        "local_batch_size": 2,
+        "global_batch_size": 2,
         "files": [{"name": "train.jsonl", "bytes": corpus.stat().st_size}],
         # the corpus as this process hashes it (the content rule: tests/cpu/test_dataset_provenance.py)
         "sha256": dataset_info(FIXTURES / "corpus")["sha256"],
-    }  # fmt: skip
+    }
     assert record["seed"] == 7 and record["dtype"] == {"params": "float32", "export": "float32"}
     assert record["allowed_mismatches"] == []
 
@@ -131,15 +154,23 @@ def test_provenance_fields_for_the_other_recipes(recipe, init):
 
 
 @pytest.mark.slow
-def test_wrong_tokenizer_and_wrong_rope_theta_raise_the_step1_loss(recipe_run, tmp_path_factory, record_property):
+def test_wrong_tokenizer_and_wrong_rope_theta_raise_the_step1_loss(
+    recipe_run, tmp_path_factory, record_property
+):
     """What the checks protect against, measured: both mismatches make the same weights score worse."""
     own = recipe_run("native-determinism-1", **BASELINE)["losses"][0]
     tokenizer = permuted_tokenizer(tmp_path_factory.mktemp("tok") / "permuted")
     wrong_tokenizer = recipe_run(
-        "native-wrong-tokenizer", **{**BASELINE, "steps": 1}, tokenizer_dir=tokenizer, allow_mismatch=["tokenizer"]
+        "native-wrong-tokenizer",
+        **{**BASELINE, "steps": 1},
+        tokenizer_dir=tokenizer,
+        allow_mismatch=["tokenizer"],
     )["losses"][0]
     wrong_theta = recipe_run(
-        "native-wrong-rope-theta", **{**BASELINE, "steps": 1}, rope_theta=10000.0, allow_mismatch=["rope_theta"]
+        "native-wrong-rope-theta",
+        **{**BASELINE, "steps": 1},
+        rope_theta=10000.0,
+        allow_mismatch=["rope_theta"],
     )["losses"][0]
     record_property("step1_loss_own_tokenizer_and_theta", own)
     record_property("step1_loss_permuted_tokenizer", wrong_tokenizer)

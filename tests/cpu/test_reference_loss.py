@@ -26,11 +26,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.reference import diagnosis as reference
-from harness.options.run_options import RunOptions
 from harness.checks.preflight import preflight
+from harness.options.run_options import RunOptions
+from harness.reference import diagnosis as reference
 from recipes.tiers import FIXTURES, REPO_ROOT
-
 
 MODEL_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"
@@ -48,7 +47,11 @@ UNEXPLAINED_SHIFT = 0.05
 
 def options(recipe: str = "native_qwen3", **overrides) -> RunOptions:
     """The shared 2-rank runs' options (tests/cpu/conftest.py), with ``overrides``."""
-    return preflight(RunOptions(recipe=recipe, tier="cpu", nproc=2, init="hf", model_dir=MODEL_DIR, seed=0, **overrides))
+    return preflight(
+        RunOptions(
+            recipe=recipe, tier="cpu", nproc=2, init="hf", model_dir=MODEL_DIR, seed=0, **overrides
+        )
+    )
 
 
 def titan_model(config, model_dir: Path, before_init=None):
@@ -68,7 +71,9 @@ def titan_model(config, model_dir: Path, before_init=None):
     state = {}
     for path in sorted(model_dir.glob("*.safetensors")):
         state.update(load_file(path))
-    model.load_state_dict(spec.state_dict_adapter(spec.model, str(model_dir)).from_hf(state), strict=True)
+    model.load_state_dict(
+        spec.state_dict_adapter(spec.model, str(model_dir)).from_hf(state), strict=True
+    )
     return model.eval()
 
 
@@ -79,7 +84,11 @@ def titan_loss(model, batches) -> float:
         for batch in batches:
             logits = model(batch["input"], positions=batch["positions"])
             valid = batch["labels"] != reference.IGNORE_INDEX
-            total += F.cross_entropy(logits[valid].float(), batch["labels"][valid], reduction="sum").double().item()
+            total += (
+                F.cross_entropy(logits[valid].float(), batch["labels"][valid], reduction="sum")
+                .double()
+                .item()
+            )
             count += int(valid.sum())
     return total / count
 
@@ -93,13 +102,20 @@ def step1_in_process(opts: RunOptions, before_init=None):
     batches = reference.rebuilt_batches(opts, opts.tokenizer_dir, per_rank=1)
     model = titan_model(config, opts.model_dir, before_init)
     record = reference.Record(
-        batches=batches, attention=reference.attention_of(model), inv_freq=reference.held_inv_freq(model), ranks=opts.nproc
-    )  # fmt: skip
+        batches=batches,
+        attention=reference.attention_of(model),
+        inv_freq=reference.held_inv_freq(model),
+        ranks=opts.nproc,
+    )
     run = reference.RunInfo(
-        recipe=opts.recipe, tier=opts.tier, model_dir=str(opts.model_dir),
-        tokenizer=provenance.tokenizer_info(Path(config.hf_assets_path)), model=provenance.built_dims(config),
-        measured=titan_loss(model, batches), options=opts,
-    )  # fmt: skip
+        recipe=opts.recipe,
+        tier=opts.tier,
+        model_dir=str(opts.model_dir),
+        tokenizer=provenance.tokenizer_info(Path(config.hf_assets_path)),
+        model=provenance.built_dims(config),
+        measured=titan_loss(model, batches),
+        options=opts,
+    )
     return run, record, model
 
 
@@ -121,7 +137,10 @@ def record_check(record_property, prefix: str, result: reference.ReferenceCheck)
     record_property(f"{prefix}_difference", result.difference)
     record_property(f"{prefix}_reference_outcome", result.verdict)
     for s in result.suspects:
-        record_property(f"{prefix}_suspect_{s.name}", {"applies": s.applies, "effect": s.effect, "explains": s.explains})
+        record_property(
+            f"{prefix}_suspect_{s.name}",
+            {"applies": s.applies, "effect": s.effect, "explains": s.explains},
+        )
 
 
 def craft_tokenizer(out_dir: Path, vocab_size: int = 512) -> Path:
@@ -139,9 +158,11 @@ def craft_tokenizer(out_dir: Path, vocab_size: int = 512) -> Path:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(read_corpus(FIXTURES_DIR / "corpus")[::-1], trainer=trainer)
     write_tokenizer(tokenizer, out_dir)
     return out_dir
@@ -157,7 +178,9 @@ def test_run_records_its_first_global_batch(native_hf_run):
     rebuilt = reference.rebuilt_batches(options(), MODEL_DIR, per_rank=1)
     for got, expected in zip(record.batches, rebuilt, strict=True):
         for key in ("input", "positions", "labels"):
-            assert torch.equal(got[key], expected[key]), f"recorded {key} is not torchtitan's loader's first batch"
+            assert torch.equal(got[key], expected[key]), (
+                f"recorded {key} is not torchtitan's loader's first batch"
+            )
     assert record.attention == "causal"  # the tutorial's SDPA: causal over the packed window
     expected = reference.computed_inv_freq(reference.load_reference_model(MODEL_DIR))
     torch.testing.assert_close(record.inv_freq, expected, rtol=reference.INV_FREQ_RTOL, atol=0)
@@ -183,7 +206,9 @@ def test_attention_is_read_from_the_model_the_run_built():
         assert reference.attention_of(config.model_spec.model.build()) == "document"
 
 
-@pytest.mark.parametrize("run_fixture", ["native_hf_run", "hf_backend_hf_run", "hf_backend_moe_run"])
+@pytest.mark.parametrize(
+    "run_fixture", ["native_hf_run", "hf_backend_hf_run", "hf_backend_moe_run"]
+)
 @pytest.mark.slow
 def test_reference_agrees_with_measured_step1(run_fixture, request, record_property):
     """transformers on the run's own batch, fp32 on the host == the run's step-1 loss, within the cpu tolerance."""
@@ -208,9 +233,13 @@ def test_cpu_tolerance_rejects_the_smallest_fault(healthy, reference_model, reco
     record_property("healthy_native_difference", result.difference)
     assert abs(result.difference) <= CPU_TOL / 10
     theta = reference.theta_suspect(
-        dataclasses.replace(run, model={**run.model, "rope_theta": FAULTY_THETA}), record, reference_model,
-        result.reference, result.measured, CPU_TOL,
-    )  # fmt: skip
+        dataclasses.replace(run, model={**run.model, "rope_theta": FAULTY_THETA}),
+        record,
+        reference_model,
+        result.reference,
+        result.measured,
+        CPU_TOL,
+    )
     record_property("theta_fault_effect", theta.effect)
     assert abs(theta.effect) > 100 * CPU_TOL
 
@@ -261,7 +290,9 @@ def test_rope_theta_fault_is_named(reference_model, record_property):
     causal SDPA are already off, see tests/cpu/test_data_path.py): a disagreement either way
     is diagnosed.
     """
-    run, record, _ = step1_in_process(options(rope_theta=FAULTY_THETA, allow_mismatch=["rope_theta"]))
+    run, record, _ = step1_in_process(
+        options(rope_theta=FAULTY_THETA, allow_mismatch=["rope_theta"])
+    )
     result = reference.check(run, record, model=reference_model)
     record_check(record_property, "rope_theta_fault", result)
     assert abs(result.difference) > CPU_TOL and not result.passed
@@ -281,7 +312,9 @@ def test_inv_freq_fault_is_named(left_as, monkeypatch, reference_model, record_p
     """The backend with upstream's RoPE init (torchtitan issue 4783), to_empty() memory made deterministic."""
     monkeypatch.setenv("QWEN3_HF_KEEP_DEFECTS", "inv_freq")
 
-    def fill(model):  # what to_empty() may hand out; upstream's init_states never overwrites inv_freq
+    def fill(
+        model,
+    ):  # what to_empty() may hand out; upstream's init_states never overwrites inv_freq
         for buffer in model.buffers():
             if buffer.is_floating_point():
                 buffer.fill_(left_as)
@@ -304,21 +337,28 @@ def test_a_gap_no_suspect_made_stays_unexplained(healthy, reference_model):
     assert "none of the known suspects" in result.diagnosis()
 
 
-def test_a_carried_diagnosis_scores_no_suspect_and_a_known_batch_is_not_scored_again(healthy, reference_model,
-                                                                                     monkeypatch):  # fmt: skip
+def test_a_carried_diagnosis_scores_no_suspect_and_a_known_batch_is_not_scored_again(
+    healthy, reference_model, monkeypatch
+):
     """The night's plan (issue 37): a batch already scored tonight reuses its reference loss, and a stable night
     carries the standing diagnosis (harness.night.standing) instead of scoring the suspects again."""
     run, record, checked = healthy
     shifted = dataclasses.replace(run, measured=run.measured + UNEXPLAINED_SHIFT)
     diagnosed = reference.check(shifted, record, model=reference_model)
     assert diagnosed.needs_diagnosis and len(diagnosed.suspects) == 3
+
     def no_forward(*args, **kwargs):
         raise AssertionError("the batch was scored again")
 
     monkeypatch.setattr(reference, "batch_loss", no_forward)
-    carried = reference.check(shifted, record, model=reference_model, diagnose=False,
-                              known_reference=checked.reference)  # fmt: skip
-    assert carried.suspects == [] and carried.localization is None and carried.reference == checked.reference
+    carried = reference.check(
+        shifted, record, model=reference_model, diagnose=False, known_reference=checked.reference
+    )
+    assert (
+        carried.suspects == []
+        and carried.localization is None
+        and carried.reference == checked.reference
+    )
     assert reference.ReferenceCheck.from_dict(diagnosed.to_dict()).to_dict() == diagnosed.to_dict()
 
 
@@ -329,13 +369,21 @@ def test_a_partial_record_is_refused_not_scored(tmp_path, healthy, reference_mod
     _, record, _ = healthy
     batch = record.batches[0]
     reference.write_rank_record(
-        tmp_path / reference.RECORD_DIR, 0, 2, [({"input": batch["input"], "positions": batch["positions"]}, batch["labels"])],
+        tmp_path / reference.RECORD_DIR,
+        0,
+        2,
+        [({"input": batch["input"], "positions": batch["positions"]}, batch["labels"])],
         reference_model,
-    )  # fmt: skip
+    )
     with pytest.raises(reference.IncompleteRecord, match="1 rank record"):
         reference.load_record(tmp_path)
-    row = {"recipe": "native_qwen3", "tier": "cpu", "nproc": 1, "losses": [1.5],
-           "reference": {"passed": None, "error": "x", "summary": "not computed: x"}}  # fmt: skip
+    row = {
+        "recipe": "native_qwen3",
+        "tier": "cpu",
+        "nproc": 1,
+        "losses": [1.5],
+        "reference": {"passed": None, "error": "x", "summary": "not computed: x"},
+    }
     table = "\n".join(reference_section([row]))
     assert "not computed: x" in table and "FAIL" not in table
 
@@ -378,11 +426,32 @@ def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch
 def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     report_dir = tmp_path / "report"
     out = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "hf", "--steps", "1",
-         "--no-export", "--rope-theta", repr(FAULTY_THETA), "--allow-mismatch", "rope_theta",
-         "--report-dir", str(report_dir)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600, env={**os.environ},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "native_qwen3",
+            "--tier",
+            "cpu",
+            "--init",
+            "hf",
+            "--steps",
+            "1",
+            "--no-export",
+            "--rope-theta",
+            repr(FAULTY_THETA),
+            "--allow-mismatch",
+            "rope_theta",
+            "--report-dir",
+            str(report_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+        env={**os.environ},
+    )
     assert out.returncode == 1, (out.stdout[-3000:], out.stderr[-3000:])
     assert "FAILED check: reference" in out.stderr
     (run,) = json.loads((report_dir / "results.json").read_text())["runs"]
@@ -391,9 +460,19 @@ def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     assert abs(ref["difference"]) > CPU_TOL
     markdown = (report_dir / "results.md").read_text()
     assert "Step-1 loss vs an independent reference" in markdown
-    assert "diagnosis of native_qwen3" in markdown and "rope_theta" in markdown and "EXPLAINS" in markdown
-    assert ref["localization"]["first"]["name"] == "RoPE'd q" and ref["localization"]["first"]["layer"] == 0
-    assert "## First divergence, by layer" in markdown and "first divergence: layer 0 RoPE'd q" in markdown
+    assert (
+        "diagnosis of native_qwen3" in markdown
+        and "rope_theta" in markdown
+        and "EXPLAINS" in markdown
+    )
+    assert (
+        ref["localization"]["first"]["name"] == "RoPE'd q"
+        and ref["localization"]["first"]["layer"] == 0
+    )
+    assert (
+        "## First divergence, by layer" in markdown
+        and "first divergence: layer 0 RoPE'd q" in markdown
+    )
 
 
 def test_cost_estimate_extrapolates_from_two_depths():

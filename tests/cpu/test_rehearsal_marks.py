@@ -11,17 +11,27 @@ import json
 
 import pytest
 
-from harness.night import ci
-from harness.report import history
-from harness.pytest_plugins import report as pytest_report
 from harness.launch import speed
+from harness.night import ci
+from harness.pytest_plugins import report as pytest_report
+from harness.report import history
 from recipes.tiers import REHEARSAL_MARK, REHEARSAL_SETTINGS_ENV
 
 
 def result(night_loss: float = 12.4) -> dict:
-    return {"run_dir": "/r/runs/native_qwen3-trn2-random-1", "recipe": "native_qwen3", "tier": "trn2", "init": "random",
-            "nproc": 2, "seq_len": 256, "local_batch_size": 1, "returncode": 0, "steps": [{"loss": night_loss}],
-            "losses": [night_loss], "speed": {"step_time_s": 1.0}}  # fmt: skip
+    return {
+        "run_dir": "/r/runs/native_qwen3-trn2-random-1",
+        "recipe": "native_qwen3",
+        "tier": "trn2",
+        "init": "random",
+        "nproc": 2,
+        "seq_len": 256,
+        "local_batch_size": 1,
+        "returncode": 0,
+        "steps": [{"loss": night_loss}],
+        "losses": [night_loss],
+        "speed": {"step_time_s": 1.0},
+    }
 
 
 @pytest.fixture
@@ -45,16 +55,29 @@ def test_a_history_never_mixes_a_rehearsal_with_real_nights(tmp_path, monkeypatc
     assert history.write(log, tmp_path / "plots")["nights"] == ["real-night"]
     only_rehearsal = tmp_path / "rehearsal.jsonl"
     only_rehearsal.write_text(log.read_text().splitlines()[1] + "\n")
-    with pytest.raises(history.HistoryError, match="a rehearsal and a real night never share a history"):
+    with pytest.raises(
+        history.HistoryError, match="a rehearsal and a real night never share a history"
+    ):
         history.write(only_rehearsal, tmp_path / "none")
 
 
 def test_a_rehearsals_trend_line_and_report_say_so(in_a_rehearsal, tmp_path):
     report = tmp_path / "tests.json"
-    report.write_text(json.dumps({"rehearsal": REHEARSAL_MARK, "versions": {}, "goldens": [], "tests": []}))
+    report.write_text(
+        json.dumps({"rehearsal": REHEARSAL_MARK, "versions": {}, "goldens": [], "tests": []})
+    )
     trend = tmp_path / "trend.jsonl"
     assert ci.append_trend(report, trend) == 0
     assert json.loads(trend.read_text())["rehearsal"] == REHEARSAL_MARK
-    text = pytest_report.markdown([{"test": "tests/neuron/t.py::t", "outcome": "passed", "duration_s": 1.0,
-                                    "properties": {}}], [])  # fmt: skip
+    text = pytest_report.markdown(
+        [
+            {
+                "test": "tests/neuron/t.py::t",
+                "outcome": "passed",
+                "duration_s": 1.0,
+                "properties": {},
+            }
+        ],
+        [],
+    )
     assert REHEARSAL_MARK.upper() in text.splitlines()[2]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import results as report
 from harness.base import run_dir
 from harness.launch.lifecycle import RunResult
+from harness.report import results as report
 from recipes.tiers import REPO_ROOT
 
 
@@ -42,19 +42,40 @@ def failed_before_provenance(report_dir: Path) -> dict:
     """
     where = report_dir / "runs" / "native_qwen3-cpu-hf-20260101-000000"
     where.mkdir(parents=True)
-    result = RunResult(recipe="native_qwen3", tier="cpu", init="hf", nproc=2, seed=0, seq_len=256, local_batch_size=2,
-                       run_dir=str(where), export_dir=None, returncode=1, wall_s=4.0,
-                       provenance={**run_dir.read_provenance(where), "inputs": {"tokenizer": {"tokenizer.json": "ab"}}})
-    return {**result.to_dict(), "error": "torchrun exited 1; rank 0 failed first: AssertionError:"}  # fmt: skip
+    result = RunResult(
+        recipe="native_qwen3",
+        tier="cpu",
+        init="hf",
+        nproc=2,
+        seed=0,
+        seq_len=256,
+        local_batch_size=2,
+        run_dir=str(where),
+        export_dir=None,
+        returncode=1,
+        wall_s=4.0,
+        provenance={
+            **run_dir.read_provenance(where),
+            "inputs": {"tokenizer": {"tokenizer.json": "ab"}},
+        },
+    )
+    return {**result.to_dict(), "error": "torchrun exited 1; rank 0 failed first: AssertionError:"}
 
 
 READERS = [
     # (what the run directory holds, the reader, what it must make of it)
     ("no provenance.json", {}, run_dir.NO_PROVENANCE),
-    ("provenance.json cut short", {run_dir.PROVENANCE_FILE: '{"tokenizer": {"path": "/x", "vo'}, run_dir.NO_PROVENANCE),
+    (
+        "provenance.json cut short",
+        {run_dir.PROVENANCE_FILE: '{"tokenizer": {"path": "/x", "vo'},
+        run_dir.NO_PROVENANCE,
+    ),
     ("provenance.json a list", {run_dir.PROVENANCE_FILE: "[]"}, run_dir.NO_PROVENANCE),
-    ("provenance.json partial", {run_dir.PROVENANCE_FILE: '{"tokenizer": {}, "model": {}}'},
-     "provenance.json is partial (no weights, data, seed, dtype, allowed_mismatches)"),
+    (
+        "provenance.json partial",
+        {run_dir.PROVENANCE_FILE: '{"tokenizer": {}, "model": {}}'},
+        "provenance.json is partial (no weights, data, seed, dtype, allowed_mismatches)",
+    ),
 ]
 
 
@@ -65,36 +86,48 @@ def test_every_reader_names_a_missing_or_partial_provenance(files, state, tmp_pa
 
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    (tmp_path / run_dir.STEPS_FILE).write_text('{"step": 1, "loss": 1.5}\n{"step": 2, "lo')  # rank 0 killed mid-line
+    (tmp_path / run_dir.STEPS_FILE).write_text(
+        '{"step": 1, "loss": 1.5}\n{"step": 2, "lo'
+    )  # rank 0 killed mid-line
     assert run_dir.provenance_state(run_dir.read_provenance(tmp_path)) == state
-    assert run_dir.read_steps(tmp_path) == [{"step": 1, "loss": 1.5}], "a line cut short is not a step"
+    assert run_dir.read_steps(tmp_path) == [{"step": 1, "loss": 1.5}], (
+        "a line cut short is not a step"
+    )
     with pytest.raises(IncompleteRecord, match=state.replace("(", r"\(").replace(")", r"\)")):
         RunInfo.from_run_dir(tmp_path)  # the judgement's reader (harness.reference.diagnosis)
 
 
 @pytest.mark.parametrize("files, state", [r[1:] for r in READERS], ids=[r[0] for r in READERS])
-def test_the_launcher_keys_the_inputs_of_any_provenance_and_leaves_an_unreadable_one_as_it_is(files, state, tmp_path):
+def test_the_launcher_keys_the_inputs_of_any_provenance_and_leaves_an_unreadable_one_as_it_is(
+    files, state, tmp_path
+):
     """``harness.config.provenance.add_input_key``, which the launcher calls after every run, ended or not: the key
     always, added to a provenance.json that is one JSON object, and no other file touched or made."""
-    from harness.options.run_options import RunOptions
     from harness.config.provenance import add_input_key
+    from harness.options.run_options import RunOptions
 
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     recorded = run_dir.read_provenance(tmp_path)
-    key = add_input_key(tmp_path, RunOptions(recipe="native_qwen3", tier="cpu", init="hf").resolved())
+    key = add_input_key(
+        tmp_path, RunOptions(recipe="native_qwen3", tier="cpu", init="hf").resolved()
+    )
     assert key["weights"] and key["tokenizer"], key
     if recorded:
         assert run_dir.read_provenance(tmp_path) == {**recorded, "inputs": key}
     else:
-        assert tree_sha256(tmp_path) == {n: hashlib.sha256(t.encode()).hexdigest() for n, t in files.items()}
+        assert tree_sha256(tmp_path) == {
+            n: hashlib.sha256(t.encode()).hexdigest() for n, t in files.items()
+        }
 
 
 def test_the_band_lane_reads_the_steps_a_killed_rank_left(tmp_path):
     """``harness.judge.band.read_run`` (the goldens' band lane) through the run directory's readers."""
     from harness.judge.band import read_run
 
-    (tmp_path / run_dir.STEPS_FILE).write_text('{"step": 1, "loss": 1.5}\n{"step": 2, "loss": 1.4}\n{"step": 3, "lo')
+    (tmp_path / run_dir.STEPS_FILE).write_text(
+        '{"step": 1, "loss": 1.5}\n{"step": 2, "loss": 1.4}\n{"step": 3, "lo'
+    )
     (tmp_path / run_dir.RUN_FILE).write_text('{"seed": 1, "recipe": "nat')
     assert read_run(tmp_path) == ([1.5, 1.4], {})
 
@@ -103,19 +136,33 @@ def test_a_run_that_failed_before_provenance_is_reported_with_what_is_known(tmp_
     """The report of issue 35: a KeyError 'tokenizer' in results.md on every later run into the report dir."""
     failed = failed_before_provenance(tmp_path)
     report.update(tmp_path, runs=[failed])
-    report.update(tmp_path, timing={"wall_s": 1.0, "launches_s": 0.0, "training_steps_s": 0.0,
-                                    "outside_training_share": 1.0})  # a later run's report: must not fail  # fmt: skip
+    report.update(
+        tmp_path,
+        timing={
+            "wall_s": 1.0,
+            "launches_s": 0.0,
+            "training_steps_s": 0.0,
+            "outside_training_share": 1.0,
+        },
+    )  # a later run's report: must not fail
     md = (tmp_path / report.RESULTS_MD).read_text()
     row = next(line for line in md.splitlines() if line.startswith("| native_qwen3 | cpu | hf |"))
-    assert f"FAILED: torchrun exited 1; rank 0 failed first: AssertionError:; {run_dir.NO_PROVENANCE}" in row
-    assert f"| native_qwen3 | hf | – ({run_dir.NO_PROVENANCE}) |" in md, "the provenance table names the state"
+    assert (
+        f"FAILED: torchrun exited 1; rank 0 failed first: AssertionError:; {run_dir.NO_PROVENANCE}"
+        in row
+    )
+    assert f"| native_qwen3 | hf | – ({run_dir.NO_PROVENANCE}) |" in md, (
+        "the provenance table names the state"
+    )
 
 
 def test_an_unreadable_results_json_is_kept_aside_and_the_report_starts_again(tmp_path, capsys):
     (tmp_path / report.RESULTS_JSON).write_text('{"runs": [{"recipe": "native_qwen3", "ti')
     report.update(tmp_path, runs=[failed_before_provenance(tmp_path)])
     kept = tmp_path / f"{report.RESULTS_JSON}.unreadable-1"
-    assert kept.read_text() == '{"runs": [{"recipe": "native_qwen3", "ti', "the unreadable report is kept, unchanged"
+    assert kept.read_text() == '{"runs": [{"recipe": "native_qwen3", "ti', (
+        "the unreadable report is kept, unchanged"
+    )
     assert len(json.loads((tmp_path / report.RESULTS_JSON).read_text())["runs"]) == 1
     assert f"kept as {kept.name}" in capsys.readouterr().err
 
@@ -146,23 +193,53 @@ def test_two_launches_in_the_same_second_never_share_a_run_directory(tmp_path):
     """
     shared = tmp_path / "report"
     now = time.time()
-    taken = [shared / "runs" / f"native_qwen3-cpu-hf-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now + s))}"
-             for s in range(-1, 120)]  # fmt: skip
+    taken = [
+        shared
+        / "runs"
+        / f"native_qwen3-cpu-hf-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now + s))}"
+        for s in range(-1, 120)
+    ]
     for path in taken:
         path.mkdir(parents=True)
         (path / "mine.txt").write_text("not the run's")
-    cmd = [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu", "--init", "hf", "--steps", "1",
-           "--no-export", "--report-dir", str(shared)]  # fmt: skip
-    procs = [subprocess.Popen([*cmd, "--seed", str(seed)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for seed in (0, 1)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        "native_qwen3",
+        "--tier",
+        "cpu",
+        "--init",
+        "hf",
+        "--steps",
+        "1",
+        "--no-export",
+        "--report-dir",
+        str(shared),
+    ]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--seed", str(seed)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for seed in (0, 1)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
-    assert all(sorted(os.listdir(p)) == ["mine.txt"] for p in taken), "a taken directory was written to"
+    assert all(sorted(os.listdir(p)) == ["mine.txt"] for p in taken), (
+        "a taken directory was written to"
+    )
     dirs = sorted(d for d in (shared / "runs").iterdir() if d not in taken)
     assert len(dirs) == 2 and all(d.name.rsplit("-", 1)[1] in ("2", "3") for d in dirs), dirs
     seeds = sorted(json.loads((d / run_dir.RUN_FILE).read_text())["seed"] for d in dirs)
     assert seeds == [0, 1]
-    assert all(len(run_dir.read_steps(d)) == 1 for d in dirs), "each run's steps alone in its directory"
+    assert all(len(run_dir.read_steps(d)) == 1 for d in dirs), (
+        "each run's steps alone in its directory"
+    )
 
 
 def test_the_checkpoint_folder_the_recipes_set_is_the_one_run_dir_names():

@@ -19,11 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import curve_runs
+import pytest
 from curve_runs import NATIVE, STEPS
-
 
 STOP, SAVED = 50, 25
 #: Both weights-only resumes train this many steps: the first is the "next-step loss" (a
@@ -41,9 +39,11 @@ EXPORT_RESUME_ATOL = 0.0
 def full_resume_overrides(checkpoint: Path) -> list[str]:
     """torchtitan options that load every state of a checkpoint (not only the model)."""
     return [
-        "--checkpoint.initial_load_path", str(checkpoint),
-        "--checkpoint.no-initial-load-in-hf", "--checkpoint.no-initial-load-model-only",
-    ]  # fmt: skip
+        "--checkpoint.initial_load_path",
+        str(checkpoint),
+        "--checkpoint.no-initial-load-in-hf",
+        "--checkpoint.no-initial-load-model-only",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,12 @@ def uninterrupted(recipe_run):
 def stopped(recipe_run):
     return recipe_run(
         "resume-stop-at-50",
-        cli_overrides=["--lr_scheduler.total_steps", str(STEPS), "--checkpoint.interval", str(SAVED)],
+        cli_overrides=[
+            "--lr_scheduler.total_steps",
+            str(STEPS),
+            "--checkpoint.interval",
+            str(SAVED),
+        ],
         **{**NATIVE, "steps": STOP},
     )
 
@@ -81,20 +86,29 @@ def test_a_run_stopped_at_50_is_the_first_50_steps(uninterrupted, stopped, recor
 
 
 @pytest.mark.slow
-def test_resumed_steps_equal_the_uninterrupted_runs_bitwise(uninterrupted, resumed, record_property):
+def test_resumed_steps_equal_the_uninterrupted_runs_bitwise(
+    uninterrupted, resumed, record_property
+):
     """Every state comes back. Resuming without the optimizer's (``--checkpoint.exclude_from_loading
     optimizer``) gives the same step 26 and then 0.013 apart at step 27, up to 0.086."""
     record_property("resume_wall_s", round(resumed["wall_s"], 1))
     assert [s["step"] for s in resumed["steps"]] == list(range(SAVED + 1, STEPS + 1))
     assert resumed["losses"] == uninterrupted["losses"][SAVED:]
-    assert [s["grad_norm"] for s in resumed["steps"]] == [s["grad_norm"] for s in uninterrupted["steps"][SAVED:]]
+    assert [s["grad_norm"] for s in resumed["steps"]] == [
+        s["grad_norm"] for s in uninterrupted["steps"][SAVED:]
+    ]
     # And the weights after step 100: rank 0's sha256 of every trained tensor.
-    final = [json.loads((Path(r["run_dir"]) / "final_state.json").read_text()) for r in (uninterrupted, resumed)]
+    final = [
+        json.loads((Path(r["run_dir"]) / "final_state.json").read_text())
+        for r in (uninterrupted, resumed)
+    ]
     assert final[0] == final[1] and final[0]
 
 
 @pytest.mark.slow
-def test_resume_from_the_hf_export_gives_the_checkpoints_next_step_loss(recipe_run, uninterrupted, stopped, record_property):
+def test_resume_from_the_hf_export_gives_the_checkpoints_next_step_loss(
+    recipe_run, uninterrupted, stopped, record_property
+):
     """Weights only, from either format: same next-step loss.
 
     A weights-only resume (the HF export holds nothing else) starts a fresh optimizer
@@ -105,14 +119,22 @@ def test_resume_from_the_hf_export_gives_the_checkpoints_next_step_loss(recipe_r
     checkpoint. The two step-50 states are the same (the stopped run is the first 50
     steps, tested above), so the formats are all that differs.
     """
-    export = Path(stopped["run_dir"]) / "hf_export"  # step 50, float32, with config.json and the tokenizer
-    checkpoint = Path(uninterrupted["run_dir"]) / "checkpoint" / f"step-{curve_runs.CHECKPOINT_STEP}"
+    export = (
+        Path(stopped["run_dir"]) / "hf_export"
+    )  # step 50, float32, with config.json and the tokenizer
+    checkpoint = (
+        Path(uninterrupted["run_dir"]) / "checkpoint" / f"step-{curve_runs.CHECKPOINT_STEP}"
+    )
     assert checkpoint.is_dir() and (export / "config.json").is_file()
     short = {**NATIVE, "steps": WEIGHTS_ONLY_STEPS, "export": False}
     from_hf = recipe_run("resume-weights-from-hf-export", **{**short, "model_dir": export})
     from_titan = recipe_run(
         "resume-weights-from-checkpoint",
-        cli_overrides=["--checkpoint.initial_load_path", str(checkpoint), "--checkpoint.no-initial-load-in-hf"],
+        cli_overrides=[
+            "--checkpoint.initial_load_path",
+            str(checkpoint),
+            "--checkpoint.no-initial-load-in-hf",
+        ],
         **short,
     )
     diffs = [abs(a - b) for a, b in zip(from_hf["losses"], from_titan["losses"])]

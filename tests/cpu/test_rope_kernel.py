@@ -13,12 +13,11 @@ import pytest
 import torch
 from torchtitan.models.common.rope import CosSinRoPE
 
-from recipes.kernels import rope as rope_module
 from harness.checks.errors import PreflightError
 from harness.checks.kernels import check_seq_len
+from recipes.kernels import rope as rope_module
 from recipes.kernels.rope import NKIRoPE, SeqLenError, assert_seq_len, rope_hf, rope_hf_op
 from recipes.platform.neuron import LNCError
-
 
 # Pinned: Qwen3 head_dim 128, theta 1e6, GQA 4 q heads / 2 kv heads, seq 256 (valid at LNC=2).
 B, L, NQ, NKV, H = 2, 256, 4, 2, 128
@@ -173,7 +172,10 @@ def test_check_seq_len_accepts_multiples(seq_len):
 
 def test_lnc1_needs_multiples_of_128():
     check_seq_len(384, 1)
-    with pytest.raises(PreflightError, match=r"seq_len=200 is not a multiple of 128×LNC=128 \(LNC=1\); use 128 or 256"):
+    with pytest.raises(
+        PreflightError,
+        match=r"seq_len=200 is not a multiple of 128×LNC=128 \(LNC=1\); use 128 or 256",
+    ):
         check_seq_len(200, 1)
 
 
@@ -187,8 +189,10 @@ def test_the_kernel_asserts_only_what_rope_hf_asserts(seq_len, lnc):
     """The kernel's own check is the device's rule; the fix (which flag to change) is the harness's refusal."""
     with pytest.raises(SeqLenError) as err:
         assert_seq_len(seq_len, lnc)
-    assert str(err.value) == (f"seq_len={seq_len} is not a multiple of 128×LNC={128 * lnc} (LNC={lnc}): "
-                              "nkilib's rope_hf asserts S % (128 * LNC) == 0")  # fmt: skip
+    assert str(err.value) == (
+        f"seq_len={seq_len} is not a multiple of 128×LNC={128 * lnc} (LNC={lnc}): "
+        "nkilib's rope_hf asserts S % (128 * LNC) == 0"
+    )
     assert_seq_len(128 * lnc * 3, lnc)
     with pytest.raises(LNCError):
         assert_seq_len(256, 4)
@@ -227,7 +231,9 @@ def test_guard_can_be_relaxed_off_device(lnc2):
     """With enforcement off, the torch path accepts any length (and still equals CosSinRoPE)."""
     cfg = _rope_config()
     ref = cfg.build()
-    new = NKIRoPE.Config(dim=H, max_seq_len=4096, theta=1_000_000.0, enforce_kernel_constraints=False).build()
+    new = NKIRoPE.Config(
+        dim=H, max_seq_len=4096, theta=1_000_000.0, enforce_kernel_constraints=False
+    ).build()
     q, k = _qk(seq_len=200)
     assert all(torch.equal(a, b) for a, b in zip(new(q, k), ref(q, k)))
 
@@ -259,14 +265,23 @@ def test_device_path_hands_rope_hf_contiguous_tensors_on_a_tuple_grid(lnc2, monk
     q_strided, k_strided = q.transpose(0, 1).contiguous().transpose(0, 1), k[:, :, :, :]
     assert not q_strided.is_contiguous()  # the precondition that makes this test able to fail
     inv_freq = rope_hf(_rope_config()).build().inv_freq
-    q_out, k_out = rope_module._rope_nki(q_strided, k_strided, _positions("shared"), inv_freq, False)
+    q_out, k_out = rope_module._rope_nki(
+        q_strided, k_strided, _positions("shared"), inv_freq, False
+    )
 
     assert kernel.grids == [(2,)]
     (call,) = kernel.calls
     assert all(t.is_contiguous() for t in call["tensors"])
     q_in, k_in, _, _, cos, sin = call["tensors"]
-    assert q_in.shape == (B, NQ, L, H) and k_in.shape == (B, NKV, L, H)  # kernel layout [B, heads, S, D]
-    assert cos.shape == sin.shape == (L, H) and cos.dtype == q_in.dtype  # shared positions: [S, D], q's dtype
+    assert q_in.shape == (B, NQ, L, H) and k_in.shape == (
+        B,
+        NKV,
+        L,
+        H,
+    )  # kernel layout [B, heads, S, D]
+    assert (
+        cos.shape == sin.shape == (L, H) and cos.dtype == q_in.dtype
+    )  # shared positions: [S, D], q's dtype
     torch.testing.assert_close(q_out, q, rtol=0, atol=0)
     torch.testing.assert_close(k_out, k, rtol=0, atol=0)
 
@@ -275,7 +290,12 @@ def test_device_path_hands_rope_hf_contiguous_tensors_on_a_tuple_grid(lnc2, monk
 # Config 3's RoPE: torchtitan's sliced-cache path, no gather
 # ---------------------------------------------------------------------------
 
-GATHER_OPS = {"aten.gather.default", "aten.index.Tensor", "aten.index_select.default", "aten.take_along_dim.default"}
+GATHER_OPS = {
+    "aten.gather.default",
+    "aten.index.Tensor",
+    "aten.index_select.default",
+    "aten.take_along_dim.default",
+}
 
 
 def _aten_ops(fn) -> set[str]:
@@ -303,16 +323,22 @@ def config3_rope():
     return config.model_spec.model.layers[0].attention.rope
 
 
-def test_config3_rope_runs_no_gather_although_the_dataloader_passes_positions(config3_rope, record_property):
+def test_config3_rope_runs_no_gather_although_the_dataloader_passes_positions(
+    config3_rope, record_property
+):
     """torchtitan's text dataloader always yields per-document positions; config 3 must not gather them."""
     from recipes.kernels.rope import SlicedCosSinRoPE
 
     assert type(config3_rope) is SlicedCosSinRoPE.Config
     sliced = config3_rope.build()
-    stock = CosSinRoPE.Config(**{f: getattr(config3_rope, f) for f in ("dim", "max_seq_len", "theta")}).build()
+    stock = CosSinRoPE.Config(
+        **{f: getattr(config3_rope, f) for f in ("dim", "max_seq_len", "theta")}
+    ).build()
     q, k = _qk(seq_len=L)
     q, k = q[..., : config3_rope.dim], k[..., : config3_rope.dim]
-    per_doc = torch.cat([torch.arange(100), torch.arange(L - 100)]).expand(B, L)  # two documents per row
+    per_doc = torch.cat([torch.arange(100), torch.arange(L - 100)]).expand(
+        B, L
+    )  # two documents per row
 
     ops = _aten_ops(lambda: sliced(q, k, per_doc))
     stock_ops = _aten_ops(lambda: stock(q, k, per_doc))

@@ -39,15 +39,22 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def run_child(code: str, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=600, cwd=REPO_ROOT, env=child_env(**env))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        env=child_env(**env),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_device_computes_what_the_cpu_computes():
     """Ops, autograd, views, factories, autocast, CosSinRoPE and a torchtitan Qwen3 debugmodel step: equal to the CPU's."""
-    measured = run_child("""
+    measured = run_child(
+        """
         import json, os, torch, torch_neuronx
         GRAD_RTOL = float(os.environ["GRAD_RTOL"])
         from recipes.titan import CosSinRoPE
@@ -97,13 +104,24 @@ def test_device_computes_what_the_cpu_computes():
             "rope_equal": torch.equal(qn.cpu(), qc) and torch.equal(kn.cpu(), kc),
             "cpu_type": type(out.cpu()).__name__,
         }))
-    """, GRAD_RTOL=repr(GRAD_RTOL), QWEN3_STANDIN_DEVICE_RANDOM="0")  # init draws the CPU's numbers, as the cpu run
+    """,
+        GRAD_RTOL=repr(GRAD_RTOL),
+        QWEN3_STANDIN_DEVICE_RANDOM="0",
+    )  # init draws the CPU's numbers, as the cpu run
     assert measured == {
-        "device": "neuron:0", "cache_device": "neuron:0", "forward_equal": True, "grad_equal": True, "item": True,
-        "aliasing": [[5.0, 0.0, 0.0], [5.0, 1.0, 1.0], [5.0, 0.0, 0.0]], "tensor": [1, 2], "rope_equal": True,
-        "cpu_type": "Tensor", "titan_loss_equal": True, "titan_grads": True,
+        "device": "neuron:0",
+        "cache_device": "neuron:0",
+        "forward_equal": True,
+        "grad_equal": True,
+        "item": True,
+        "aliasing": [[5.0, 0.0, 0.0], [5.0, 1.0, 1.0], [5.0, 0.0, 0.0]],
+        "tensor": [1, 2],
+        "rope_equal": True,
+        "cpu_type": "Tensor",
+        "titan_loss_equal": True,
+        "titan_grads": True,
         "autocast_equal": True,
-    }  # fmt: skip
+    }
 
 
 def test_a_wrap_nki_kernel_reads_payloads_and_hands_back_its_output_arguments():
@@ -124,18 +142,31 @@ def test_a_wrap_nki_kernel_reads_payloads_and_hands_back_its_output_arguments():
         print(json.dumps({"seen": seen, "same_out": got_out is out, "out": out.cpu().tolist(),
                           "made": [made.device.type, made.cpu().tolist()]}))
     """)
-    assert measured == {"seen": [["cpu", "cpu"]], "same_out": True, "out": [0.0, 2.0, 4.0, 6.0],
-                        "made": ["neuron", [1.0, 2.0, 3.0, 4.0]]}  # fmt: skip
+    assert measured == {
+        "seen": [["cpu", "cpu"]],
+        "same_out": True,
+        "out": [0.0, 2.0, 4.0, 6.0],
+        "made": ["neuron", [1.0, 2.0, 3.0, 4.0]],
+    }
 
 
 def run_body(module: str, body: str, **env: str) -> dict:
     """A ``@neuron_core_body`` of tests/neuron, run as ``on_neuron_cores`` runs it (its child), on the stand-ins."""
     result = Path(env.pop("result"))
-    request = {"module": str(NEURON_TESTS / module), "body": body, "args": [], "result": str(result)}
+    request = {
+        "module": str(NEURON_TESTS / module),
+        "body": body,
+        "args": [],
+        "result": str(result),
+    }
     done = subprocess.run(
-        [sys.executable, str(NEURON_TESTS / "neuron_cores.py"), json.dumps(request)], capture_output=True, text=True,
-        timeout=900, cwd=REPO_ROOT, env=child_env(QWEN3_NEURON_CORE_CHILD="1", NEURON_RT_VISIBLE_CORES="0", **env),
-    )  # fmt: skip
+        [sys.executable, str(NEURON_TESTS / "neuron_cores.py"), json.dumps(request)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO_ROOT,
+        env=child_env(QWEN3_NEURON_CORE_CHILD="1", NEURON_RT_VISIBLE_CORES="0", **env),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(result.read_text())
 
@@ -143,29 +174,45 @@ def run_body(module: str, body: str, **env: str) -> dict:
 def test_rope_body_runs_the_kernel_and_one_ulp_shows(tmp_path):
     """test_rope_kernel_neuron's body: the stand-in rope_hf is launched (1 forward, 2 backward) and equals
     CosSinRoPE exactly; one ulp in the kernel's output makes the forward diff the published 0.0 is not."""
-    right = run_body("test_rope_kernel_neuron.py", "measure_rope_hf", result=str(tmp_path / "right.json"))
+    right = run_body(
+        "test_rope_kernel_neuron.py", "measure_rope_hf", result=str(tmp_path / "right.json")
+    )
     assert right["op"] == "torch_neuronx.nki_hop.nki_op"
     assert (right["forward"]["launches"], right["backward"]["launches"]) == (1, 2)
     assert right["forward"]["q"] == 0.0 and right["forward"]["k"] == 0.0
-    wrong = run_body("test_rope_kernel_neuron.py", "measure_rope_hf", result=str(tmp_path / "wrong.json"),
-                     QWEN3_STANDIN_FAULT="rope_hf")  # fmt: skip
+    wrong = run_body(
+        "test_rope_kernel_neuron.py",
+        "measure_rope_hf",
+        result=str(tmp_path / "wrong.json"),
+        QWEN3_STANDIN_FAULT="rope_hf",
+    )
     assert wrong["forward"]["q"] > 0.0 and wrong["forward"]["k"] > 0.0
 
 
 def test_grouped_experts_body_runs_both_kernels_and_a_layout_error_shows(tmp_path):
     """test_nki_moe_neuron's one-core body: moe_cte and blockwise_mm_bwd launched once each, within the
     test's 2^-6 / 2^-5; the stand-in with gate and up swapped misses the forward bound."""
-    right = run_body("test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "right.json"))
-    assert {k: len(v) for k, v in right["launches"].items()} == {"moe_cte": 1, "blockwise_mm_bwd": 1}
+    right = run_body(
+        "test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "right.json")
+    )
+    assert {k: len(v) for k, v in right["launches"].items()} == {
+        "moe_cte": 1,
+        "blockwise_mm_bwd": 1,
+    }
     assert right["forward"] <= 2**-6 and max(right["backward"].values()) <= 2**-5
-    wrong = run_body("test_nki_moe_neuron.py", "measure_grouped_experts", result=str(tmp_path / "wrong.json"),
-                     QWEN3_STANDIN_FAULT="moe_cte")  # fmt: skip
+    wrong = run_body(
+        "test_nki_moe_neuron.py",
+        "measure_grouped_experts",
+        result=str(tmp_path / "wrong.json"),
+        QWEN3_STANDIN_FAULT="moe_cte",
+    )
     assert wrong["forward"] > 2**-6
 
 
 def dtensor_draws(**env: str) -> dict:
     """Random ops on 1-rank DTensors on the stand-in device, in a child."""
-    measured = run_child("""
+    measured = run_child(
+        """
         import json, os, torch, torch_neuronx, torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
@@ -192,7 +239,9 @@ def dtensor_draws(**env: str) -> dict:
         print(json.dumps({"seeded": seeded, "tracker": type(_random._rng_tracker).__name__,
                           "offset_after": offset_after, "repeats": torch.equal(a.to_local().cpu(), b.to_local().cpu()),
                           "drawn": bool(local.abs().max() > 0), "bounded": bool(local.abs().max() <= 2)}))
-    """, **env)
+    """,
+        **env,
+    )
     return measured
 
 
@@ -204,8 +253,14 @@ def test_dtensor_random_ops_take_the_devices_philox_state():
     launch did; with draws from the CPU generator (switch 0) every launch hung in ``trunc_normal_``."""
     measured = dtensor_draws()
     # 30 elements: DTensor advances the offset by the tensor's numel rounded up to 4 (_compute_rng_offsets).
-    assert measured == {"seeded": [16, True, 5, 0], "tracker": "OffsetBasedRNGTracker", "offset_after": 32,
-                        "repeats": False, "drawn": True, "bounded": True}  # fmt: skip
+    assert measured == {
+        "seeded": [16, True, 5, 0],
+        "tracker": "OffsetBasedRNGTracker",
+        "offset_after": 32,
+        "repeats": False,
+        "drawn": True,
+        "bounded": True,
+    }
 
 
 def test_with_cpu_random_ops_dtensor_draws_repeat():
@@ -220,13 +275,19 @@ def test_a_ranks_device_is_its_local_rank_after_the_process_group():
     copy then maps that rank to one core and keeps ``neuron:<LOCAL_RANK>`` valid (device_count() = local world
     size, current device = local rank: csrc/core/NeuronDevice.cpp). Seen failing: rank 1 of the rehearsal's
     first launch, "neuron device index 1 out of range: 1 visible" once its core was mapped."""
-    measured = run_child("""
+    measured = run_child(
+        """
         import json, os, torch, torch_neuronx, torch.distributed as dist
         torch.neuron.set_device(torch.device("neuron", 1))  # torchtitan's trainer, before init_distributed
         dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
         print(json.dumps({"visible": os.environ.get("NEURON_RT_VISIBLE_CORES"), "count": torch.neuron.device_count(),
                           "current": torch.neuron.current_device(), "state": torch.neuron.get_rng_state().numel()}))
-    """, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", QWEN3_STANDIN_CORES="2", QWEN3_STANDIN_LOCAL_RANK_CORES="1")
+    """,
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="2",
+        QWEN3_STANDIN_CORES="2",
+        QWEN3_STANDIN_LOCAL_RANK_CORES="1",
+    )
     assert measured == {"visible": "1", "count": 2, "current": 1, "state": 16}
 
 

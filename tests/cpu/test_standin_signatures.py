@@ -17,7 +17,6 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -29,7 +28,10 @@ SOURCE_DIRS = [STANDINS / name for name in ("torch-neuronx", "neuronx-cc", "nki"
 PACKAGES = ("torch_neuronx", "nki", "nkilib")
 SUITE_FILES = sorted(
     [REPO_ROOT / "recipes" / "titan.py", *(REPO_ROOT / "recipes" / "platform").glob("neuron*.py")]
-    + [*(REPO_ROOT / "recipes" / "kernels").glob("*.py"), *(REPO_ROOT / "tests" / "neuron").glob("*.py")]
+    + [
+        *(REPO_ROOT / "recipes" / "kernels").glob("*.py"),
+        *(REPO_ROOT / "tests" / "neuron").glob("*.py"),
+    ]
 )
 #: Where the suite launches an nkilib kernel it wrapped with ``wrap_nki``: the kernel is a variable
 #: there, so the function that holds the ``kernel[grid](...)`` call is named here; the test refuses a
@@ -67,7 +69,9 @@ def _imports(tree: ast.AST) -> dict[str, str]:
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if _is_package(alias.name):
-                    names[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+                    names[alias.asname or alias.name.split(".")[0]] = (
+                        alias.asname and alias.name or alias.name.split(".")[0]
+                    )
         elif (
             isinstance(node, ast.Assign)
             and isinstance(node.value, ast.Attribute)
@@ -98,13 +102,19 @@ def _call_shape(call: ast.Call, target: str, where: str, scope: ast.AST | None =
     """Positional count and keywords; ``*x``/``**x`` resolved through ``x = f(a, b, ...)``/``x = {...}`` in ``scope``."""
     assigned = {}
     for node in ast.walk(scope) if scope is not None else ():
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             assigned[node.targets[0].id] = node.value
     positional, keywords = 0, []
     for arg in call.args:
         if isinstance(arg, ast.Starred):
             value = assigned.get(getattr(arg.value, "id", None))
-            if isinstance(value, ast.Call) and not any(isinstance(a, ast.Starred) for a in value.args):
+            if isinstance(value, ast.Call) and not any(
+                isinstance(a, ast.Starred) for a in value.args
+            ):
                 positional += len(value.args)  # e.g. tensors = _contiguous(a, b, c)
             else:
                 return Call(target, where, None, keywords)
@@ -115,8 +125,12 @@ def _call_shape(call: ast.Call, target: str, where: str, scope: ast.AST | None =
             keywords.append(kw.arg)
             continue
         value = assigned.get(getattr(kw.value, "id", None))
-        if not isinstance(value, ast.Dict) or not all(isinstance(k, ast.Constant) for k in value.keys):
-            raise AssertionError(f"{where}: **{ast.unparse(kw.value)} is not a dict literal this test can read")
+        if not isinstance(value, ast.Dict) or not all(
+            isinstance(k, ast.Constant) for k in value.keys
+        ):
+            raise AssertionError(
+                f"{where}: **{ast.unparse(kw.value)} is not a dict literal this test can read"
+            )
         keywords.extend(k.value for k in value.keys)
     return Call(target, where, positional, keywords)
 
@@ -138,7 +152,9 @@ def suite_uses() -> tuple[list[Call], set[str], set[str]]:
                         kernel = _qualified(node.args[0], names)
                         if kernel and kernel.startswith("nkilib."):
                             wrapped.add(kernel)
-            elif isinstance(node, ast.Attribute) and not isinstance(getattr(node, "ctx", None), ast.Store):
+            elif isinstance(node, ast.Attribute) and not isinstance(
+                getattr(node, "ctx", None), ast.Store
+            ):
                 qualified = _qualified(node, names)
                 if qualified:
                     attributes.add(qualified)
@@ -151,8 +167,12 @@ def launch_call(kernel: str, rel: str, function: str) -> Call:
     """The one ``kernel[grid](...)`` call inside ``function`` of ``rel``."""
     tree = ast.parse((REPO_ROOT / rel).read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
-    launches = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)]
-    assert len(launches) == 1, f"{rel}:{function} should launch one kernel[grid](...), found {len(launches)}"
+    launches = [
+        n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+    ]
+    assert len(launches) == 1, (
+        f"{rel}:{function} should launch one kernel[grid](...), found {len(launches)}"
+    )
     return _call_shape(launches[0], kernel, f"{rel}:{launches[0].lineno} ({function})", scope=fn)
 
 
@@ -195,16 +215,23 @@ def describe_standins(names: set[str]) -> dict[str, dict]:
     code = f"import sys; sys.path[:0] = {path.split(':')!r}\n" + _DESCRIBE
     done = subprocess.run(
         [sys.executable, "-c", code, json.dumps(sorted(names))],
-        capture_output=True, text=True, timeout=300, cwd=STANDINS,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=STANDINS,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def signature_of(params: list) -> inspect.Signature:
     return inspect.Signature(
-        [inspect.Parameter(n, getattr(inspect.Parameter, k), default=None if d else inspect.Parameter.empty)
-         for n, k, d in params]  # fmt: skip
+        [
+            inspect.Parameter(
+                n, getattr(inspect.Parameter, k), default=None if d else inspect.Parameter.empty
+            )
+            for n, k, d in params
+        ]
     )
 
 
@@ -228,7 +255,12 @@ def bind_error(call: Call, described: dict) -> str | None:
 @pytest.fixture(scope="module")
 def uses_and_standins():
     calls, attributes, wrapped = suite_uses()
-    names = {c.target for c in calls} | attributes | set(nkilib_source.KERNEL_MODULES) | {"torch_neuronx"}
+    names = (
+        {c.target for c in calls}
+        | attributes
+        | set(nkilib_source.KERNEL_MODULES)
+        | {"torch_neuronx"}
+    )
     return calls, attributes, wrapped, describe_standins(names)
 
 
@@ -236,8 +268,13 @@ def test_the_suite_uses_what_this_test_reads():
     """The reader finds the uses the suite is known to make (a reader that finds nothing would pass anything)."""
     calls, attributes, wrapped = suite_uses()
     targets = {c.target for c in calls}
-    assert {"nkilib.core.moe.moe_cte.moe_cte", "nkilib.core.moe.moe_cte.MoECTESpec", "nki.jit",
-            "torch_neuronx.nki_hop.nki_op", "torch_neuronx.nki_hop.wrap_nki"} <= targets, targets  # fmt: skip
+    assert {
+        "nkilib.core.moe.moe_cte.moe_cte",
+        "nkilib.core.moe.moe_cte.MoECTESpec",
+        "nki.jit",
+        "torch_neuronx.nki_hop.nki_op",
+        "torch_neuronx.nki_hop.wrap_nki",
+    } <= targets, targets
     assert "nkilib.core.utils.common_types.ExpertAffinityScaleMode.POST_SCALE" in attributes
     assert wrapped == set(LAUNCH_SITES), (
         f"nkilib kernels the suite wraps with wrap_nki: {sorted(wrapped)}; LAUNCH_SITES names "
@@ -248,8 +285,11 @@ def test_the_suite_uses_what_this_test_reads():
 @pytest.mark.slow  # the stand-ins are read in a child that imports torch (about 5 s)
 def test_every_name_exists_in_the_standins(uses_and_standins):
     _, attributes, _, described = uses_and_standins
-    missing = [f"{n}: {described[n]['missing']}" for n in sorted(attributes | set(nkilib_source.KERNEL_MODULES))
-               if "missing" in described[n]]  # fmt: skip
+    missing = [
+        f"{n}: {described[n]['missing']}"
+        for n in sorted(attributes | set(nkilib_source.KERNEL_MODULES))
+        if "missing" in described[n]
+    ]
     assert not missing, "names the suite uses that the stand-ins lack:\n" + "\n".join(missing)
 
 
@@ -271,9 +311,23 @@ def test_standins_are_loaded_from_their_sources_only(uses_and_standins):
 
 def test_a_renamed_parameter_is_caught():
     """The binding check itself: rope_hf with ``backward`` renamed does not take the suite's launch."""
-    call = launch_call("nkilib.core.embeddings.rope_hf.rope_hf", *LAUNCH_SITES["nkilib.core.embeddings.rope_hf.rope_hf"])
-    params = [[n, "POSITIONAL_OR_KEYWORD", d] for n, d in
-              [("q", 0), ("k", 0), ("q_out", 0), ("k_out", 0), ("cos", 1), ("sin", 1), ("rope_cache", 1), ("bwd", 1)]]  # fmt: skip
+    call = launch_call(
+        "nkilib.core.embeddings.rope_hf.rope_hf",
+        *LAUNCH_SITES["nkilib.core.embeddings.rope_hf.rope_hf"],
+    )
+    params = [
+        [n, "POSITIONAL_OR_KEYWORD", d]
+        for n, d in [
+            ("q", 0),
+            ("k", 0),
+            ("q_out", 0),
+            ("k_out", 0),
+            ("cos", 1),
+            ("sin", 1),
+            ("rope_cache", 1),
+            ("bwd", 1),
+        ]
+    ]
     assert "backward" in (bind_error(call, {"params": params}) or "")
     params[-1][0] = "backward"
     assert bind_error(call, {"params": params}) is None

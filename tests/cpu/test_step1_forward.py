@@ -19,13 +19,17 @@ from recipes.tiers import FIXTURES
 #: proxies run: one process, random init, nothing saved. Launched with ``steps=1``.
 CASES = {
     "native_qwen3-random": dict(recipe="native_qwen3", init="random"),
-    "hf_backend-random": dict(recipe="hf_backend", init="random", model_dir=FIXTURES / "qwen3-tiny"),
+    "hf_backend-random": dict(
+        recipe="hf_backend", init="random", model_dir=FIXTURES / "qwen3-tiny"
+    ),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.slow
-def test_forward_only_step1_loss_is_the_trainers_bitwise(case, recipe_run, tmp_path, record_property):
+def test_forward_only_step1_loss_is_the_trainers_bitwise(
+    case, recipe_run, tmp_path, record_property
+):
     """Same fp32 ops in the same order (train_step's forward half, no_grad): equal, not close."""
     from harness.judge import proxy
 
@@ -35,7 +39,10 @@ def test_forward_only_step1_loss_is_the_trainers_bitwise(case, recipe_run, tmp_p
     record_property(f"{case}_trainer_step1_loss", trained["losses"][0])
     record_property(f"{case}_forward_only_step1_loss", scored["loss"])
     record_property(f"{case}_forward_only_wall_s", scored["wall_s"])
-    assert scored["global_valid_tokens"] == trained["seq_len"] * trained["local_batch_size"] * trained["nproc"]
+    assert (
+        scored["global_valid_tokens"]
+        == trained["seq_len"] * trained["local_batch_size"] * trained["nproc"]
+    )
     assert scored["loss"] == trained["losses"][0], (
         f"forward-only {scored['loss']!r} vs the trainer's step 1 {trained['losses'][0]!r}"
     )
@@ -60,9 +67,17 @@ def test_a_launch_gives_its_ranks_the_threads_it_was_given(recipe_run):
     """The main job's one-rank full-width runs get every core (``threads``); the rank records what torch used.
     Seen failing with child_env ignoring ``threads``: provenance threads 1."""
     launched = recipe_run(
-        "step1-native-two-threads", tier="cpu", recipe="native_qwen3", init="random", nproc=1, steps=1, seed=0,
-        export=False, forward_only=True, threads=2,
-    )  # fmt: skip
+        "step1-native-two-threads",
+        tier="cpu",
+        recipe="native_qwen3",
+        init="random",
+        nproc=1,
+        steps=1,
+        seed=0,
+        export=False,
+        forward_only=True,
+        threads=2,
+    )
     assert launched["provenance"]["threads"] == 2
 
 
@@ -77,4 +92,6 @@ def test_the_main_jobs_full_width_runs_take_every_core_but_under_xdist(monkeypat
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     assert one_rank_threads() == 1
     assert child_env(RunOptions(threads=3))["OMP_NUM_THREADS"] == "3"
-    assert child_env(RunOptions())["OMP_NUM_THREADS"] == "1"  # the cpu tier's: ranks share the cores with xdist
+    assert (
+        child_env(RunOptions())["OMP_NUM_THREADS"] == "1"
+    )  # the cpu tier's: ranks share the cores with xdist

@@ -19,15 +19,26 @@ from recipes.platform.torchtitan_checkout import RECORD_ENV, checkout_info, desc
 from recipes.tiers import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "neuron_venv.sh"
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=t",
+    "-c",
+    "user.email=t@example.invalid",
+    "-c",
+    "init.defaultBranch=main",
+]
 
 
 def commit(repo: Path, message: str) -> str:
     (repo / "f.txt").write_text(message)
     subprocess.run([*GIT, "-C", str(repo), "add", "f.txt"], check=True, capture_output=True)
-    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", message], check=True, capture_output=True)
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()  # fmt: skip
+    subprocess.run(
+        [*GIT, "-C", str(repo), "commit", "-q", "-m", message], check=True, capture_output=True
+    )
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -39,8 +50,10 @@ def installed(tmp_path, monkeypatch) -> tuple[Path, str, Path]:
     sha = commit(checkout, "release")
     venv = tmp_path / "venv"
     venv.mkdir()
-    script = (f'source "{SCRIPT}"; VENV="{venv}"; TORCHTITAN_NEURON_REF=release-2.33; REF_KIND=branch; '
-              f'REF_COMMIT={sha}; record_checkout "{checkout}" {sha}')  # fmt: skip
+    script = (
+        f'source "{SCRIPT}"; VENV="{venv}"; TORCHTITAN_NEURON_REF=release-2.33; REF_KIND=branch; '
+        f'REF_COMMIT={sha}; record_checkout "{checkout}" {sha}'
+    )
     subprocess.run(["bash", "-c", script], check=True, timeout=60)
     record = venv / "torchtitan-neuron.json"
     monkeypatch.setenv(RECORD_ENV, str(record))
@@ -50,15 +63,35 @@ def installed(tmp_path, monkeypatch) -> tuple[Path, str, Path]:
 def test_the_record_the_script_writes_is_read_back_with_the_checkouts_head(installed):
     checkout, sha, record = installed
     info = checkout_info()
-    assert {k: info[k] for k in ("installed", "url", "ref", "ref_kind", "ls_remote_commit", "commit", "head", "moved")} == {
-        "installed": True, "url": neuron_versions.TORCHTITAN_NEURON_URL, "ref": "release-2.33", "ref_kind": "branch",
-        "ls_remote_commit": sha, "commit": sha, "head": sha, "moved": False,
-    }  # fmt: skip
+    assert {
+        k: info[k]
+        for k in (
+            "installed",
+            "url",
+            "ref",
+            "ref_kind",
+            "ls_remote_commit",
+            "commit",
+            "head",
+            "moved",
+        )
+    } == {
+        "installed": True,
+        "url": neuron_versions.TORCHTITAN_NEURON_URL,
+        "ref": "release-2.33",
+        "ref_kind": "branch",
+        "ls_remote_commit": sha,
+        "commit": sha,
+        "head": sha,
+        "moved": False,
+    }
     assert info["checkout"] == str(checkout) and info["record"] == str(record)
     # this cpu venv's torchtitan is PyPI's, not the checkout: said, not hidden
     assert info["torchtitan_from_checkout"] is False
-    assert describe(info) == (f"release-2.33 (branch) @ {sha}; but `import torchtitan` loads {info['torchtitan']}, "
-                              f"outside {checkout}")  # fmt: skip
+    assert describe(info) == (
+        f"release-2.33 (branch) @ {sha}; but `import torchtitan` loads {info['torchtitan']}, "
+        f"outside {checkout}"
+    )
 
 
 def test_a_checkout_moved_after_the_install_shows(installed):
@@ -73,8 +106,10 @@ def test_without_a_record_the_expected_ref_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(RECORD_ENV, str(tmp_path / "absent.json"))
     info = checkout_info()
     assert info["installed"] is False
-    assert describe(info) == (f"not installed here (expected {neuron_versions.TORCHTITAN_NEURON_REF} of "
-                              f"{neuron_versions.TORCHTITAN_NEURON_URL}; {tmp_path / 'absent.json'} is absent)")  # fmt: skip
+    assert describe(info) == (
+        f"not installed here (expected {neuron_versions.TORCHTITAN_NEURON_REF} of "
+        f"{neuron_versions.TORCHTITAN_NEURON_URL}; {tmp_path / 'absent.json'} is absent)"
+    )
 
 
 def test_the_report_versions_name_the_ref_and_commit(installed, tmp_path, monkeypatch):
@@ -88,12 +123,32 @@ def test_the_report_versions_name_the_ref_and_commit(installed, tmp_path, monkey
 
 
 def _dry_run(report_dir: Path, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", RECORD_ENV)}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("QWEN3_4B_DIR", "QWEN3_DATASET_DIR", RECORD_ENV)
+    }
     return subprocess.run(
-        [sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "trn2", "--init", "random", "--dry-run",
-         "--report-dir", str(report_dir)],
-        cwd=REPO_ROOT, env={**base, **env}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "native_qwen3",
+            "--tier",
+            "trn2",
+            "--init",
+            "random",
+            "--dry-run",
+            "--report-dir",
+            str(report_dir),
+        ],
+        cwd=REPO_ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -102,15 +157,23 @@ def test_the_trn2_dry_run_shows_the_checkout_it_would_run(installed, tmp_path):
     out = _dry_run(tmp_path / "report", **{RECORD_ENV: str(record)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"  TorchTitan Neuron: release-2.33 (branch) @ {sha}" in out.stdout
-    result = json.loads((tmp_path / "report" / "dry-run" / "native_qwen3-trn2-random.json").read_text())
-    assert (result["torchtitan_neuron"]["commit"], result["torchtitan_neuron"]["ref"]) == (sha, "release-2.33")
+    result = json.loads(
+        (tmp_path / "report" / "dry-run" / "native_qwen3-trn2-random.json").read_text()
+    )
+    assert (result["torchtitan_neuron"]["commit"], result["torchtitan_neuron"]["ref"]) == (
+        sha,
+        "release-2.33",
+    )
 
 
 @pytest.mark.slow
 def test_the_trn2_dry_run_without_an_install_says_so(tmp_path):
     out = _dry_run(tmp_path / "report", **{RECORD_ENV: str(tmp_path / "absent.json")})
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"  TorchTitan Neuron: not installed here (expected {neuron_versions.TORCHTITAN_NEURON_REF} of " in out.stdout
+    assert (
+        f"  TorchTitan Neuron: not installed here (expected {neuron_versions.TORCHTITAN_NEURON_REF} of "
+        in out.stdout
+    )
 
 
 def test_a_trn2_runs_provenance_records_the_checkout(installed):
@@ -121,4 +184,6 @@ def test_a_trn2_runs_provenance_records_the_checkout(installed):
 
     _, sha, _ = installed
     assert provenance.torchtitan_neuron()["commit"] == sha
-    assert '{"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2"' in inspect.getsource(provenance.provenance)
+    assert '{"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2"' in inspect.getsource(
+        provenance.provenance
+    )

@@ -16,10 +16,14 @@ import torch
 from recipes.upstream_shape import MARKER, UpstreamShapeError, installed_version
 
 
-def assert_one_line(err: pytest.ExceptionInfo, package: str, workaround: str, *mentions: str) -> None:
+def assert_one_line(
+    err: pytest.ExceptionInfo, package: str, workaround: str, *mentions: str
+) -> None:
     message = str(err.value)
     assert "\n" not in message, message
-    assert message.startswith(f"{package} {installed_version(package)} {MARKER} {workaround}: it relies on "), message
+    assert message.startswith(
+        f"{package} {installed_version(package)} {MARKER} {workaround}: it relies on "
+    ), message
     for text in mentions:
         assert text in message, message
 
@@ -64,14 +68,21 @@ def test_rope_workaround_names_a_signature_it_cannot_call():
     cls, config = tiny_qwen3_rotary()
     module = cls(config)
 
-    def compute_default_rope_parameters(config, device, seq_len):  # a future upstream: seq_len required
+    def compute_default_rope_parameters(
+        config, device, seq_len
+    ):  # a future upstream: seq_len required
         raise AssertionError("must not be called")
 
     module.compute_default_rope_parameters = compute_default_rope_parameters
     with pytest.raises(UpstreamShapeError) as err:
         init_rotary_embeddings(module)
-    assert_one_line(err, "transformers", ROPE_WORKAROUND, "Qwen3RotaryEmbedding.compute_default_rope_parameters(config)",
-                    "(config, device, seq_len)")
+    assert_one_line(
+        err,
+        "transformers",
+        ROPE_WORKAROUND,
+        "Qwen3RotaryEmbedding.compute_default_rope_parameters(config)",
+        "(config, device, seq_len)",
+    )
 
 
 def test_rope_workaround_names_a_missing_attribute(monkeypatch):
@@ -82,7 +93,9 @@ def test_rope_workaround_names_a_missing_attribute(monkeypatch):
     del module.rope_type
     with pytest.raises(UpstreamShapeError) as err:
         init_rotary_embeddings(module)
-    assert_one_line(err, "transformers", ROPE_WORKAROUND, "Qwen3RotaryEmbedding.rope_type", "missing: rope_type")
+    assert_one_line(
+        err, "transformers", ROPE_WORKAROUND, "Qwen3RotaryEmbedding.rope_type", "missing: rope_type"
+    )
     with pytest.raises(UpstreamShapeError) as err:
         init_rotary_embeddings(torch.nn.Linear(2, 2))
     assert_one_line(err, "transformers", ROPE_WORKAROUND, "a *RotaryEmbedding module in Linear")
@@ -121,16 +134,22 @@ def test_adapter_workaround_names_a_changed_constructor(monkeypatch):
     monkeypatch.setattr(HFTransformerStateDictAdapter, "__init__", lambda self, model_config: None)
     with pytest.raises(UpstreamShapeError) as err:
         hf_compat.CompatStateDictAdapter(SimpleNamespace(), None)
-    assert_one_line(err, "torchtitan", hf_compat.ADAPTER_WORKAROUND, "(model_config, hf_assets_path)")
+    assert_one_line(
+        err, "torchtitan", hf_compat.ADAPTER_WORKAROUND, "(model_config, hf_assets_path)"
+    )
 
 
 def test_moe_init_workaround_names_a_changed_init_states():
     from recipes import hf_compat
 
-    model = SimpleNamespace(layers={"0": SimpleNamespace(moe=SimpleNamespace(init_states=lambda: None))})
+    model = SimpleNamespace(
+        layers={"0": SimpleNamespace(moe=SimpleNamespace(init_states=lambda: None))}
+    )
     with pytest.raises(UpstreamShapeError) as err:
         hf_compat.init_swapped_moe(model, None)
-    assert_one_line(err, "torchtitan", hf_compat.MOE_INIT_WORKAROUND, "init_states(buffer_device=...)")
+    assert_one_line(
+        err, "torchtitan", hf_compat.MOE_INIT_WORKAROUND, "init_states(buffer_device=...)"
+    )
 
 
 # --- recipes/platform/cpu.py ----------------------------------------------------------------------
@@ -141,7 +160,9 @@ def test_device_patch_names_missing_torchtitan_names():
 
     with pytest.raises(UpstreamShapeError) as err:
         cpu.check_device_utils(SimpleNamespace(device_type="cuda"))
-    assert_one_line(err, "torchtitan", cpu.DEVICE_WORKAROUND, "missing: device_module, get_device_info")
+    assert_one_line(
+        err, "torchtitan", cpu.DEVICE_WORKAROUND, "missing: device_module, get_device_info"
+    )
 
 
 def test_device_patch_names_a_moved_module():
@@ -160,7 +181,9 @@ def test_fsdp_patch_names_a_removed_fsdp_method(monkeypatch):
     monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
     with pytest.raises(UpstreamShapeError) as err:
         cpu._patch_fsdp_sum_reduction()
-    assert_one_line(err, "torch", cpu.FSDP_WORKAROUND, "FSDPModule.set_force_sum_reduction_for_comms")
+    assert_one_line(
+        err, "torch", cpu.FSDP_WORKAROUND, "FSDPModule.set_force_sum_reduction_for_comms"
+    )
 
 
 def test_rope_parameters_from_another_config_is_what_that_config_builds():

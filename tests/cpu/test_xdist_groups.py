@@ -13,7 +13,7 @@ import sys
 
 from recipes.tiers import REPO_ROOT
 
-GROUPED = '''
+GROUPED = """
 import pytest
 
 pytestmark = pytest.mark.xdist_group("together")
@@ -22,15 +22,15 @@ pytestmark = pytest.mark.xdist_group("together")
 @pytest.mark.parametrize("i", range(8))
 def test_grouped(i):
     pass
-'''
-LOOSE = '''
+"""
+LOOSE = """
 import pytest
 
 
 @pytest.mark.parametrize("i", range(8))
 def test_loose(i):
     pass
-'''
+"""
 
 
 def workers_of(tmp_path, conftest: str) -> dict[str, set[str]]:
@@ -38,20 +38,42 @@ def workers_of(tmp_path, conftest: str) -> dict[str, set[str]]:
     (tmp_path / "test_loose.py").write_text(LOOSE)
     (tmp_path / "conftest.py").write_text(conftest)
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider", "-p", "no:randomly"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     seen: dict[str, set[str]] = {}
     for worker, test in re.findall(r"\[(gw\d+)\] \[\s*\d+%\] PASSED (\S+)", out.stdout):
         seen.setdefault(test.split("::")[0], set()).add(worker)
-        assert test.endswith("@together") == test.startswith("test_grouped.py"), test  # the group, and only it
+        assert test.endswith("@together") == test.startswith("test_grouped.py"), (
+            test
+        )  # the group, and only it
     assert sum(1 for _ in re.finditer(r"PASSED", out.stdout)) == 16, out.stdout
     return seen
 
 
 def test_a_group_runs_on_one_worker(tmp_path):
     """Seen failing with the plugin not registered (the conftest below without register): grouped on gw0 and gw1."""
-    seen = workers_of(tmp_path, "from harness.pytest_plugins import groups\n\ndef pytest_configure(config):\n    groups.register(config)\n")
+    seen = workers_of(
+        tmp_path,
+        "from harness.pytest_plugins import groups\n\ndef pytest_configure(config):\n    groups.register(config)\n",
+    )
     assert len(seen["test_grouped.py"]) == 1, seen
     assert len(seen["test_loose.py"]) >= 1, seen

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from neuron_cores import fail_if_device_held
 from requires import REQUIRE_ENV, gaps, require_trn2
 
@@ -29,7 +28,9 @@ def launches_of(item) -> list[str]:
     names = [name for mark in item.iter_markers("launch") for name in mark.args]
     unknown = [name for name in names if name not in LAUNCHES]
     if unknown:
-        raise pytest.UsageError(f"{item.nodeid}: pytest.mark.launch{tuple(unknown)} is not in harness.night.plan.LAUNCHES")
+        raise pytest.UsageError(
+            f"{item.nodeid}: pytest.mark.launch{tuple(unknown)} is not in harness.night.plan.LAUNCHES"
+        )
     return names
 
 
@@ -67,7 +68,9 @@ def pytest_runtest_setup(item):
         return
     reason = "; ".join(missing) + ". Run on a trn2 instance set up with `make neuron-venv`."
     if require_trn2():
-        pytest.fail(f"{REQUIRE_ENV}=1 (nightly): the trn2 tier is incomplete: {reason}", pytrace=False)
+        pytest.fail(
+            f"{REQUIRE_ENV}=1 (nightly): the trn2 tier is incomplete: {reason}", pytrace=False
+        )
     pytest.skip(reason)
 
 
@@ -90,10 +93,13 @@ def pytest_sessionfinish(session, exitstatus):
     """Each launch's measured minutes beside the plan's estimate: ``<report-dir>/launches.md`` and ``.json``."""
     import json
 
-    from harness.night import plan as nightly
     from lane_runs import HOST, measured
 
-    HOST.shutdown(wait=True, cancel_futures=True)  # a queued reference no test asked for is not scored
+    from harness.night import plan as nightly
+
+    HOST.shutdown(
+        wait=True, cancel_futures=True
+    )  # a queued reference no test asked for is not scored
     runs = measured()
     if not runs:
         return

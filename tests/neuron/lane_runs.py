@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 from harness.declare import catalogue
+from harness.night import plan as nightly
+from harness.night import standing
 from harness.options import lanes
-from harness.night import plan as nightly, standing
-from neuron_cores import VISIBLE_CORES_ENV, neuron_core_body, on_neuron_cores
 
 _RUNS: dict[str, "LaneRun"] = {}
 _DUE: dict[str, standing.Due] = {}
@@ -79,8 +80,11 @@ class LaneRun:
     def finished(self, what: str) -> None:
         """Fail the asking test, naming why, when the run did not reach its last step (``what`` needs it)."""
         if self.stopped is not None:
-            pytest.fail(f"{what} not measured: {self.launch.name} stopped after {len(self.losses)} of "
-                        f"{self.launch.steps} steps: {self.stopped}", pytrace=False)  # fmt: skip
+            pytest.fail(
+                f"{what} not measured: {self.launch.name} stopped after {len(self.losses)} of "
+                f"{self.launch.steps} steps: {self.stopped}",
+                pytrace=False,
+            )
 
     def start_reference(self) -> None:
         """Queue the host reference of step 1's batch on the host worker (once)."""
@@ -99,22 +103,33 @@ class LaneRun:
         started = time.monotonic()
         key = reference.batch_key(self.run_dir)
         if key is None:
-            pytest.fail(f"{self.launch.name} recorded no first batch ({self.run_dir}/first_batch)", pytrace=False)
+            pytest.fail(
+                f"{self.launch.name} recorded no first batch ({self.run_dir}/first_batch)",
+                pytrace=False,
+            )
         diagnosing = not self.launch.suspects or diagnosis_due(self.launch.name, None).due
         check = reference.check_run_dir(
-            self.run_dir, always_diagnose=diagnosing, diagnose=diagnosing, allow_no_step=True,
-            model=reference_model(str(self.opts.model_dir)), known_reference=_SCORED.get(key),
-        )  # fmt: skip
+            self.run_dir,
+            always_diagnose=diagnosing,
+            diagnose=diagnosing,
+            allow_no_step=True,
+            model=reference_model(str(self.opts.model_dir)),
+            known_reference=_SCORED.get(key),
+        )
         _SCORED[key] = check.reference
         if not diagnosing:
-            check.suspects = reference.ReferenceCheck.from_dict(_DUE[self.launch.name].standing["result"]).suspects
+            check.suspects = reference.ReferenceCheck.from_dict(
+                _DUE[self.launch.name].standing["result"]
+            ).suspects
         self.reference_min = (time.monotonic() - started) / 60
         return check
 
     def standing_record(self) -> dict:
         """Tonight's standing record of this run's diagnosis (measured, or carried), for ``standing.<launch>``."""
         due = diagnosis_due(self.launch.name, None)
-        return standing.record(due, self.reference().to_dict(), explains=explained_number(self.launch, None))
+        return standing.record(
+            due, self.reference().to_dict(), explains=explained_number(self.launch, None)
+        )
 
 
 def explained_number(spec: nightly.Launch, shared_dir: Path | None) -> float | None:
@@ -137,7 +152,9 @@ def diagnosis_due(name: str, shared_dir: Path | None) -> standing.Due:
 
         spec = nightly.LAUNCHES[name]
         lane = catalogue.LANES[spec.lane]
-        inputs = input_key(spec.options(checkout=lanes.titan_checkout()[0]), list(lane.kept_defects))
+        inputs = input_key(
+            spec.options(checkout=lanes.titan_checkout()[0]), list(lane.kept_defects)
+        )
         fp = standing.fingerprint(versions(), inputs, standing.suite_code_sha256())
         _DUE[name] = standing.decide(name, fp, explained_number(spec, shared_dir), EXPLAINED_ATOL)
     return _DUE[name]
@@ -192,9 +209,9 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     """The launch ``name`` of the plan, made on first use; later callers get the same result."""
     if name in _RUNS:
         return _RUNS[name]
+    from harness.config.provenance import input_key
     from harness.launch.lifecycle import LaunchError, launch
     from harness.options.run_options import RunOptions
-    from harness.config.provenance import input_key
 
     spec = nightly.LAUNCHES[name]
     lane = catalogue.LANES[spec.lane]
@@ -204,9 +221,12 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     started = time.monotonic()
     opts = RunOptions.from_json(
         on_neuron_cores(
-            checked_lane_options, name, str(shared_dir / name), str(checkout) if checkout else None,
+            checked_lane_options,
+            name,
+            str(shared_dir / name),
+            str(checkout) if checkout else None,
             os.environ.get(VISIBLE_CORES_ENV),
-        )  # fmt: skip
+        )
     )
     stopped = None
     with lanes.lane_env(lane):
@@ -217,7 +237,9 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
                 raise
             result, stopped = e.result.to_dict(), e.summary
     inputs = result.get("provenance", {}).get("inputs") or input_key(opts, list(lane.kept_defects))
-    _RUNS[name] = LaneRun(spec, opts, result, inputs, stopped, launch_min=(time.monotonic() - started) / 60)
+    _RUNS[name] = LaneRun(
+        spec, opts, result, inputs, stopped, launch_min=(time.monotonic() - started) / 60
+    )
     if spec.reference:
         _RUNS[name].start_reference()  # on the host worker, beside the next launches
     return _RUNS[name]
@@ -225,5 +247,12 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
 
 def measured() -> dict[str, dict]:
     """What this session's launches took, by name (``harness.night.plan.measured_lines`` sets it beside the plan)."""
-    return {name: {"launch_min": run.launch_min, "reference_min": run.reference_min, "steps": len(run.losses),
-                   "stopped": run.stopped} for name, run in _RUNS.items()}  # fmt: skip
+    return {
+        name: {
+            "launch_min": run.launch_min,
+            "reference_min": run.reference_min,
+            "steps": len(run.losses),
+            "stopped": run.stopped,
+        }
+        for name, run in _RUNS.items()
+    }

@@ -114,7 +114,9 @@ def child_cores(count: int, parent_visible: str | None) -> str:
         )
     first = allotted[0]
     if allotted[:count] != list(range(first, first + count)):
-        raise ValueError(f"{VISIBLE_CORES_ENV}={parent_visible}: the first {count} cores are not one range")
+        raise ValueError(
+            f"{VISIBLE_CORES_ENV}={parent_visible}: the first {count} cores are not one range"
+        )
     return str(first) if count == 1 else f"{first}-{first + count - 1}"
 
 
@@ -136,7 +138,9 @@ def on_neuron_cores(body, *args, cores: int = 1, timeout_s: float = DEFAULT_TIME
     output; a timeout kills the child's whole process group.
     """
     if not getattr(body, "neuron_core_body", False):
-        raise TypeError(f"{body!r} is not a @neuron_core_body function (tests/neuron/neuron_cores.py)")
+        raise TypeError(
+            f"{body!r} is not a @neuron_core_body function (tests/neuron/neuron_cores.py)"
+        )
     module_file = Path(inspect.getfile(inspect.unwrap(body))).resolve()
     visible = child_cores(cores, os.environ.get(VISIBLE_CORES_ENV))
     env = {**os.environ, CHILD_ENV: "1", VISIBLE_CORES_ENV: visible}
@@ -146,27 +150,40 @@ def on_neuron_cores(body, *args, cores: int = 1, timeout_s: float = DEFAULT_TIME
     _prctl()  # load libc here, not between fork and exec
     with tempfile.TemporaryDirectory(prefix="neuron-core-body-") as tmp:
         result_file = Path(tmp) / "result.json"
-        request = {"module": str(module_file), "body": body.__name__, "args": list(args), "result": str(result_file)}
+        request = {
+            "module": str(module_file),
+            "body": body.__name__,
+            "args": list(args),
+            "result": str(result_file),
+        }
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), json.dumps(request)],
-            cwd=_REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=_REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,  # its own process group, killed whole on timeout
             # and SIGTERMed by the kernel when pytest dies (a cancelled night, a step's timeout): it never
             # outlives pytest holding its cores; _child_main then ends its whole group.
             preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent=parent),
-        )  # fmt: skip
+        )
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            pytest.fail(f"{body.__name__} on NeuronCores {visible} did not finish in {timeout_s:.0f} s", pytrace=False)
+            pytest.fail(
+                f"{body.__name__} on NeuronCores {visible} did not finish in {timeout_s:.0f} s",
+                pytrace=False,
+            )
         finally:
             if proc.poll() is None:
                 _kill_group(proc)
         if proc.returncode != 0 or not result_file.exists():
             tail = "\n".join(output.splitlines()[-60:])
             pytest.fail(
-                f"{body.__name__} on NeuronCores {visible} failed (exit {proc.returncode}):\n{tail}", pytrace=False
+                f"{body.__name__} on NeuronCores {visible} failed (exit {proc.returncode}):\n{tail}",
+                pytrace=False,
             )
         return json.loads(result_file.read_text())
 
@@ -230,7 +247,9 @@ def _child_main(request: dict) -> None:
         if path not in sys.path:
             sys.path.insert(0, path)
     module_file = Path(request["module"])
-    spec = importlib.util.spec_from_file_location(f"neuron_core_child_{module_file.stem}", module_file)
+    spec = importlib.util.spec_from_file_location(
+        f"neuron_core_child_{module_file.stem}", module_file
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -32,7 +32,9 @@ def require_trn2() -> bool:
     """Whether ``$QWEN3_REQUIRE_TRN2`` turns gaps into failures; a value that is neither is refused."""
     value = os.environ.get(REQUIRE_ENV, "").strip().lower()
     if value not in _TRUE + _FALSE:
-        raise pytest.UsageError(f"{REQUIRE_ENV}={value!r}: use 1 (missing trn2 requirements fail) or 0 (they skip)")
+        raise pytest.UsageError(
+            f"{REQUIRE_ENV}={value!r}: use 1 (missing trn2 requirements fail) or 0 (they skip)"
+        )
     return value in _TRUE
 
 
@@ -53,7 +55,7 @@ def dataset_gap() -> str | None:
     value = os.environ.get(DATASET_ENV)
     if not value:
         return (
-            f"{DATASET_ENV} is not set (point it at a directory of {{\"text\": ...}} JSON lines, "
+            f'{DATASET_ENV} is not set (point it at a directory of {{"text": ...}} JSON lines, '
             "e.g. torchtitan's tests/assets/c4_test)"
         )
     path = Path(value)
@@ -86,7 +88,9 @@ def gaps(names: list[str]) -> list[str]:
     """One sentence per unmet requirement, in ``REQUIREMENTS``' order (the device first), whatever the decorators' order."""
     unknown = sorted(set(names) - set(REQUIREMENTS))
     if unknown:
-        raise pytest.UsageError(f"pytest.mark.requires{tuple(unknown)}: unknown; choose from {sorted(REQUIREMENTS)}")
+        raise pytest.UsageError(
+            f"pytest.mark.requires{tuple(unknown)}: unknown; choose from {sorted(REQUIREMENTS)}"
+        )
     return [gap for name, gap_of in REQUIREMENTS.items() if name in names and (gap := gap_of())]
 
 

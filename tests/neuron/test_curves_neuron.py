@@ -15,9 +15,6 @@ is left.
 from __future__ import annotations
 
 import pytest
-
-from harness.judge import band
-from harness.night import plan as nightly
 from lane_runs import lane_run
 from requires import (
     requires_dataset,
@@ -28,12 +25,28 @@ from requires import (
     requires_torch_neuronx,
 )
 
+from harness.judge import band
+from harness.night import plan as nightly
+
 pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights]
 
 RECIPES = (
-    pytest.param("native_qwen3", marks=[requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["native_qwen3"])]),
-    pytest.param("hf_backend", marks=[requires_dataset, pytest.mark.launch(nightly.BAND_LAUNCH["hf_backend"])]),
-    pytest.param("nki_moe", marks=[requires_nkilib, requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["nki_moe"])]),
+    pytest.param(
+        "native_qwen3",
+        marks=[requires_titan_assets, pytest.mark.launch(nightly.BAND_LAUNCH["native_qwen3"])],
+    ),
+    pytest.param(
+        "hf_backend",
+        marks=[requires_dataset, pytest.mark.launch(nightly.BAND_LAUNCH["hf_backend"])],
+    ),
+    pytest.param(
+        "nki_moe",
+        marks=[
+            requires_nkilib,
+            requires_titan_assets,
+            pytest.mark.launch(nightly.BAND_LAUNCH["nki_moe"]),
+        ],
+    ),
 )
 
 
@@ -47,6 +60,9 @@ def test_trn2_curve_stays_inside_its_band(recipe, shared_dir, record_property):
     record_property(f"{recipe}.{tier}.{key}", losses)
     record_property(f"{recipe}.{tier}.{key}.verdict", verdict.kind)
     if verdict.golden.value:
-        record_property(f"{recipe}.trn2.band_distance", [abs(m - v) for m, v in zip(losses, verdict.golden.value)])
+        record_property(
+            f"{recipe}.trn2.band_distance",
+            [abs(m - v) for m, v in zip(losses, verdict.golden.value)],
+        )
         record_property(f"{recipe}.trn2.band_halfwidth", verdict.golden.tolerance)
     assert verdict.passed is not False, verdict.message()

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from lane_runs import lane_run
 from requires import (
     requires_dataset,
@@ -28,7 +27,12 @@ MODEL_DIR = Path(os.environ.get("QWEN3_4B_DIR", "QWEN3_4B_DIR-is-not-set"))
 
 # The as-published lane reads the checkout's tests/assets/c4_test; only the export's corrected lane needs
 # $QWEN3_DATASET_DIR.
-pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_titan_assets]
+pytestmark = [
+    requires_neuron_device,
+    requires_torch_neuronx,
+    requires_qwen3_4b_weights,
+    requires_titan_assets,
+]
 
 
 @pytest.mark.launch("config1-as_published")
@@ -73,6 +77,14 @@ def test_export_round_trip(shared_dir, golden, record_property):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(export))
     result = model.load_state_dict(state, strict=False, assign=True)
     record_property("hf_backend.trn2.export_missing_keys", sorted(result.missing_keys))
-    golden("hf_backend", "trn2", "export_missing_keys", sorted(result.missing_keys), inputs=run.inputs)
-    golden("hf_backend", "trn2", "export_unexpected_keys", sorted(result.unexpected_keys), inputs=run.inputs)
+    golden(
+        "hf_backend", "trn2", "export_missing_keys", sorted(result.missing_keys), inputs=run.inputs
+    )
+    golden(
+        "hf_backend",
+        "trn2",
+        "export_unexpected_keys",
+        sorted(result.unexpected_keys),
+        inputs=run.inputs,
+    )
     assert all(torch.isfinite(tensor).all() for tensor in state.values())

@@ -12,12 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from harness.options import lanes
-from harness.night import plan as nightly, standing
-from harness.judge import unmeasured
 from lane_runs import diagnosis_due, lane_run
-from recipes.tiers import TRN2
 from requires import (
     requires_dataset,
     requires_neuron_device,
@@ -26,7 +21,18 @@ from requires import (
     requires_torch_neuronx,
 )
 
-pytestmark = [requires_neuron_device, requires_torch_neuronx, requires_qwen3_4b_weights, requires_titan_assets]
+from harness.judge import unmeasured
+from harness.night import plan as nightly
+from harness.night import standing
+from harness.options import lanes
+from recipes.tiers import TRN2
+
+pytestmark = [
+    requires_neuron_device,
+    requires_torch_neuronx,
+    requires_qwen3_4b_weights,
+    requires_titan_assets,
+]
 
 
 @pytest.mark.launch("config2-as_published")
@@ -59,8 +65,20 @@ def test_export_round_trip_keys(shared_dir, golden):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(export))
     result = model.load_state_dict(state, strict=False, assign=True)
-    golden("native_qwen3", "trn2", "export_missing_keys", sorted(result.missing_keys), inputs=run.inputs)
-    golden("native_qwen3", "trn2", "export_unexpected_keys", sorted(result.unexpected_keys), inputs=run.inputs)
+    golden(
+        "native_qwen3",
+        "trn2",
+        "export_missing_keys",
+        sorted(result.missing_keys),
+        inputs=run.inputs,
+    )
+    golden(
+        "native_qwen3",
+        "trn2",
+        "export_unexpected_keys",
+        sorted(result.unexpected_keys),
+        inputs=run.inputs,
+    )
 
 
 #: |torchtitan.train − harness| at step 1: an unmeasured allowance (harness.judge.unmeasured.TITAN_ENTRY says why).
@@ -69,22 +87,33 @@ TITAN_ENTRY = unmeasured.TITAN_ENTRY
 
 @pytest.mark.launch("config2-as_published", "config2-torchtitan-train")
 @requires_dataset  # native_qwen3_trn2() itself reads $QWEN3_DATASET_DIR; the run points it at c4_test
-def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(shared_dir, tmp_path, record_property):
+def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(
+    shared_dir, tmp_path, record_property
+):
     """torchtitan's own entry on the recipe's config function (README), on the as-published lane's text; run
     only when due (harness.night.standing: it moves with the versions, the inputs and the suite's launch code), else
     the standing difference of the night that measured it is carried and judged again."""
     from benchmarks.common import run_titan_train
 
-    spec = nightly.LAUNCHES["config2-torchtitan-train"]  # the same lane as config2-as_published, torchtitan's entry
+    spec = nightly.LAUNCHES[
+        "config2-torchtitan-train"
+    ]  # the same lane as config2-as_published, torchtitan's entry
     due = diagnosis_due(spec.name, shared_dir)
     record_property(f"trn2.{spec.name}.due", {"due": due.due, "why": due.why})
     if due.due:
         harness_run = lane_run("config2-as_published", shared_dir)
         dataset = lanes.titan_checkout()[0] / lanes.TITAN_DATASET
         steps = run_titan_train(
-            "recipes.native_qwen3", "native_qwen3_trn2", TRN2.nproc, tmp_path, "--training.steps", str(spec.steps),
-            "--dataloader.dataset_path", str(dataset), timeout_s=TRN2.launch_timeout_s,
-        )  # fmt: skip
+            "recipes.native_qwen3",
+            "native_qwen3_trn2",
+            TRN2.nproc,
+            tmp_path,
+            "--training.steps",
+            str(spec.steps),
+            "--dataloader.dataset_path",
+            str(dataset),
+            timeout_s=TRN2.launch_timeout_s,
+        )
         assert [s.step for s in steps] == [1], steps
         measured = {"step1_loss": steps[0].loss, "difference": steps[0].loss - harness_run.step1()}
     else:
@@ -95,6 +124,10 @@ def test_torchtitan_train_runs_config_2_with_the_harness_step1_loss(shared_dir, 
     record_property("native_qwen3.trn2.torchtitan_train_minus_harness", difference)
     assert math.isfinite(measured["step1_loss"]), measured
     verdict = abs(difference) <= TITAN_ENTRY.value
-    record_property("native_qwen3.trn2.torchtitan_train_verdict",
-                    ("pass" if verdict else "FAIL") if TITAN_ENTRY.measured else f"unmeasured: {TITAN_ENTRY.reason}")  # fmt: skip
+    record_property(
+        "native_qwen3.trn2.torchtitan_train_verdict",
+        ("pass" if verdict else "FAIL")
+        if TITAN_ENTRY.measured
+        else f"unmeasured: {TITAN_ENTRY.reason}",
+    )
     assert verdict or not TITAN_ENTRY.measured, difference

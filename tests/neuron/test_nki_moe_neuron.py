@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-
 from neuron_cores import CountingKernel, neuron_core_body, neuron_device, on_neuron_cores
 from requires import (
     requires_neuron_device,
@@ -25,7 +24,7 @@ from requires import (
     requires_torch_neuronx,
 )
 
-H, I = 2048, 768  # Qwen3-30B-A3B hidden_size and moe_intermediate_size
+H, I = 2048, 768  # noqa: E741 -- Qwen3-30B-A3B hidden_size and moe_intermediate_size, in the kernel's own names
 EXPERTS, ROWS = 16, 1024  # rows = tokens × top-k, already sorted by expert as torchtitan hands them
 SEED = 0
 
@@ -51,7 +50,9 @@ def _experts_and_inputs():
             p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     ours = grouped_experts(cfg).build()
     ours.load_state_dict(stock.state_dict())
-    counts = torch.multinomial(torch.ones(EXPERTS), ROWS, replacement=True, generator=g).bincount(minlength=EXPERTS)
+    counts = torch.multinomial(torch.ones(EXPERTS), ROWS, replacement=True, generator=g).bincount(
+        minlength=EXPERTS
+    )
     counts[3] = 0  # an idle expert, as routing produces
     counts[0] += ROWS - int(counts.sum())
     x = torch.randn(ROWS, H, generator=g)
@@ -63,7 +64,11 @@ def _run(module, x, counts, grad_out):
     x = x.clone().requires_grad_()
     out = module(x, counts)
     out.backward(grad_out)
-    return out.detach().float().cpu(), x.grad.float().cpu(), [p.grad.float().cpu() for p in module.parameters()]
+    return (
+        out.detach().float().cpu(),
+        x.grad.float().cpu(),
+        [p.grad.float().cpu() for p in module.parameters()],
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -84,7 +89,9 @@ def measure_grouped_experts() -> dict:
     ours = ours.to(device)
     out, dx, dw = _run(ours, x.to(device), counts.to(device), grad_out.to(device))
     backward = {"dx": _rel(dx, ref_dx)}
-    backward.update({f"d{n}": _rel(a, b) for (n, _), a, b in zip(stock.named_parameters(), dw, ref_dw)})
+    backward.update(
+        {f"d{n}": _rel(a, b) for (n, _), a, b in zip(stock.named_parameters(), dw, ref_dw)}
+    )
     return {
         "module": type(ours).__name__,
         "launches": {"moe_cte": moe_cte.grids, "blockwise_mm_bwd": bwd.grids},
@@ -100,10 +107,16 @@ def refusal_of_a_shape_the_kernels_cannot_take() -> dict:
     from recipes.kernels.grouped_experts import MoEShapeError, grouped_experts
     from recipes.titan import GroupedExperts
 
-    experts = grouped_experts(GroupedExperts.Config(dim=256, hidden_dim=96, num_experts=4)).build().to(device)
+    experts = (
+        grouped_experts(GroupedExperts.Config(dim=256, hidden_dim=96, num_experts=4))
+        .build()
+        .to(device)
+    )
     try:
         out = experts(torch.zeros(8, 256, device=device), torch.tensor([2, 2, 2, 2], device=device))
-    except MoEShapeError as e:  # any other error fails the test with the child's traceback (on_neuron_cores)
+    except (
+        MoEShapeError
+    ) as e:  # any other error fails the test with the child's traceback (on_neuron_cores)
         return {"error": type(e).__name__, "message": str(e)}
     return {"error": None, "output_device": str(out.device)}
 
@@ -176,8 +189,15 @@ def test_nki_moe_trains_in_eager_mode_on_64_ranks(shared_dir, record_property):
     # the aten ops it runs (recipes.kernels.rope_gathers), not on its name.
     record_property("nki_moe.trn2.rope", provenance["rope"])
     record_property("nki_moe.trn2.rope_gather_ops", provenance["rope_gather_ops"])
-    assert sorted(layer for layers in provenance["rope"].values() for layer in layers) == [0, 1, 2, 3]
-    assert provenance["rope_gather_ops"] and not any(provenance["rope_gather_ops"].values()), provenance["rope_gather_ops"]
+    assert sorted(layer for layers in provenance["rope"].values() for layer in layers) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert provenance["rope_gather_ops"] and not any(provenance["rope_gather_ops"].values()), (
+        provenance["rope_gather_ops"]
+    )
     assert len(losses) == run.launch.steps
     assert_trains(losses, record_property, "as_published")
 
@@ -198,8 +218,9 @@ ROPE_HF_SEQ_LEN = 2048
 @requires_qwen3_4b_weights
 @requires_titan_assets
 def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(shared_dir, record_property):
-    from harness.night import plan as nightly
     from lane_runs import lane_run
+
+    from harness.night import plan as nightly
     from recipes.kernels import ROPE_DESCRIPTIONS
 
     assert nightly.LAUNCHES["config3-rope_hf"].seq_len == ROPE_HF_SEQ_LEN
@@ -210,7 +231,7 @@ def test_nki_moe_with_rope_hf_in_every_layer_trains_on_64_ranks(shared_dir, reco
     rope = run.result["provenance"]["rope"]
     record_property("trn2_nki_moe_rope_hf_rope", rope)
     assert len(rope) == 1, rope
-    (described, layers), = rope.items()
+    ((described, layers),) = rope.items()
     assert described.startswith(ROPE_DESCRIPTIONS["NKIRoPE.Config"]), described
     assert layers == [0, 1, 2, 3]
     assert_trains(losses, record_property, "rope_hf")
@@ -233,7 +254,9 @@ def compare_config3() -> dict:
     found["twin_source"] = nki_moe.TWIN
     if found["fork"] != "absent":
         shapes = {}
-        twin = nki_moe.twin_config("trn2", as_published=True)  # the fork's function knows no rehearsal
+        twin = nki_moe.twin_config(
+            "trn2", as_published=True
+        )  # the fork's function knows no rehearsal
         for side, config in (("fork", nki_moe.fork_config()[0]), ("twin", twin)):
             config = tutorial_settings(config, inputs)
             model = build_on_meta(config.model_spec.model, config.training.dtype)
@@ -257,7 +280,11 @@ def test_config3_from_the_forks_function_vs_the_suites_twin(record_property):
     record_property("nki_moe.trn2.config3_finding", found["finding"])
     record_property("nki_moe.trn2.config3_differences", found["differences"])
     if found["fork"] == "absent":
-        assert "qwen3_nki_moe_config" in found["finding"] and found["source"] == found["twin_source"]
+        assert (
+            "qwen3_nki_moe_config" in found["finding"] and found["source"] == found["twin_source"]
+        )
         return
-    fork, twin = ({k: tuple(v) for k, v in found["shapes"][side].items()} for side in ("fork", "twin"))
+    fork, twin = (
+        {k: tuple(v) for k, v in found["shapes"][side].items()} for side in ("fork", "twin")
+    )
     assert fork == twin, sorted(set(fork.items()) ^ set(twin.items()))[:5]

@@ -51,14 +51,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from harness.declare import catalogue
-from harness.night import plan as nightly, standing
-from harness.reference import diagnosis as reference
-from harness.declare.published import CLAIMS
-from harness.report.results import lane_summary
 from lane_runs import diagnosis, diagnosis_due, lane_run
-from recipes.tiers import TRN2
 from requires import (
     requires_dataset,
     requires_neuron_device,
@@ -66,6 +59,14 @@ from requires import (
     requires_titan_assets,
     requires_torch_neuronx,
 )
+
+from harness.declare import catalogue
+from harness.declare.published import CLAIMS
+from harness.night import plan as nightly
+from harness.night import standing
+from harness.reference import diagnosis as reference
+from harness.report.results import lane_summary
+from recipes.tiers import TRN2
 
 #: The published claim and its golden's tolerance (fixtures/goldens/*/trn2.json step1_loss_hf).
 PUBLISHED = CLAIMS["step1_loss_hf"].value
@@ -92,7 +93,9 @@ CONFIG1 = {
 
 
 def record_lane(record_property, name: str, run, check: reference.ReferenceCheck) -> None:
-    if run is not None:  # None: a diagnosis carried from the night that measured it (no launch tonight)
+    if (
+        run is not None
+    ):  # None: a diagnosis carried from the night that measured it (no launch tonight)
         record_property(f"trn2.{name}.provenance", run.result.get("provenance"))
         record_property(f"trn2.{name}.stopped", run.stopped)
     record_property(f"trn2.{name}.reference", check.to_dict())
@@ -106,7 +109,9 @@ def assert_corrected(check: reference.ReferenceCheck) -> None:
         assert check.passed, reference.summary(check)
 
 
-ON_CHANGE = [name for name, *_ in CONFIG1.values() if nightly.LAUNCHES[name].when == nightly.ON_CHANGE]
+ON_CHANGE = [
+    name for name, *_ in CONFIG1.values() if nightly.LAUNCHES[name].when == nightly.ON_CHANGE
+]
 
 
 @pytest.mark.launch(*ON_CHANGE)
@@ -120,7 +125,9 @@ def test_the_diagnosis_lanes_launch_only_when_due(shared_dir, record_property):
             lane_run(name, shared_dir).step1()  # fails, naming why, when the run recorded no step
         else:
             carried = reference.ReferenceCheck.from_dict(due.standing["result"])
-            assert carried.kept_defects == list(catalogue.LANES[nightly.LAUNCHES[name].lane].kept_defects), due
+            assert carried.kept_defects == list(
+                catalogue.LANES[nightly.LAUNCHES[name].lane].kept_defects
+            ), due
 
 
 @pytest.mark.launch("config2-corrected")
@@ -131,11 +138,15 @@ def test_config2_corrected_records_the_batch_its_reference_scores(shared_dir):
 
     run = lane_run("config2-corrected", shared_dir)
     assert math.isfinite(run.step1()), run.losses
-    assert sorted((run.run_dir / RECORD_DIR).glob("rank*.safetensors")), f"{run.run_dir}/{RECORD_DIR}"
+    assert sorted((run.run_dir / RECORD_DIR).glob("rank*.safetensors")), (
+        f"{run.run_dir}/{RECORD_DIR}"
+    )
 
 
 @pytest.mark.host_reference
-@pytest.mark.parametrize("lane", [pytest.param(lane, marks=pytest.mark.launch(CONFIG1[lane][0])) for lane in CONFIG1])
+@pytest.mark.parametrize(
+    "lane", [pytest.param(lane, marks=pytest.mark.launch(CONFIG1[lane][0])) for lane in CONFIG1]
+)
 def test_each_config1_lane_is_explained_by_the_reference(lane, shared_dir, record_property):
     """Each lane either agrees with what the weights score, or its diagnosis names exactly the defects it kept."""
     name, test_tokenizer, upstream_inv_freq = CONFIG1[lane]
@@ -153,7 +164,9 @@ def test_each_config1_lane_is_explained_by_the_reference(lane, shared_dir, recor
         assert_corrected(check)
         return
     applies = {s.name for s in check.suspects if s.applies}
-    assert kept <= applies, f"{lane}: kept {sorted(kept)}, diagnosis saw {sorted(applies)}: {check.diagnosis()}"
+    assert kept <= applies, (
+        f"{lane}: kept {sorted(kept)}, diagnosis saw {sorted(applies)}: {check.diagnosis()}"
+    )
     assert kept <= set(check.named) or check.agrees, reference.summary(check)
 
 
@@ -163,31 +176,43 @@ def test_config1_published_as_published_corrected_and_reference(shared_dir, reco
     """Config 1's row of the report: 6.54, the as-published and corrected lanes, the reference, each cause named."""
     as_published = lane_run("config1-as_published", shared_dir).reference()
     corrected = lane_run("config1-corrected", shared_dir).reference()
-    row = lane_summary("hf_backend", PUBLISHED, PUBLISHED_ATOL, as_published.to_dict(), corrected.to_dict())
+    row = lane_summary(
+        "hf_backend", PUBLISHED, PUBLISHED_ATOL, as_published.to_dict(), corrected.to_dict()
+    )
     record_property("hf_backend.trn2.lanes", row)
     assert math.isfinite(corrected.reference) and math.isfinite(as_published.reference), row
     assert_corrected(corrected)
     if not as_published.agrees:
         # The as-published lane scores other than its own weights: its kept defects must say why.
-        assert as_published.named, f"config 1 as published is unexplained: {as_published.diagnosis()}"
+        assert as_published.named, (
+            f"config 1 as published is unexplained: {as_published.diagnosis()}"
+        )
 
 
 @pytest.mark.host_reference
 @pytest.mark.launch("config2-as_published", "config2-corrected")
 def test_config2_theta_as_published_and_corrected(shared_dir, record_property):
     """Config 2's "4B" flavor (theta 1e6, as published) vs config.json's 5e6 (corrected), each beside the reference."""
-    runs = {"as_published": lane_run("config2-as_published", shared_dir),
-            "corrected": lane_run("config2-corrected", shared_dir)}  # fmt: skip
+    runs = {
+        "as_published": lane_run("config2-as_published", shared_dir),
+        "corrected": lane_run("config2-corrected", shared_dir),
+    }
     checks = {lane: run.reference() for lane, run in runs.items()}
     for lane, run in runs.items():
         record_lane(record_property, f"config2.{lane}", run, checks[lane])
-    record_property(f"{standing.PROPERTY_PREFIX}config2-as_published", runs["as_published"].standing_record())
+    record_property(
+        f"{standing.PROPERTY_PREFIX}config2-as_published", runs["as_published"].standing_record()
+    )
     published, corrected = checks["as_published"], checks["corrected"]
-    row = lane_summary("native_qwen3", PUBLISHED, PUBLISHED_ATOL, published.to_dict(), corrected.to_dict())
+    row = lane_summary(
+        "native_qwen3", PUBLISHED, PUBLISHED_ATOL, published.to_dict(), corrected.to_dict()
+    )
     record_property("native_qwen3.trn2.lanes", row)
     (theta,) = [s for s in published.suspects if s.name == "rope_theta"]
     assert theta.applies, published.diagnosis()
     # The as-published run computes what the weights score at the flavor's theta (judged once measured).
     if published.judged:
-        assert theta.reference_with_fault == pytest.approx(published.measured, abs=published.tolerance)
+        assert theta.reference_with_fault == pytest.approx(
+            published.measured, abs=published.tolerance
+        )
     assert_corrected(corrected)

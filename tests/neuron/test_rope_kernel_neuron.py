@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from neuron_cores import CountingKernel, neuron_core_body, neuron_device, on_neuron_cores
 from requires import requires_neuron_device, requires_nkilib, requires_torch_neuronx
 
@@ -50,7 +49,9 @@ def measure_rope_hf() -> dict:
     from recipes.titan import CosSinRoPE
 
     counting = CountingKernel(rope_module._rope_hf_kernel())
-    rope_module._rope_hf_kernel = lambda: counting  # this child's module only; it dies with the child
+    rope_module._rope_hf_kernel = lambda: (
+        counting
+    )  # this child's module only; it dies with the child
     cfg = CosSinRoPE.Config(dim=H, max_seq_len=4096, theta=1_000_000.0)
     with torch.device(device):
         ref, new = cfg.build(), rope_module.rope_hf(cfg).build()
@@ -58,7 +59,11 @@ def measure_rope_hf() -> dict:
     q, k = _qk(device)
     q_ref, k_ref = ref(q, k)
     q_new, k_new = new(q, k)
-    forward = {"q": _max_abs_diff(q_new, q_ref), "k": _max_abs_diff(k_new, k_ref), "launches": len(counting.grids)}
+    forward = {
+        "q": _max_abs_diff(q_new, q_ref),
+        "k": _max_abs_diff(k_new, k_ref),
+        "launches": len(counting.grids),
+    }
 
     g = torch.Generator().manual_seed(SEED + 1)
     grad_q = torch.randn(q.shape, generator=g).to(device)
@@ -93,9 +98,13 @@ def test_rope_hf_forward_equals_cossinrope(rope_hf_on_a_neuroncore, golden, reco
     measured = rope_hf_on_a_neuroncore
     record_property("rope_lnc", measured["lnc"])
     record_property("rope_op", measured["op"])
-    assert measured["op"] == "torch_neuronx.nki_hop.nki_op", "the tutorial's nki_op, not torch.library.custom_op"
+    assert measured["op"] == "torch_neuronx.nki_hop.nki_op", (
+        "the tutorial's nki_op, not torch.library.custom_op"
+    )
     forward = measured["forward"]
-    assert forward["launches"] == 1, "nkilib rope_hf did not run exactly once for the forward (a torch fallback?)"
+    assert forward["launches"] == 1, (
+        "nkilib rope_hf did not run exactly once for the forward (a torch fallback?)"
+    )
     assert measured["grids"][0] == [measured["lnc"]], measured["grids"]
     golden("nki_moe", "trn2", "rope_q_max_abs_diff", forward["q"])
     golden("nki_moe", "trn2", "rope_k_max_abs_diff", forward["k"])

@@ -9,9 +9,9 @@ from __future__ import annotations
 from importlib import metadata
 
 import pytest
+from requires import requires_neuron_device, requires_torch_neuronx
 
 from recipes.platform import neuron_versions, nkilib_source
-from requires import requires_neuron_device, requires_torch_neuronx
 
 pytestmark = [requires_neuron_device, requires_torch_neuronx]
 
@@ -23,8 +23,11 @@ def test_installed_distribution_is_the_expected_version(want, record_property):
     try:
         have = metadata.version(want.distribution)
     except metadata.PackageNotFoundError:
-        pytest.fail(f"distribution {want.distribution!r} is not installed; expected {want.version} "
-                    f"({want.why}): run `make neuron-venv`", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"distribution {want.distribution!r} is not installed; expected {want.version} "
+            f"({want.why}): run `make neuron-venv`",
+            pytrace=False,
+        )
     record_property(f"versions.{want.distribution}", have)
     assert want.matches(have), (
         f"{want.distribution}: installed {have}, expected {want.version} ({want.why}); "
@@ -44,7 +47,8 @@ def test_nkilib_and_its_kernels_are_the_copy_bundled_in_neuronx_cc(record_proper
     record_property("versions.nkilib.resolved", resolution)
     problems = nkilib_source.not_bundled(resolution)
     assert not problems, (
-        "; ".join(problems) + f". Expected the NKI Library {neuron_versions.NKILIB_VERSION} bundled in "
+        "; ".join(problems)
+        + f". Expected the NKI Library {neuron_versions.NKILIB_VERSION} bundled in "
         f"{neuron_versions.NKILIB_PROVIDER}: `pip uninstall nki-library` (or set NKILIB_FORCE_BUNDLED_LIBRARY=1), "
         "or update recipes/platform/neuron_versions.py when another copy is intended"
     )

@@ -47,7 +47,11 @@ class Kernel:
 
 def jit(fn=None, *, compile_config=None, specialization_config=None, **kwargs):
     """Just-in-time compile a top-level NKI function (stand-in: wrap it, run it eagerly)."""
-    options = {"compile_config": compile_config, "specialization_config": specialization_config, **kwargs}
+    options = {
+        "compile_config": compile_config,
+        "specialization_config": specialization_config,
+        **kwargs,
+    }
     if fn is None:
         return lambda f: Kernel(f, **options)
     return Kernel(fn, **options)

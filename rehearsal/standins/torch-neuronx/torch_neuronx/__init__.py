@@ -15,8 +15,6 @@ process group from setting ``NEURON_RT_VISIBLE_CORES`` from ``LOCAL_RANK``.
 
 from __future__ import annotations
 
-import os
-
 __version__ = "2.14.3.0"
 STANDIN = True  # the stand-in says what it is; the real package has no such name
 
@@ -31,7 +29,7 @@ def _autoload() -> None:
     itself would import it whatever the function does)."""
 
 
-import torch  # noqa: E402
+import torch  # noqa: E402, F401 -- as the real package, which imports torch before its device modules
 
 from . import _cpu_device, neuron  # noqa: E402
 

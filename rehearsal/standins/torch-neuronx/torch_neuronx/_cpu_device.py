@@ -113,7 +113,11 @@ class _Argument(NamedTuple):
     keyword_only: bool = False
 
     def of(self, args, kwargs):
-        return args[self.position] if self.position < len(args) and not self.keyword_only else kwargs.get(self.name)
+        return (
+            args[self.position]
+            if self.position < len(args) and not self.keyword_only
+            else kwargs.get(self.name)
+        )
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,9 @@ def _schema(func) -> _Schema:
     aliased = tuple(
         (r, written[frozenset(ret.alias_info.before_set)])
         for r, ret in enumerate(func._schema.returns)
-        if ret.alias_info is not None and ret.alias_info.is_write and frozenset(ret.alias_info.before_set) in written
+        if ret.alias_info is not None
+        and ret.alias_info.is_write
+        and frozenset(ret.alias_info.before_set) in written
     )
     seeded = torch.Tag.nondeterministic_seeded in func.tags
     generator = by_name.get("generator") if seeded else None
@@ -180,7 +186,11 @@ def _with_device_generator(func, schema: _Schema, args, kwargs):
     spinning in ``_no_grad_trunc_normal_``). Which one the released 2.14.3 does is not public: a switch.
     """
     argument = schema.generator
-    if argument is None or os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1" or argument.of(args, kwargs) is not None:
+    if (
+        argument is None
+        or os.environ.get(DEVICE_RANDOM_SWITCH, "1") != "1"
+        or argument.of(args, kwargs) is not None
+    ):
         return args, kwargs, None
     i = argument.position
     from torch_neuronx import neuron
@@ -188,7 +198,7 @@ def _with_device_generator(func, schema: _Schema, args, kwargs):
     state = neuron._generator()
     generator = torch.Generator().manual_seed(_mix(state.seed, state.offset))
     if i < len(args):
-        args = (*args[:i], generator, *args[i + 1:])
+        args = (*args[:i], generator, *args[i + 1 :])
     else:
         kwargs = {**kwargs, "generator": generator}
     return args, kwargs, state
@@ -206,7 +216,9 @@ def run_on_cpu(func, args, kwargs):
     schema = _schema(func)
     args, kwargs, device_state = _with_device_generator(func, schema, args, kwargs)
     out = func(*_unwrap(args), **{name: _unwrap(value) for name, value in kwargs.items()})
-    if device_state is not None:  # advance the offset by the draws, rounded up to 4 as a Philox generator does
+    if (
+        device_state is not None
+    ):  # advance the offset by the draws, rounded up to 4 as a Philox generator does
         drawn = next((t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
         device_state.offset += (drawn + 3) // 4 * 4
     if schema.device is not None:
@@ -223,10 +235,25 @@ def run_on_cpu(func, args, kwargs):
 
 #: Factory functions: called with device="neuron" they reach PrivateUse1 with no tensor argument.
 FACTORIES = (
-    "arange", "empty", "empty_strided", "empty_permuted", "eye", "full", "linspace", "logspace",
-    "normal", "ones", "rand", "randint", "randn", "randperm", "scalar_tensor", "tril_indices",
-    "triu_indices", "zeros",
-)  # fmt: skip
+    "arange",
+    "empty",
+    "empty_strided",
+    "empty_permuted",
+    "eye",
+    "full",
+    "linspace",
+    "logspace",
+    "normal",
+    "ones",
+    "rand",
+    "randint",
+    "randn",
+    "randperm",
+    "scalar_tensor",
+    "tril_indices",
+    "triu_indices",
+    "zeros",
+)
 
 
 def _factory(op):

@@ -53,8 +53,10 @@ def _set_distributed(local_rank: int, local_world_size: int) -> None:
     """What the public copy's process-group creation sets: local world size, start index = current = local rank."""
     global _local_world_size, _current
     if not 0 <= local_rank < local_world_size:
-        raise ValueError(f"local device start index {local_rank} is out of range. Valid range is 0 to "
-                         f"{local_world_size - 1}")
+        raise ValueError(
+            f"local device start index {local_rank} is out of range. Valid range is 0 to "
+            f"{local_world_size - 1}"
+        )
     _local_world_size, _current = local_world_size, local_rank
 
 
@@ -95,7 +97,9 @@ class _PhiloxGenerator:
     def get_state(self):
         import torch
 
-        return torch.frombuffer(bytearray(struct.pack("<Qq", self.seed, self.offset)), dtype=torch.uint8).clone()
+        return torch.frombuffer(
+            bytearray(struct.pack("<Qq", self.seed, self.offset)), dtype=torch.uint8
+        ).clone()
 
     def set_state(self, state) -> None:
         import torch
@@ -207,7 +211,9 @@ def memory_reserved(device=None) -> int:
 class Event:
     """``torch.neuron.Event`` (public copy: torch_neuronx/streams.py): on the CPU every op is done when it returns."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
         self.enable_timing = enable_timing
 
     def record(self, stream=None) -> None:

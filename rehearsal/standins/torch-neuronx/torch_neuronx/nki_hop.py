@@ -51,8 +51,13 @@ def set_wrap_nki_enabled(enabled: bool):
 class NKIHOPCaller:
     """A ``wrap_nki`` kernel: ``caller[grid](*args, **kwargs)``."""
 
-    def __init__(self, kernel_idx: int | None, grid: NKIGridType | None, kernel_arg_names: list[str],
-                 kernel_default_args: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kernel_idx: int | None,
+        grid: NKIGridType | None,
+        kernel_arg_names: list[str],
+        kernel_default_args: dict[str, Any],
+    ) -> None:
         self.kernel_idx = kernel_idx
         self.grid = [] if grid is None else grid
         self.kernel_arg_names = kernel_arg_names
@@ -66,7 +71,9 @@ class NKIHOPCaller:
         combined = {**dict(zip(self.kernel_arg_names, args)), **kwargs}
         unknown = sorted(set(combined) - set(self.kernel_arg_names))
         if unknown:
-            raise TypeError(f"wrap_nki kernel got unexpected arguments {unknown}; it takes {self.kernel_arg_names}")
+            raise TypeError(
+                f"wrap_nki kernel got unexpected arguments {unknown}; it takes {self.kernel_arg_names}"
+            )
         for name in self.kernel_arg_names:
             if name not in combined:
                 if name not in self.kernel_default_args:
@@ -86,7 +93,9 @@ def _on_device_memory(launch: Callable, arguments: dict[str, Any]) -> Any:
     passed = {id(v.payload): v for v in arguments.values() if isinstance(v, NeuronTensor)}
     if not passed:
         return launch(**arguments)
-    out = launch(**{k: v.payload if isinstance(v, NeuronTensor) else v for k, v in arguments.items()})
+    out = launch(
+        **{k: v.payload if isinstance(v, NeuronTensor) else v for k, v in arguments.items()}
+    )
     return _wrap(out, passed)
 
 
@@ -100,7 +109,9 @@ def wrap_nki(nki_kernel, **kwargs) -> Any:
     return NKIHOPCaller(idx, [], arg_names, defaults)
 
 
-def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[str] = {}) -> Callable:  # noqa: B006
+def nki_op(
+    name: str, fn: Callable | None = None, mutates_args: str | Iterable[str] = {}
+) -> Callable:  # noqa: B006
     """Create a custom operator whose implementation is backed by NKI kernels (public copy's signature)."""
 
     def dec(fn: Callable):
@@ -108,7 +119,12 @@ def nki_op(name: str, fn: Callable | None = None, mutates_args: str | Iterable[s
             with set_wrap_nki_enabled(False):
                 return fn(*args, **kwargs)
 
-        result = custom_op(name, backend_fn, mutates_args=mutates_args, schema=infer_schema(fn, mutates_args=mutates_args))
+        result = custom_op(
+            name,
+            backend_fn,
+            mutates_args=mutates_args,
+            schema=infer_schema(fn, mutates_args=mutates_args),
+        )
         result.register_fake(fn)
         return result
 

@@ -78,7 +78,9 @@ def _premul_as_sum() -> None:
     reduce_scatter_single, all_reduce = c10d.reduce_scatter_single, c10d.all_reduce
 
     @functools.wraps(reduce_scatter_single)
-    def reduce_scatter_single_premul(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    def reduce_scatter_single_premul(
+        output, input, op=dist.ReduceOp.SUM, group=None, async_op=False
+    ):
         factor = _premul_factor(op, group)
         if factor is not None:
             input, op = input * factor, dist.ReduceOp.SUM
@@ -93,7 +95,10 @@ def _premul_as_sum() -> None:
         return all_reduce(tensor, op=op, group=group, async_op=async_op)
 
     for module in (c10d, dist):
-        module.reduce_scatter_single, module.all_reduce = reduce_scatter_single_premul, all_reduce_premul
+        module.reduce_scatter_single, module.all_reduce = (
+            reduce_scatter_single_premul,
+            all_reduce_premul,
+        )
 
 
 def register_neuron_backend() -> None:

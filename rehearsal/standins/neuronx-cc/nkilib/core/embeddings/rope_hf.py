@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-
 import nki
 import nki.language as nl
+import torch
+
 from nkilib import faulty
 
 calls = 0
@@ -25,11 +25,15 @@ def _check(q, k, cos, sin, rope_cache, num_shards):
     assert len(q.shape) == 4, f"apply_rope only supports 4D tensors, got input shape {q.shape}"
     assert q.shape[-1] == k.shape[-1], f"Head dim mismatch: q={q.shape[-1]}, k={k.shape[-1]}"
     if rope_cache is not None:
-        assert cos is None and sin is None, "Expected either rope_cache or separate cos/sin tensors, got both"
+        assert cos is None and sin is None, (
+            "Expected either rope_cache or separate cos/sin tensors, got both"
+        )
         assert rope_cache.shape[-1] == 2 * q.shape[-1]
         table = rope_cache
     else:
-        assert cos is not None and sin is not None, "Expected either rope_cache or separate cos/sin tensors, got none"
+        assert cos is not None and sin is not None, (
+            "Expected either rope_cache or separate cos/sin tensors, got none"
+        )
         assert cos.shape == sin.shape and cos.shape[-1] == q.shape[-1]
         table = cos
     assert len(table.shape) == 2 or (len(table.shape) == 3 and table.shape[0] == q.shape[0])

@@ -1,6 +1,6 @@
 """Stand-in of aws-neuron/nki-library src/nkilib_src/nkilib/core/moe/moe_cte/__init__.py (same exports)."""
 
-from .moe_cte import (
+from .moe_cte import (  # noqa: F401 -- the package's exports, as the real __init__.py
     BlockShardStrategy,
     MoECTEImplementation,
     MoECTESpec,

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
 
+import nki
+import nki.language as nl
 import torch
 import torch.nn.functional as F
 
-import nki
-import nki.language as nl
 from nkilib import faulty
 from nkilib.core.utils.common_types import ActFnType, ExpertAffinityScaleMode
 
@@ -79,7 +79,10 @@ class MoECTESpec(nl.NKIObject):
         impl = self.implementation.name
         if impl.startswith("shard_on_block") and self.shard_on_block is None:
             self.shard_on_block = ShardOnBlockConfig()
-        elif impl in ("shard_on_i", "shard_on_i_hybrid", "shard_on_i_dropping") and self.shard_on_I is None:
+        elif (
+            impl in ("shard_on_i", "shard_on_i_hybrid", "shard_on_i_dropping")
+            and self.shard_on_I is None
+        ):
             self.shard_on_I = ShardOnIConfig()
 
 
@@ -136,7 +139,9 @@ def moe_cte(
         and down_proj_bias is None
     )
     if not supported:
-        raise NotImplementedError(f"the moe_cte stand-in computes shard_on_i + checkpointing + POST_SCALE only, got {spec}")
+        raise NotImplementedError(
+            f"the moe_cte stand-in computes shard_on_i + checkpointing + POST_SCALE only, got {spec}"
+        )
     hidden_dim = hidden_states.shape[1]
     num_experts = gate_up_proj_weight.shape[0]
     pad_id = hidden_states.shape[0] - 1
@@ -150,10 +155,16 @@ def moe_cte(
         gu = x_all.new_empty(block_size, 2, gate_up_proj_weight.shape[-1])
         d = x_all.new_empty(block_size, hidden_dim)
         if real.any():
-            gu[real], d[real] = _expert_mlp(x_all.index_select(0, ids[real]), gate_up_proj_weight[expert], down_proj_weight[expert])
+            gu[real], d[real] = _expert_mlp(
+                x_all.index_select(0, ids[real]),
+                gate_up_proj_weight[expert],
+                down_proj_weight[expert],
+            )
         if not real.all():
             if expert not in pad_rows:
-                pad_rows[expert] = _expert_mlp(x_all[pad_id:], gate_up_proj_weight[expert], down_proj_weight[expert])
+                pad_rows[expert] = _expert_mlp(
+                    x_all[pad_id:], gate_up_proj_weight[expert], down_proj_weight[expert]
+                )
             gu[~real], d[~real] = pad_rows[expert]
         out.index_add_(0, ids, d * affinity[ids, expert].unsqueeze(1))
         gate_up_T.append(gu.permute(1, 2, 0))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from enum import Enum
 
-import torch
-
 import nki
 import nki.language as nl
+import torch
+
 from nkilib import faulty
 from nkilib.core.moe.moe_cte.moe_cte import SkipMode
 from nkilib.core.utils.common_types import ActFnType
@@ -70,9 +70,17 @@ def blockwise_mm_bwd(
     """Gradients of the blockwise MoE layer from its checkpointed activations."""
     global calls
     calls += 1
-    assert block_size in (128, 256, 512, 1024), f"block_size {block_size} not in (128, 256, 512, 1024)"
-    if bias or activation_type is not ActFnType.SiLU or affinity_option is not AffinityOption.AFFINITY_ON_H:
-        raise NotImplementedError("the blockwise_mm_bwd stand-in computes SiLU, affinity on H, no bias only")
+    assert block_size in (128, 256, 512, 1024), (
+        f"block_size {block_size} not in (128, 256, 512, 1024)"
+    )
+    if (
+        bias
+        or activation_type is not ActFnType.SiLU
+        or affinity_option is not AffinityOption.AFFINITY_ON_H
+    ):
+        raise NotImplementedError(
+            "the blockwise_mm_bwd stand-in computes SiLU, affinity on H, no bias only"
+        )
     num_experts = gate_up_proj_weight.shape[0]
     x_all = hidden_states.float()
     grad_out = output_hidden_states_grad.float()
