@@ -11,6 +11,7 @@ import dataclasses
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -239,3 +240,35 @@ def test_a_fourth_recipe_is_dry_run_against_its_upstream(fourth_recipe, tmp_path
     assert result["ok"], result["error"]
     upstream = result["model"]["upstream"]
     assert (upstream["spec"], upstream["same_parameters"]) == ('model_registry("4B")', True)
+
+
+def test_a_fourth_recipes_claims_are_gated_and_its_goldens_held_to_them(
+    fourth_recipe, tmp_path, capsys
+):
+    """require-claims asks the variant's declared claim of a night; a forgotten goldens file fails by name."""
+    from harness.declare.claims import published_claims
+    from harness.night import ci
+
+    names = [c.name for c in published_claims("trn2")]
+    assert f"{VARIANT}.trn2.step1_loss_hf" in names
+    assert goldens.disagreements("trn2") == []
+
+    def report(claims: list[str]) -> Path:
+        path = tmp_path / "tests.json"
+        tests = [
+            {"test": f"t::{n}", "outcome": "passed", "properties": {f"{n}.verdict": "pass"}}
+            for n in claims
+        ]
+        path.write_text(json.dumps({"tests": tests}))
+        return path
+
+    assert ci.require_claims(report(names), "trn2") == 0
+    assert ci.require_claims(report([n for n in names if not n.startswith(VARIANT)]), "trn2") == 1
+    assert f"NOT MEASURED  {VARIANT}.trn2.step1_loss_hf (published 6.54)" in capsys.readouterr().err
+    (goldens.GOLDENS_DIR / VARIANT / "trn2.json").unlink()
+    assert ci.require_claims(report(names), "trn2") == 1
+    err = capsys.readouterr().err
+    assert (
+        f"{goldens.GOLDENS_DIR / VARIANT / 'trn2.json'}: published claim {VARIANT}.trn2.step1_loss_hf"
+        in err
+    )
