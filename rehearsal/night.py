@@ -109,6 +109,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "Record the input keys of claims measured for the first time": (0, 0),
     "Append tonight's results to the trend file": (0, 0),
     "Published numbers and speed across nights (python -m harness history)": (0, 0),
+    "The night as one page (python -m harness page)": (0, 0),
     "Upload the runs log (tomorrow's nightly downloads it and appends)": (0, 0),
     "Upload the report": (0, 0),
 }
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_s = sum(getattr(cpu, k) - getattr(start_cpu, k) for k in ("user", "system", "children_user", "children_system"))
     print(f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
           f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}")
+    print(f"rehearsal: its page (marked a rehearsal) {job.workspace / 'report' / 'index.html'}")
     print(f"rehearsal: {ran} neuron tests executed, {skipped} skipped, {launches} launches, {len(differs)} steps failed")
     ok = not differs and not outside and not collect_error and skipped == 0 and ran == n_collected
     return 0 if ok else 1
