@@ -210,9 +210,10 @@ def moved_claims(report_dir: Path, claims: list[Claim], results: dict, tests: di
         entry, recipe = Moved(claim.name), claim.name.split(".")[0]
         for run in results.get("runs", []):
             ref = run.get("reference") or {}
-            if run.get("recipe") == recipe and (ref.get("diagnosis") or ref.get("localization")):
-                diagnosis = ref.get("diagnosis") or "–"
-                entry.lines.append(f"{run_label(run['run_dir'])}: diagnosis: {diagnosis}")
+            label = run_label(run["run_dir"])
+            ours = run.get("recipe") == recipe or claim.name == f"{label}.reference"
+            if ours and (ref.get("diagnosis") or ref.get("localization")):
+                entry.lines.append(f"{label}: diagnosis: {ref.get('diagnosis') or '–'}")
                 if ref.get("localization"):
                     entry.lines.append(f"first divergence: {ref['localization']['summary']}")
         for lanes in tests.get("lanes", []):

@@ -72,6 +72,10 @@ def test_a_moved_claim_shows_its_diagnosis_first_divergence_and_upstream_report(
     moved = text[text.index('id="moved"') : text.index('id="curves"')]
     assert "rope_theta (theta 5x off; effect +0.35)" in moved
     assert "first diverging module: layers.0.attention" in moved
+    (reference,) = re.findall(
+        r"<h3><code>native_qwen3-cpu-hf.reference</code></h3>(.*?)</ul>", moved, re.DOTALL
+    )
+    assert "rope_theta (theta 5x off" in reference  # the run's own diagnosis, under its own row
     link = "upstream/native_qwen3.cpu.step1_loss_random_4b_width.md"
     assert f'href="{link}"' in moved and (built.report_dir / link).is_file()
 
