@@ -32,11 +32,12 @@ from recipes.tiers import TIERS
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
 STARTED = time.perf_counter()
 
-USAGE = """usage: python -m harness {list,run,history} ...
+USAGE = """usage: python -m harness {list,run,history,page} ...
 
   list     list recipes, tiers and kernel overrides
   run      run recipes under torchrun and write the report (python -m harness run --help)
-  history  plot every published number and speed figure across nights (python -m harness history --help)"""
+  history  plot every published number and speed figure across nights (python -m harness history --help)
+  page     write REPORT_DIR/index.html, the report as one page (python -m harness page --help)"""
 
 
 def cmd_list(args) -> int:
@@ -218,6 +219,7 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
 
 def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: Progress) -> int:
     from harness.launch.lifecycle import LaunchError, deferred, launch, prestart
+    from harness.night import page
     from harness.report import results as report_mod
     from recipes.errors import RecipeError
 
@@ -301,6 +303,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
         f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}"
     )
     print(report_mod.timing_line(timing))
+    print(f"page: {page.write(args.report_dir)}")
     return 1 if failed else 0
 
 
@@ -329,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness.report.history import main as history_main
 
         return history_main(rest)
+    if command == "page":
+        from harness.night.page import main as page_main
+
+        return page_main(rest)
     if command in (None, "-h", "--help"):
         print(USAGE, file=sys.stdout if command else sys.stderr)
         return 0 if command else 2
@@ -337,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             " (a dry run is `python -m harness run RECIPE --dry-run`)" if "dry" in command else ""
         )
         print(
-            f"python -m harness: error: unknown command {command!r}; choose one of list, run, history{dry_run}; "
+            f"python -m harness: error: unknown command {command!r}; choose one of list, run, history, page{dry_run}; "
             "see python -m harness --help",
             file=sys.stderr,
         )

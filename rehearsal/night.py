@@ -127,6 +127,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "Record the input keys of claims measured for the first time": (0, 0),
     "Append tonight's results to the trend file": (0, 0),
     "Published numbers and speed across nights (python -m harness history)": (0, 0),
+    "The night as one page (python -m harness page)": (0, 0),
     "Upload the runs log (tomorrow's nightly downloads it and appends)": (0, 0),
     "Upload the report": (0, 0),
 }
@@ -520,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
         f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}"
     )
+    print(f"rehearsal: its page (marked a rehearsal) {job.workspace / 'report' / 'index.html'}")
     print(
         f"rehearsal: {ran} neuron tests executed, {skipped} skipped, {launches} launches, {len(differs)} steps failed"
     )
