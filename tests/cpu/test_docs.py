@@ -10,11 +10,14 @@ harness/ or recipes/) must import and resolve, so a renamed file, module or func
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +211,215 @@ def test_the_check_sees_renamed_modules_functions_and_package_paths():
         "recipes.tutorial.tutorial_settings",
     ]
     assert all(resolves(d) for d in renamed) and ends_a_tracked_path("checks/built_config.py")
+
+
+# --- commands: every `python -m harness...` and `make TARGET` a doc names (issue 44 item 5) -------------------
+
+#: Files whose comment lines name commands too (their commands are checked here, their paths are not).
+COMMENTED = ["Makefile", ".github/workflows/cpu.yml", ".github/workflows/nightly-trn2.yml"]
+HARNESS_COMMAND = re.compile(r"(?<![\w.-])python3? -m (harness[\w.]*)([^`]*)")
+MAKE_COMMAND = re.compile(r"(?<![\w.$-])make\s+(.*)")
+TARGET = re.compile(r"[a-z][\w-]*")
+FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+#: What a doc's command is run with: no trn2 inputs (the dry run's sizes come from fixtures/), as a user would.
+TRN2_UNSET = (
+    "QWEN3_4B_DIR",
+    "QWEN3_DATASET_DIR",
+    "NEURON_LOGICAL_NC_CONFIG",
+    "NEURON_RT_VISIBLE_CORES",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One documented ``python -m MODULE [SUB] ...``: its first positional word and its harness flags."""
+
+    module: str
+    args: tuple[str, ...]
+
+    @property
+    def sub(self) -> str | None:
+        first = self.args[0] if self.args else ""
+        return first if TARGET.fullmatch(first) else None
+
+    @property
+    def flags(self) -> set[str]:
+        """``--kebab-case`` flags; torchtitan's (``--training.steps``, ``--dump_folder``) are its parser's."""
+        return {a.split("=")[0] for a in self.args if FLAG.fullmatch(a.split("=")[0])}
+
+
+def comments(text: str) -> str:
+    """The comment lines of a Makefile or a workflow, ``#`` dropped."""
+    lines = [line.strip() for line in text.splitlines()]
+    return "\n".join(line[1:] for line in lines if line.startswith("#"))
+
+
+def command_texts() -> dict[str, str]:
+    """Each doc's text, and each commented file's comments."""
+    texts = {doc: (REPO_ROOT / doc).read_text() for doc in DOCS}
+    texts.update({name: comments((REPO_ROOT / name).read_text()) for name in COMMENTED})
+    return texts
+
+
+def command_spans(text: str) -> list[str]:
+    """Code spans and fenced lines, each without its shell comment."""
+    return [re.split(r"\s#", span)[0] for span in spans(text)]
+
+
+def commands(text: str) -> set[Command]:
+    found = set()
+    for span in command_spans(text):
+        for module, rest in HARNESS_COMMAND.findall(span):
+            args = tuple(a.strip("[]|,;") for a in rest.split())
+            found.add(Command(module, tuple(a for a in args if a)))
+    return found
+
+
+def make_targets(text: str) -> list[str]:
+    """The targets ``make`` is asked for in ``text`` (assignments skipped), in order."""
+    targets = []
+    for line in text.splitlines():
+        for rest in MAKE_COMMAND.findall(line):
+            for word in rest.split():
+                if "=" in word or word.endswith('"'):
+                    continue
+                target = word.rstrip(",;:.)'")
+                if not TARGET.fullmatch(target):
+                    break
+                targets.append(target)
+                if target != word:
+                    break
+    return targets
+
+
+def documented_targets(text: str) -> set[str]:
+    return {t for span in command_spans(text) for t in make_targets(span)}
+
+
+@functools.cache
+def makefile_targets() -> frozenset[str]:
+    text = (REPO_ROOT / "Makefile").read_text()
+    rules = re.findall(r"^([\w.-][\w. -]*?)\s*:(?!=)", text, flags=re.M)
+    return frozenset(name for rule in rules for name in rule.split() if not name.startswith("."))
+
+
+def run_help(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *argv, "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def subcommands(help_text: str) -> set[str] | None:
+    """The ``{a,b,c}`` choices of a usage line, or None when it has none."""
+    choices = re.search(r"\{([\w,-]+)\}", help_text)
+    return set(choices.group(1).split(",")) if choices else None
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[tuple[str, ...], subprocess.CompletedProcess]:
+    """``python -m MODULE --help`` once per documented module, and ``MODULE SUB --help`` once per documented
+    subcommand whose flags a doc names."""
+    documented = {c for text in command_texts().values() for c in commands(text)}
+    found = {(m,): run_help(m) for m in sorted({c.module for c in documented})}
+    for c in sorted(documented, key=str):
+        choices = subcommands(found[(c.module,)].stdout)
+        if c.flags and choices and c.sub in choices and (c.module, c.sub) not in found:
+            found[(c.module, c.sub)] = run_help(c.module, c.sub)
+    return found
+
+
+def command_problems(command: Command, helps: dict) -> list[str]:
+    top = helps[(command.module,)]
+    if importlib.util.find_spec(command.module) is None:
+        return [f"python -m {command.module}: not importable"]
+    if top.returncode != 0:
+        return [f"python -m {command.module} --help exits {top.returncode}: {top.stderr[-300:]}"]
+    choices = subcommands(top.stdout)
+    if command.sub and choices is not None and command.sub not in choices:
+        return [f"python -m {command.module} {command.sub}: not one of {sorted(choices)}"]
+    if command.sub and choices is None and not re.search(rf"\b{command.sub}\b", top.stdout):
+        return [f"python -m {command.module} {command.sub}: its --help never names {command.sub!r}"]
+    own = helps.get((command.module, command.sub), top)
+    if own.returncode != 0:
+        return [f"python -m {command.module} {command.sub} --help exits {own.returncode}"]
+    return [
+        f"python -m {command.module} {command.sub or ''} {flag}: not in its --help"
+        for flag in sorted(command.flags)
+        if flag not in own.stdout
+    ]
+
+
+@pytest.mark.xdist_group("docs-commands")
+@pytest.mark.parametrize("doc", [*DOCS, *COMMENTED])
+def test_every_documented_harness_command_answers_help_with_its_subcommand_and_flags(doc, helps):
+    text = command_texts()[doc]
+    problems = [p for c in sorted(commands(text), key=str) for p in command_problems(c, helps)]
+    assert not problems, f"{doc} names commands the harness does not take: {problems}"
+
+
+@pytest.mark.parametrize("doc", [*DOCS, *COMMENTED])
+def test_every_documented_make_target_is_a_makefile_target(doc):
+    unknown = sorted(documented_targets(command_texts()[doc]) - makefile_targets())
+    assert not unknown, f"{doc} names make targets the Makefile does not have: {unknown}"
+
+
+def test_the_command_checks_see_a_renamed_module_subcommand_flag_and_target():
+    """Seen to fail: each name below was once right or is one letter off, and the checks catch it."""
+    text = """
+```
+python -m harness.nightly_watch            # the module before round 4
+python -m harness.night.ci require-claim report/tests.json
+python -m harness run all --tier trn2 --dry-rnu
+make rehearse    # the target is rehearse-trn2
+```
+"""
+    documented = commands(text)
+    assert {c.module for c in documented} == {
+        "harness.nightly_watch",
+        "harness.night.ci",
+        "harness",
+    }
+    assert documented_targets(text) == {"rehearse"} and "rehearse" not in makefile_targets()
+    assert "rehearse-trn2" in makefile_targets() and "lint" in makefile_targets()
+    helps = {
+        ("harness.nightly_watch",): subprocess.CompletedProcess([], 1, "", "No module"),
+        ("harness.night.ci",): subprocess.CompletedProcess([], 0, "usage: {require-claims,x}", ""),
+        ("harness",): subprocess.CompletedProcess([], 0, "usage: {list,run,history}", ""),
+        ("harness", "run"): subprocess.CompletedProcess([], 0, "--tier --dry-run", ""),
+    }
+    problems = {c.module: command_problems(c, helps) for c in documented}
+    assert problems["harness.nightly_watch"] == ["python -m harness.nightly_watch: not importable"]
+    assert "not one of" in problems["harness.night.ci"][0]
+    assert problems["harness"] == ["python -m harness run --dry-rnu: not in its --help"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("docs-commands")
+def test_every_documented_dry_run_passes_as_written(tmp_path):
+    """A documented ``python -m harness run ... --dry-run`` is run as written (report to a scratch dir): the trn2
+    dry run without ``--allow-mismatch rope_theta`` exits 2, so a doc giving it so fails here."""
+    runs = sorted(
+        {
+            c.args
+            for text in command_texts().values()
+            for c in commands(text)
+            if c.module == "harness" and c.sub == "run" and "--dry-run" in c.args
+        }
+    )
+    assert runs, "no doc gives the trn2 dry run"
+    env = {k: v for k, v in os.environ.items() if k not in TRN2_UNSET}
+    for i, args in enumerate(runs):
+        proc = subprocess.run(
+            [sys.executable, "-m", "harness", *args, "--report-dir", str(tmp_path / str(i))],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        refused = [line for line in proc.stdout.splitlines() if "would be refused" in line]
+        assert proc.returncode == 0, (" ".join(args), refused or proc.stderr[-500:])
