@@ -1,7 +1,9 @@
 """``python -m harness list | run RECIPE|all``: the suite's main job.
 
 ``run`` launches each recipe under torchrun (``harness.rank.train``), prints progress,
-and writes the report (results.json + results.md) to ``--report-dir``.
+and writes the report (results.json + results.md) to ``--report-dir``. Exit codes: 0 every run passed,
+1 a run or check failed, 2 refused before any launch, 3 a launch stalled (``harness.launch.watchdog``),
+128 + N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
             )
         except LaunchError as e:
             print(f"FAILED: {e}", file=sys.stderr)
-            failed = True
+            failed = max(int(failed), getattr(e, "exit_code", 1))  # a stall: watchdog.STALL_EXIT
             if e.result is not None:
                 failed_run = {**e.result.to_dict(), "error": e.summary}
                 with deferred():
@@ -276,7 +278,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
             progress.checks.append((f"{opts.recipe}.{opts.tier}.{golden_key(opts)}", verdict))
             if verdict.passed is False:
                 print(f"FAILED check: {verdict.message()}", file=sys.stderr)
-                failed = True
+                failed = failed or True
             elif verdict.passed is None:  # unmeasured / inputs differ: said, not failed
                 print(f"not judged: {verdict.message()}", file=sys.stderr)
         run = progress.unreported
@@ -285,7 +287,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
             run["reference"] = reference
             if reference["passed"] is False:
                 print(f"FAILED check: reference: {reference['summary']}", file=sys.stderr)
-                failed = True
+                failed = failed or True
         progress.stage = "report"
         with deferred():  # a report is never half written: a stop signal now is raised once it is
             report_mod.update(args.report_dir, runs=[run], checks=progress.checks)
@@ -304,7 +306,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
     )
     print(report_mod.timing_line(timing))
     print(f"page: {page.write(args.report_dir)}")
-    return 1 if failed else 0
+    return int(failed)
 
 
 def _recipe_names(recipe: str) -> list[str]:

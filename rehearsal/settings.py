@@ -139,6 +139,10 @@ class RehearsalSettings:
         out = {**SWITCHES, **self.switches}
         out["QWEN3_STANDIN_FAULT"] = self.fault
         out["QWEN3_STANDIN_CORES"] = str(self.total_cores)
+        if (
+            self.device_dir
+        ):  # the night's processes reserve cores in one place (torch_neuronx/_runtime.py)
+            out["QWEN3_STANDIN_CORE_LOCKS"] = str(Path(self.device_dir).parent / "core-locks")
         return out
 
     def to_json(self) -> str:

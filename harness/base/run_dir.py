@@ -35,6 +35,10 @@ STEP1_FORWARD_FILE = "step1_forward.json"
 INITIAL_STATE_FILE = "initial_state.json"
 #: torchtitan's checkpoints, ``step-N`` each: the ``checkpoint.folder`` the recipes set (recipes/tutorial.py).
 CHECKPOINT_DIR = "checkpoint"
+#: Each rank's heartbeat, ``rank<R>.json`` (``harness.launch.watchdog.beat``): its pid, phase and last step.
+HEARTBEAT_DIR = "heartbeat"
+#: A stalled launch's Python stacks, ``rank<R>.txt`` per rank (``harness.launch.watchdog.dump_stacks``).
+STACKS_DIR = "stacks"
 #: The run's environment marker for the launcher's children (torchrun, the forkserver, the ranks).
 RUN_DIR_ENV = "QWEN3_RUN_DIR"
 

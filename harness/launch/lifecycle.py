@@ -28,6 +28,7 @@ from harness.launch.child import _prctl, die_with_parent
 from harness.launch.rendezvous import RendezvousWait
 from harness.launch.speed import record_run
 from harness.launch.stop import STOP_SIGNALS, Interrupted, deferred, stop_signals_raise  # noqa: F401 -- the launch's names
+from harness.launch.watchdog import STALL_EXIT, Budgets, Watchdog, dump_stacks, for_tier, stall_line
 from harness.options.run_options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
@@ -51,6 +52,12 @@ class LaunchError(RuntimeError):
         self.summary = summary
 
 
+class Stalled(LaunchError):
+    """A launch the watchdog ended (``harness.launch.watchdog``): ``summary`` is its ``stalled: ...`` line."""
+
+    exit_code = STALL_EXIT
+
+
 @dataclass
 class RunResult:
     recipe: str
@@ -72,6 +79,8 @@ class RunResult:
     started_unix_s: float | None = None
     #: ``harness.launch.speed.Speed`` as a dict: step time, tokens/s, MFU, time to the first step, NEFF cache.
     speed: dict = field(default_factory=dict)
+    #: The watchdog's ``stalled: rank R in FUNCTION (FILE:LINE) after N s`` when it ended the launch.
+    stalled: str | None = None
 
     @property
     def losses(self) -> list[float]:
@@ -156,6 +165,8 @@ def _progress(step: dict, total: int) -> str:
 
 NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 GRACE_S = 10
+#: A stalled launch's grace: its stacks are dumped, and a rank stuck in C code never handles SIGTERM.
+STALL_GRACE_S = 3
 #: How long a SIGKILLed straggler may take to leave the process table (it cannot refuse; it can be slow).
 KILL_WAIT_S = 5
 #: How often the launcher shows new steps while torchrun runs.
@@ -331,8 +342,8 @@ def _copy_output(prestarted: Prestarted, console) -> None:
     console.flush()
 
 
-def end_run(proc: subprocess.Popen, run_dir: Path | None = None) -> None:
-    """Stop torchrun and every rank it started, within ``GRACE_S`` plus a moment; then reap.
+def end_run(proc: subprocess.Popen, run_dir: Path | None = None, grace_s: float = GRACE_S) -> None:
+    """Stop torchrun and every rank it started, within ``grace_s`` plus a moment; then reap.
 
     SIGTERM lets torchrun close its ranks itself; after ``GRACE_S`` torchrun's group
     is SIGKILLed, and the ranks (not in torchrun's process group: torch elastic starts
@@ -342,7 +353,7 @@ def end_run(proc: subprocess.Popen, run_dir: Path | None = None) -> None:
     """
     procs = processes.table()
     ranks = [procs[pid] for pid in processes.descendants_of(proc.pid, procs)]
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace_s
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:  # reaped: its pid may already be another process's
             break
@@ -355,12 +366,12 @@ def end_run(proc: subprocess.Popen, run_dir: Path | None = None) -> None:
     proc.wait()
     while (
         any(processes.still_running(rank) for rank in ranks)
-        and time.monotonic() < deadline + GRACE_S
+        and time.monotonic() < deadline + grace_s
     ):
         time.sleep(0.1)
     if run_dir is None:
         return
-    while (left := processes.marked(run_dir)) and time.monotonic() < deadline + GRACE_S:
+    while (left := processes.marked(run_dir)) and time.monotonic() < deadline + grace_s:
         time.sleep(0.05)
     for straggler in left:
         try:
@@ -380,6 +391,7 @@ def launch(
     timeout_s: float | None = None,
     prestarted: Prestarted | None = None,
     stall_timeout_s: float | None = None,
+    budgets: Budgets | None = None,
 ) -> RunResult:
     """Run resolved ``opts`` under torchrun; raise ``LaunchError`` with rank logs on failure.
 
@@ -391,6 +403,7 @@ def launch(
     (a "preloaded" tier starts one here otherwise). ``stall_timeout_s``: also end the run
     when no new step arrives for that long after its first one (a hung collective ends
     seconds after it hangs, not at ``timeout_s``; the fault tests use it); None: no such limit.
+    ``budgets``: the watchdog's (``harness.launch.watchdog``; default: the tier's); a stall raises ``Stalled``.
     """
     if timeout_s is None:
         timeout_s = opts.tier_preset.launch_timeout_s
@@ -417,6 +430,7 @@ def launch(
     if prestarted is None:
         prestarted = prestart(opts)
     waiting = RendezvousWait(opts, echo, started)
+    dog, stall = Watchdog(run_dir, opts.nproc, budgets or for_tier(opts.tier_preset)), None
     with (run_dir / CONSOLE_FILE).open("ab") as console:
         proc = None
         try:
@@ -448,11 +462,15 @@ def launch(
                 ):
                     stalled = True
                     break
+                if stall := dog.check():
+                    stall = stall_line(stall, dump_stacks(run_dir, dog.pids()))  # before any end
+                    echo(stall)
+                    break
         except (Interrupted, KeyboardInterrupt) as stop:
             stopped = stop
         finally:
             if proc is not None:
-                end_run(proc, run_dir)
+                end_run(proc, run_dir, STALL_GRACE_S if stall else GRACE_S)
             if prestarted is not None:
                 _copy_output(prestarted, console)
                 prestarted.output.close()
@@ -478,10 +496,18 @@ def launch(
         provenance={**read_provenance(run_dir), "inputs": add_input_key(run_dir, opts)},
         interrupted=signal.Signals(signum).name if signum is not None else None,
         started_unix_s=started_unix_s,
+        stalled=stall,
     )
     record_run(result)  # speed figures; one line to $QWEN3_RUNS_LOG
     if stopped is not None:
         raise Interrupted(signum, result) from stopped
+    if stall:
+        raise Stalled(
+            f"{opts.recipe} on {opts.tier}: {stall}; every rank was ended, stacks in {run_dir}/stacks.\n"
+            + rank_log_tails(run_dir),
+            result=result,
+            summary=stall,
+        )
     if timed_out or stalled or proc.returncode != 0:
         if stalled:
             why = (

@@ -26,7 +26,7 @@ records every launch's wall time and step times) and the timeout follows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.declare import catalogue
@@ -40,6 +40,8 @@ from harness.declare.catalogue import (  # noqa: F401  (the plan's names, declar
     ClaimJudge,
     Launch,
 )
+from harness.launch import watchdog
+from harness.launch.watchdog import Budgets
 
 # --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
 #: torchrun start-up of 64 ranks, process groups, dataloader: torch/torchtitan imports take ~9 s of CPU
@@ -199,6 +201,20 @@ def steps(night: str = CHANGED) -> list[Step]:
 def launch_estimates() -> dict[str, Estimate]:
     """Each launch's estimate, as the plan orders them (the first of a compile family compiles cold)."""
     return {s.launch: s.estimate for s in steps() if s.launch}
+
+
+def watchdog_budgets(name: str) -> Budgets:
+    """The launch watchdog's budgets for launch ``name`` (``harness.launch.watchdog``): before step 1, its
+    estimate's start-up, weights and cold compile times ``watchdog.PLAN_MARGIN`` (a warm night only finishes
+    sooner); after it, the trn2 tier's multiple and floor. A rehearsal runs tiny models on cpu: the tier's."""
+    from recipes.tiers import TIERS, rehearsal_settings
+
+    tier = watchdog.for_tier(TIERS["trn2"])
+    if rehearsal_settings() is not None:
+        return tier
+    parts = launch_estimates()[name].parts
+    before = sum(parts[k] for k in ("start-up", "weights", "compile (cold)")) * 60
+    return replace(tier, before_first_step_s=before * watchdog.PLAN_MARGIN)
 
 
 def measured_lines(measured: dict[str, dict]) -> list[str]:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from harness.base.run_dir import PROVENANCE_FILE, STEPS_FILE
+from harness.launch import watchdog
 from harness.launch.child import RANK_DEATH_SIGNAL, die_with_parent
 from harness.options.run_options import RunOptions, read_run_options
 
@@ -101,6 +102,25 @@ def score_step1(trainer, config, run_dir: Path | None) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def beat_every_step(trainer, run_dir: Path) -> None:
+    """A heartbeat after each of the trainer's steps (the declared hook ``Trainer.train_step``), with its time."""
+    from recipes import titan
+
+    def wrap(original):
+        last = [time.perf_counter()]
+
+        def train_step(*args, **kwargs):
+            out = original(*args, **kwargs)
+            now = time.perf_counter()
+            watchdog.beat(run_dir, "step", trainer.step, now - last[0])
+            last[0] = now
+            return out
+
+        return train_step
+
+    titan.wrap_hook(trainer, "Trainer.train_step", wrap)
+
+
 def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
     import torch
@@ -118,6 +138,8 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     trainer = None
     try:
         trainer = config.build()
+        watchdog.beat(opts.run_dir, "built")
+        beat_every_step(trainer, opts.run_dir)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / STEPS_FILE).unlink(missing_ok=True)
@@ -132,6 +154,7 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
             score_step1(trainer, config, run_dir if rank == 0 else None)
         else:
             trainer.train()
+        watchdog.beat(opts.run_dir, "finish")
         if opts.export:
             record_final_state(trainer, run_dir / FINAL_STATE_FILE, rank)
     finally:
@@ -195,6 +218,7 @@ def _main(argv: list[str] | None, errors) -> int:
 
     try:
         opts = read_run_options(args.run_dir.resolve())
+        watchdog.beat(opts.run_dir, "start")
         platform.install(opts.tier)
         train(opts, cli_overrides)
     except RecipeError as e:

@@ -227,6 +227,38 @@ def neuron_status(
     )
 
 
+#: Logical NeuronCores each torchrun rank gets: the trn2 tier runs one rank per logical core (64 at LNC=2).
+CORES_PER_RANK = 1
+
+
+def rank_cores(local_rank: int, per_rank: int = CORES_PER_RANK) -> str:
+    """``NEURON_RT_VISIBLE_CORES`` for local rank ``local_rank``: its own ``per_rank`` cores, "3" or "6-7"."""
+    first = local_rank * per_rank
+    return f"{first}-{first + per_rank - 1}" if per_rank > 1 else str(first)
+
+
+def set_rank_cores(environ=os.environ) -> str | None:
+    """Give this torchrun rank its own cores before the Neuron runtime starts; the value set, else None.
+
+    The runtime reserves, at its start, every core of the host for the process unless
+    ``NEURON_RT_VISIBLE_CORES`` names a slice, and a reserved core "cannot be used by another process at
+    all" until that process ends (aws-neuron/aws-neuron-sdk neuron-runtime/guides/configuration-guide.rst,
+    "NeuronCore allocation"; the variable: one index or an inclusive range, neuron-runtime/
+    nrt-configurable-parameters.rst). Its indices are logical cores: at LNC=2 a trn2.48xlarge numbers
+    them 0-63 across its 16 devices (tools/neuron-sys-tools/neuron-ls.rst, ``neuroncore_ids``). Whether
+    torch_neuronx maps LOCAL_RANK itself is not documented (harness.checks.preflight.check_visible_cores),
+    so the suite sets LOCAL_RANK x ``CORES_PER_RANK`` itself, on both rank entries (harness.rank.train and
+    torchtitan's own, through the recipe's config function): the same value the public copy would set.
+    A value the user set is kept (the launcher's preflight checks it); outside a torchrun rank
+    (no LOCAL_RANK: the launcher, a test's child) nothing is set.
+    """
+    local_rank = environ.get("LOCAL_RANK")
+    if local_rank is None or environ.get("NEURON_RT_VISIBLE_CORES"):
+        return None
+    environ["NEURON_RT_VISIBLE_CORES"] = rank_cores(int(local_rank))
+    return environ["NEURON_RT_VISIBLE_CORES"]
+
+
 def install() -> None:
     """Make this process a trn2-tier process: register the 'neuron' device and backend.
 
@@ -239,6 +271,7 @@ def install() -> None:
     ``_set_rt_visible_cores``); the released 2.14.3 is not public (harness.checks.preflight.check_visible_cores).
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
+    set_rank_cores()  # before the runtime starts (at the first device tensor)
     import torch_neuronx  # noqa: F401
 
     point_torchtitan_at_neuron()

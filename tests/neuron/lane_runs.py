@@ -231,7 +231,10 @@ def lane_run(name: str, shared_dir: Path) -> LaneRun:
     stopped = None
     with lanes.lane_env(lane):
         try:
-            result = launch(opts, echo=lambda line: None).to_dict()
+            # The watchdog's budgets from the plan's estimate; a stall raises a LaunchError like any failed
+            # launch: recorded as stopped, and the night goes on with its next launch.
+            budgets = nightly.watchdog_budgets(name)
+            result = launch(opts, echo=lambda line: None, budgets=budgets).to_dict()
         except LaunchError as e:
             if e.result is None:
                 raise

@@ -25,6 +25,8 @@ from typing import NamedTuple
 import torch
 from torch.utils._pytree import tree_leaves
 
+from . import _runtime
+
 DEVICE_NAME = "neuron"
 _CPU = torch.device("cpu")
 
@@ -101,6 +103,8 @@ def _wrap(x, passed: dict[int, NeuronTensor] | None = None):
     if passed and id(x) in passed:
         return passed[id(x)]
     if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor) and x.device.type == "cpu":
+        if not _runtime._started:
+            _runtime.start()  # the process's first device tensor: the runtime reserves its cores
         return NeuronTensor(x)
     return x
 
