@@ -49,7 +49,7 @@ ELSEWHERE = {
     "tests/assets/tokenizer": "torchtitan's own test assets, in a TorchTitan (Neuron) checkout",
     "fixtures/goldens/<recipe>/trn2-band.json": "written by `python -m harness.judge.band record` on a trn2 night",
 }
-FILE_NAME = re.compile(r"^[\w.-]+\.(py|md|yml|yaml|json|jsonl|sh|txt|toml|ini)$")
+FILE_NAME = re.compile(r"^[\w.-]+\.(py|md|yml|yaml|json|jsonl|sh|txt|toml|ini|j2)$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 #: Top-level packages of the suite: a dotted name starting with one must resolve.
 PACKAGES = ("harness", "recipes", "benchmarks", "fixtures", "rehearsal")
@@ -624,7 +624,7 @@ def architecture_picture() -> dict[str, set[str]]:
             folder = start.group(1)
             folders[folder] = set()
         if folder:
-            folders[folder] |= set(re.findall(r"[\w]+\.py", line))
+            folders[folder] |= set(re.findall(r"[\w.]+\.(?:py|j2)\b", line))
     return folders
 
 
