@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 
 from harness.checks.errors import PreflightError
+from recipes import specs
+from recipes.specs import CONFIG_FIX
 
 
 def one_line(error: BaseException) -> str:
@@ -25,36 +27,8 @@ def one_line(error: BaseException) -> str:
 
 
 def read_json_object(path: Path, fix: str) -> dict:
-    """``path`` parsed as one JSON object, or a refusal naming what it is instead."""
-    if path.is_dir():
-        raise PreflightError(f"{path} is a directory, not a JSON file; {fix}")
-    try:
-        data = json.loads(path.read_bytes())
-    except OSError as e:
-        raise PreflightError(f"{path} cannot be read ({e.strerror}); {fix}") from None
-    except UnicodeDecodeError as e:
-        raise PreflightError(f"{path} is not UTF-8 text (byte {e.start}); {fix}") from None
-    except json.JSONDecodeError as e:
-        raise PreflightError(
-            f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}"
-        ) from None
-    if not isinstance(data, dict):
-        raise PreflightError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}")
-    return data
-
-
-CONFIG_FIX = "re-copy config.json from the model's source (e.g. Qwen/Qwen3-4B-Instruct-2507)"
-
-
-def read_config_json(model_dir: Path) -> dict:
-    """``model_dir``'s config.json as a JSON object."""
-    path = Path(model_dir) / "config.json"
-    if not path.exists():
-        raise PreflightError(
-            f"--model-dir {model_dir} has no config.json; point --model-dir at a Hugging Face model directory "
-            "(config.json, tokenizer.json, *.safetensors), e.g. a local copy of Qwen/Qwen3-4B-Instruct-2507"
-        )
-    return read_json_object(path, CONFIG_FIX)
+    """``path`` parsed as one JSON object (``recipes.specs.read_json_object``), or a ``PreflightError``."""
+    return specs.read_json_object(path, fix, PreflightError)
 
 
 def check_model_config(path: Path, hf: dict, recipe: str, init: str) -> None:
