@@ -148,6 +148,74 @@ ROWS = [
         build=b.copies,
         guarded=("{live}",),
     ),
+    # issue 46 item 1: --overwrite replaces a previous export and nothing else, naming the file that says so
+    Row(
+        "overwrite-an-earlier-report-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        (
+            "--export-dir {path} is a report directory",
+            "{path}/.qwen3-repro.json",
+            "--overwrite replaces only a previous export",
+            "choose a new --export-dir",
+        ),
+        build=b.earlier_report,
+        today="the report (results.json, results.md, runs/ with checkpoints and logs) deleted without a word",
+    ),
+    Row(
+        "overwrite-an-unmarked-report-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        (
+            "--export-dir {path} holds 3 file(s) the suite did not write",
+            "{path}/results.json",
+            "no {path}/.qwen3-repro.json",
+            "--overwrite replaces only a previous export",
+        ),
+        build=b.unmarked_report,
+        today="the report deleted without a word",
+    ),
+    Row(
+        "overwrite-a-run-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        ("--export-dir {path} is a run directory", "{path}/.qwen3-repro.json"),
+        build=b.earlier_run_dir,
+        today="the run's checkpoints, steps and logs deleted without a word",
+    ),
+    Row(
+        "overwrite-a-users-own-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        ("--export-dir {path} holds 1 file(s) the suite did not write", "{path}/thesis.tex"),
+        build=b.foreign_dir,
+        today="the user's directory deleted without a word",
+    ),
+    Row(
+        "overwrite-an-export-holding-a-foreign-file",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        (
+            "--export-dir {path} holds 1 file(s) the suite did not write",
+            "{path}/notes.txt",
+            "not listed in {path}/.qwen3-repro.json",
+        ),
+        build=b.export_with_a_foreign_file,
+        today="the previous export and the user's notes.txt in it deleted without a word",
+    ),
+    Row(
+        "overwrite-the-export-dir-of-a-going-run",
+        2,
+        (*PLAIN, "--export-dir", "{live}/../../export", *TO_INPUT),
+        (
+            "is the --export-dir of a run still going (pid",
+            "{live}/run.json",
+            "wait for it to end",
+        ),
+        build=b.copies,
+        guarded=("{live}",),
+        today="trained, then published over the going run's export",
+    ),
     Row(
         "report-dir-inside-the-dataset-dir",
         2,
@@ -950,6 +1018,31 @@ ELSEWHERE = [
         "a line cut short is not a step",
         RS + "test_the_band_lane_reads_the_steps_a_killed_rank_left",
     ),
+    # issue 46 item 1: what the suite did not write is kept, and said
+    Elsewhere(
+        "report-dir-holding-a-foreign-results-md",
+        2,
+        "report",
+        None,
+        "kept as results.md.foreign-1",
+        RS + "test_a_results_md_the_suite_did_not_write_is_kept_aside_and_said",
+    ),
+    Elsewhere(
+        "run-dir-carries-its-marker",
+        2,
+        "checks",
+        None,
+        "",
+        RS + "test_every_directory_the_suite_writes_says_what_wrote_it",
+    ),
+    Elsewhere(
+        "overwrite-at-publish-of-a-foreign-file",
+        2,
+        "training",
+        None,
+        "notes.txt is not listed there",
+        "test_export_safety::test_overwrite_at_publish_refuses_a_directory_the_suite_did_not_write",
+    ),
     # 3: two runs never share a run directory
     Elsewhere(
         "two-launches-in-one-second",
@@ -1169,7 +1262,8 @@ def going_run(tmp_path):
 
     live = tmp_path / "elsewhere" / "runs" / "going"
     live.mkdir(parents=True)
-    (live / run_dir.RUN_FILE).write_text("{}\n")
+    export = str(live.parent.parent / "export")
+    (live / run_dir.RUN_FILE).write_text(json.dumps({"export_dir": export}) + "\n")
     env = {**os.environ, run_dir.RUN_DIR_ENV: str(live)}
     out = subprocess.run(
         ["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"],
@@ -1243,8 +1337,8 @@ def test_the_table_counts_every_case_once():
     assert all(r.stage in STAGES and 1 <= r.point <= 9 for r in rows)
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
-        "a reader or unit, no command": 23,
-        "refused before launch": 92,
+        "a reader or unit, no command": 26,
+        "refused before launch": 98,
         "stopped after launch, reported": 8,
         "works": 7,
     }, counts
@@ -1284,7 +1378,7 @@ def test_after_the_failing_rows_a_second_run_into_the_same_report_dir_succeeds(
     shared = tmp_path / "shared-report"
     live = request.getfixturevalue("going_run")
     into_shared = [r for r in ROWS if not (r.fresh or r.command or "--report-dir" in r.args)]
-    assert len(into_shared) == 79, (
+    assert len(into_shared) == 85, (
         "every row but those with a report dir or a command line of their own"
     )
     for row in into_shared:
