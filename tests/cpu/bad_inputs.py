@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -224,6 +226,24 @@ def unmarked_report(root: Path) -> Path:
     return path
 
 
+def symlink_loop(root: Path) -> Path:
+    """A symlink to itself: ``Path.resolve()`` raises ``RuntimeError: Symlink loop``."""
+    os.symlink("loop", root / "loop")
+    return root / "loop"
+
+
+def fifo(root: Path) -> Path:
+    os.mkfifo(root / "fifo")
+    return root / "fifo"
+
+
+def unix_socket(root: Path) -> Path:
+    """A Unix socket's file (left when its socket is closed)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(root / "sock"))
+    return root / "sock"
+
+
 def earlier_run_dir(root: Path) -> Path:
     return earlier_report(root) / "runs" / "r-20260101-000000"
 
@@ -279,7 +299,12 @@ def digests(*roots: Path) -> dict[str, str]:
         for p in paths:
             if "__pycache__" in p.parts or not p.exists():
                 continue
-            found[str(p)] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_dir():
+                found[str(p)] = "dir"
+            elif not p.is_file():  # a FIFO, socket or device: never opened (a FIFO's read blocks)
+                found[str(p)] = f"special {stat.S_IFMT(p.stat().st_mode):o}"
+            else:
+                found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return found
 
 

@@ -216,6 +216,82 @@ ROWS = [
         guarded=("{live}",),
         today="trained, then published over the going run's export",
     ),
+    # issue 46 item 2: every path an option names, resolved without a traceback
+    *(
+        Row(
+            f"{flag[2:]}-{name}",
+            2,
+            (*PLAIN, flag, value),
+            (f"{flag} {value} is {kind}", f"point {flag} at a directory"),
+            stage="options",
+            build=build,
+            today=today,
+        )
+        for flag, name, value, kind, build, today in [
+            (
+                "--dataset-dir",
+                "a-symlink-loop",
+                "{path}",
+                "a symlink loop",
+                b.symlink_loop,
+                "RuntimeError: Symlink loop traceback from Path.resolve(), exit 1",
+            ),
+            (
+                "--report-dir",
+                "a-symlink-loop",
+                "{path}",
+                "a symlink loop",
+                b.symlink_loop,
+                "RuntimeError: Symlink loop traceback from Path.resolve() in harness/__main__.py, exit 1",
+            ),
+            (
+                "--hf_assets_path",
+                "a-symlink-loop",
+                "{path}",
+                "a symlink loop",
+                b.symlink_loop,
+                "RuntimeError: Symlink loop traceback, exit 1",
+            ),
+            (
+                "--dataset-dir",
+                "a-fifo",
+                "{path}",
+                "a FIFO (named pipe)",
+                b.fifo,
+                "refused as 'is a file, not a directory'",
+            ),
+            (
+                "--model-dir",
+                "a-socket",
+                "{path}",
+                "a socket",
+                b.unix_socket,
+                "refused as 'is a file, not a directory'",
+            ),
+            (
+                "--tokenizer-dir",
+                "a-device",
+                "/dev/null",
+                "a character device",
+                None,
+                "refused as 'is a file, not a directory'",
+            ),
+        ]
+    ),
+    *(
+        Row(
+            f"{flag[2:]}-an-empty-string",
+            2,
+            (*PLAIN, flag, ""),
+            (f"{flag} is given an empty path ''", f"pass {flag} a directory path"),
+            stage="options",
+            today=today,
+        )
+        for flag, today in [
+            ("--report-dir", "wrote results.json, results.md and runs/ into the repository root"),
+            ("--export-dir", "read as the current directory"),
+        ]
+    ),
     Row(
         "report-dir-inside-the-dataset-dir",
         2,
@@ -1338,7 +1414,7 @@ def test_the_table_counts_every_case_once():
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
         "a reader or unit, no command": 26,
-        "refused before launch": 98,
+        "refused before launch": 106,
         "stopped after launch, reported": 8,
         "works": 7,
     }, counts
@@ -1378,7 +1454,7 @@ def test_after_the_failing_rows_a_second_run_into_the_same_report_dir_succeeds(
     shared = tmp_path / "shared-report"
     live = request.getfixturevalue("going_run")
     into_shared = [r for r in ROWS if not (r.fresh or r.command or "--report-dir" in r.args)]
-    assert len(into_shared) == 85, (
+    assert len(into_shared) == 91, (
         "every row but those with a report dir or a command line of their own"
     )
     for row in into_shared:
