@@ -1119,6 +1119,26 @@ ELSEWHERE = [
         "notes.txt is not listed there",
         "test_export_safety::test_overwrite_at_publish_refuses_a_directory_the_suite_did_not_write",
     ),
+    # issue 46 item 3: every reader and tool refuses a bad file in one line on stderr, exit 2
+    *(
+        Elsewhere(
+            f"tool-{case}",
+            1,
+            "checks",
+            2,
+            "one line on stderr naming the file, what it is and the fix",
+            f"test_tools_refuse::test_a_tool_refuses_a_bad_file_in_one_line_on_stderr[{case}]",
+        )
+        for case in (
+            *(f"history-{w}" for w in ("empty", "binary", "directory", "fifo", "foreign")),
+            *(f"ci-{w}" for w in ("empty", "binary", "directory", "fifo", "foreign", "list")),
+            "ci-trend-a-directory",
+            *(f"benchmarks-{w}" for w in ("binary", "directory", "foreign")),
+            "reference-failed-run",
+            "reference-a-file",
+            "bump-refused-pin",
+        )
+    ),
     # 3: two runs never share a run directory
     Elsewhere(
         "two-launches-in-one-second",
@@ -1414,7 +1434,7 @@ def test_the_table_counts_every_case_once():
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
         "a reader or unit, no command": 26,
-        "refused before launch": 106,
+        "refused before launch": 124,
         "stopped after launch, reported": 8,
         "works": 7,
     }, counts
