@@ -20,6 +20,7 @@ from typing import Annotated
 import tyro
 
 from harness.base.run_dir import RUN_FILE
+from harness.options.mapped import check_one_value
 from harness.options.paths import HARNESS_PATH_OPTIONS, check_given_paths
 from recipes.registry import DEFAULT_RECIPE
 from recipes.tiers import REPO_ROOT, TIERS, Tier
@@ -204,8 +205,10 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
 
 
 def checked_paths(argv: list[str], parsed: tuple) -> tuple:
-    """``parsed``, once every path ``argv`` names (the harness's and torchtitan's) is one a run can take."""
+    """``parsed``, once every path ``argv`` names (the harness's and torchtitan's) is one a run can take
+    and no harness option differs from the torchtitan option it sets (``harness.options.mapped``)."""
     check_given_paths(argv, HARNESS_PATH_OPTIONS + TITAN_PATH_OPTIONS)
+    check_one_value(argv, parsed[1])
     return parsed
 
 

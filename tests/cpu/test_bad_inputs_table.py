@@ -965,6 +965,35 @@ ROWS = [
         build=b.model(num_attention_heads=8, head_dim=16),
         from_inputs=True,
     ),
+    # issue 46 item 5: a harness option and the torchtitan option it sets, given different values
+    *(
+        Row(
+            f"{ours[2:]}-and-{theirs[2:]}-differ",
+            7,
+            (*PLAIN, *extra, ours, a, theirs, b_),
+            (
+                f"{ours} {a} and {theirs} {b_} set the same torchtitan option",
+                "give only one of them",
+            ),
+            stage="options",
+            build=build,
+            today=f"ran with {theirs} {b_}, no word",
+        )
+        for ours, a, theirs, b_, extra, build in [
+            ("--steps", "2", "--training.steps", "3", (), None),
+            ("--seq-len", "128", "--training.seq_len", "64", (), None),
+            ("--local-batch-size", "2", "--training.local_batch_size", "4", (), None),
+            ("--seed", "1", "--debug.seed", "2", (), None),
+            (
+                "--dataset-dir",
+                "{data}",
+                "--dataloader.dataset_path",
+                "{repo}/fixtures/corpus",
+                (),
+                b.copies,
+            ),
+        ]
+    ),
     # the command line and the tier
     Row("unknown-recipe", 7, ("qwen9_native",), ("qwen9_native", "native_qwen3"), fresh=True),
     Row("unknown-tier", 7, ("native_qwen3", "--tier", "tpu"), ("'tpu'", "cpu, trn2")),
@@ -1434,7 +1463,7 @@ def test_the_table_counts_every_case_once():
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
         "a reader or unit, no command": 26,
-        "refused before launch": 124,
+        "refused before launch": 129,
         "stopped after launch, reported": 8,
         "works": 7,
     }, counts
@@ -1474,7 +1503,7 @@ def test_after_the_failing_rows_a_second_run_into_the_same_report_dir_succeeds(
     shared = tmp_path / "shared-report"
     live = request.getfixturevalue("going_run")
     into_shared = [r for r in ROWS if not (r.fresh or r.command or "--report-dir" in r.args)]
-    assert len(into_shared) == 91, (
+    assert len(into_shared) == 96, (
         "every row but those with a report dir or a command line of their own"
     )
     for row in into_shared:
