@@ -1168,6 +1168,29 @@ ELSEWHERE = [
             "bump-refused-pin",
         )
     ),
+    # issue 46 item 4: a rank ended by a signal is named with it, the OOM killer where the kernel says so
+    Elsewhere(
+        "a-rank-killed-by-sigkill",
+        1,
+        "training",
+        1,
+        "FAILED: ... torchrun exited 1; rank 1 was killed by SIGKILL (signal 9, pid N)",
+        "test_faults::test_a_rank_killed_by_a_signal_is_named_with_it",
+    ),
+    *(
+        Elsewhere(
+            f"oom-killer-named-from-the-{where}",
+            1,
+            "report",
+            None,
+            "; the kernel's OOM killer sent it (kernel log: ...)",
+            f"test_rank_deaths::test_the_oom_killer_is_named_when_the_{test}",
+        )
+        for where, test in (
+            ("kernel-log", "kernel_log_says_so"),
+            ("cgroup", "cgroup_counts_a_new_kill"),
+        )
+    ),
     # 3: two runs never share a run directory
     Elsewhere(
         "two-launches-in-one-second",
@@ -1462,9 +1485,9 @@ def test_the_table_counts_every_case_once():
     assert all(r.stage in STAGES and 1 <= r.point <= 9 for r in rows)
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
-        "a reader or unit, no command": 26,
+        "a reader or unit, no command": 28,
         "refused before launch": 129,
-        "stopped after launch, reported": 8,
+        "stopped after launch, reported": 9,
         "works": 7,
     }, counts
     assert sorted({r.point for r in rows}) == list(range(1, 10)), (
