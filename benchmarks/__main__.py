@@ -32,6 +32,7 @@ from benchmarks.common import (
     machine,
     table,
 )
+from harness.base.readable import Unreadable, kind_of, text_of
 from recipes.tiers import REPO_ROOT
 
 ORDER = ("plan", "overhead", "recipes", "suite")
@@ -141,6 +142,27 @@ def default_out(which: str, tier: str, stamp: str) -> Path:
     return DEFAULT_OUT_DIR / f"{which}-{tier}-{stamp}.json"
 
 
+def check_files(args) -> None:
+    """``--history`` (appended to) and ``--out`` (written) before any benchmark runs: ``Unreadable``, one line."""
+    for flag, path in (("--history", args.history), ("--out", args.out)):
+        kind = kind_of(path) if path is not None and os.path.lexists(path) else None
+        if kind is not None:
+            raise Unreadable(f"{flag} {path} is {kind}, not a file; pass {flag} a file path")
+    if os.path.lexists(args.history) and args.history.stat().st_size:
+        fix = "pass --history a JSON-lines file of earlier runs, or a new path"
+        text = text_of(args.history, "a benchmark history (JSON lines)", fix)
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else {}
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict):
+                raise Unreadable(
+                    f"--history {args.history} line {number} is not a JSON object, so it is not "
+                    f"a benchmark history; {fix}"
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up live under make/CI too
@@ -149,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare_main(argv[1:])
     args = parse_args(argv)
+    try:
+        check_files(args)
+    except Unreadable as e:
+        print(f"python -m benchmarks: error: {e}", file=sys.stderr)
+        return 2
     date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     out = (args.out or default_out(args.which, args.tier, time.strftime("%Y%m%d-%H%M%S"))).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)

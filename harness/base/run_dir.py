@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from harness.base import marker
+
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.jsonl"
 PROVENANCE_FILE = "provenance.json"
@@ -89,6 +91,7 @@ def claim(parent: Path, name: str) -> Path:
         except OSError:
             return path
         _MADE[path] = [path, *new_parents]
+        marker.mark(path, marker.RUN)
         return path
     raise FileExistsError(
         f"{parent} already holds {name} and 9,999 numbered siblings; clear out old runs"
@@ -101,7 +104,10 @@ def release(path: Path) -> None:
     Only ``rmdir`` (an empty directory, never anything in it), and only what ``claim`` itself
     made: a report directory the user made stays, even empty.
     """
-    for made in _MADE.pop(path, []):
+    made_here = _MADE.pop(path, [])
+    if made_here and [p.name for p in path.iterdir()] == [marker.MARKER]:
+        (path / marker.MARKER).unlink()
+    for made in made_here:
         try:
             made.rmdir()
         except OSError:

@@ -25,6 +25,7 @@ from harness.bump.plan import (
     Plan,
     plan,
     rel,
+    to_stderr,
 )
 from harness.bump.report import versions_line, write_refusal, write_report
 from harness.bump.results import load_run
@@ -99,19 +100,20 @@ def rerun_broken(python: Path, bump: Plan, tests: list[str], log=print) -> dict[
     return outcomes
 
 
-def main(argv: list[str] | None = None, log=print) -> int:
+def main(argv: list[str] | None = None, log=print, refuse=to_stderr) -> int:
+    """``log``: progress (stdout); ``refuse``: the one line of a refusal (stderr), exit 2."""
     argv = sys.argv[1:] if argv is None else argv
     if (
         "--bisect" in argv
     ):  # which package and release of a candidate set moves a check (harness/bump/bisect.py)
         from harness.bump.bisect import main as bisect
 
-        return bisect([a for a in argv if a != "--bisect"], log)
+        return bisect([a for a in argv if a != "--bisect"], log, refuse)
     args = parse_args(argv)
     try:
         bump = plan(args.pins, reports=args.reports)
     except BumpError as e:
-        log(f"bump: {e}")
+        refuse(f"bump: {e}")
         return EXIT_CANNOT_REHEARSE
     for line in bump.lines():
         log(line)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
             run_tier(python, bump.candidate_report, bump.candidate_lock, log)
         lock_run, cand_run = load_run(baseline_dir), load_run(bump.candidate_report)
     except BumpError as e:
-        log(f"bump: not rehearsed: {e}")
+        refuse(f"bump: not rehearsed: {e}")
         write_refusal(bump, str(e))
         return EXIT_CANNOT_REHEARSE
     comparison = compare(lock_run, cand_run, moved)

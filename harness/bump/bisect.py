@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 from harness.base.environment import pins
 from harness.bump.candidate import moves
 from harness.bump.layer import Layer, installed
-from harness.bump.plan import BASELINE_VENV, LOCK, BumpError, Pin, rel, sha256
+from harness.bump.plan import BASELINE_VENV, LOCK, BumpError, Pin, rel, sha256, to_stderr
 from harness.bump.results import load_run
 from harness.bump.tier import run_tier
 from harness.night import upstream
@@ -376,7 +376,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, log=print) -> int:
+def main(argv: list[str] | None = None, log=print, refuse=to_stderr) -> int:
     args = parse_args(argv)
     try:
         asked = {p.name: p.version for p in map(Pin.parse, args.pins)}
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
         for version in asked.values():
             Version(version)
     except (BumpError, InvalidVersion) as e:
-        log(f"bisect: {e}")
+        refuse(f"bisect: {e}")
         return EXIT_CANNOT
     index_args = ("--no-index", "--find-links", args.find_links) if args.find_links else ()
     index_args += ("--index-url", args.index_url) if args.index_url else ()
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None, log=print) -> int:
             bisect(runner, {n: locked[n] for n in asked}, asked, releases_of), runner
         )
     except BumpError as e:
-        log(f"bisect: {e}")
+        refuse(f"bisect: {e}")
         return EXIT_CANNOT
     args.reports.mkdir(parents=True, exist_ok=True)
     (args.reports / f"{name}.md").write_text(markdown(finding))

@@ -8,6 +8,7 @@ step shares: how a rehearsal ends (the exit codes, :class:`BumpError`) and how p
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,11 @@ BASELINE_VENV = REPO_ROOT / ".venv"
 VENV_PREFIX = ".venv-bump-"
 
 EXIT_OK, EXIT_PUBLISHED_BROKEN, EXIT_CANNOT_REHEARSE = 0, 1, 2
+
+
+def to_stderr(line: str) -> None:
+    """Where ``make bump`` and ``make bisect`` say a refusal: stderr, apart from their progress on stdout."""
+    print(line, file=sys.stderr)
 
 
 class BumpError(RecipeError):

@@ -22,6 +22,7 @@ from harness.checks.targets import (
     check_dump_folder_target,
     check_export_target,
     check_output_dir,
+    check_replaceable_export,
     check_run_target,
 )
 from harness.checks.weights import check_config_matches_weights
@@ -308,7 +309,12 @@ def check_export_dir(opts: RunOptions) -> None:
     check_output_dir(
         export_dir, "pass an --export-dir that is a writable directory, or a new path in one"
     )
-    if export_dir.is_dir() and any(export_dir.iterdir()) and not opts.overwrite:
+    if not (export_dir.is_dir() and any(export_dir.iterdir())):
+        return
+    check_replaceable_export(
+        export_dir
+    )  # before "pass --overwrite": never advise replacing a report
+    if not opts.overwrite:
         raise PreflightError(
             f"--export-dir {export_dir} is not empty; pass --overwrite to replace it, "
             "or choose a new directory"

@@ -15,6 +15,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from harness.base import marker
+from harness.base.run_dir import RUN_FILE, read_run_json
 from harness.checks.errors import PreflightError
 from harness.options.run_options import RunOptions
 from recipes.tiers import FIXTURES, REPO_ROOT
@@ -109,10 +111,49 @@ def check_target(target: Path, what: str, opts: RunOptions, fix: str) -> None:
 
 
 def check_export_target(opts: RunOptions) -> None:
-    """``--export-dir``: written, and replaced with ``--overwrite``."""
-    if opts.export_dir is not None:
-        check_target(
-            opts.export_dir, "--export-dir", opts, "choose an --export-dir outside every input"
+    """``--export-dir``: written, and replaced with ``--overwrite``; never a going run's own export dir."""
+    if opts.export_dir is None:
+        return
+    check_target(
+        opts.export_dir, "--export-dir", opts, "choose an --export-dir outside every input"
+    )
+    target = Path(opts.export_dir).resolve()
+    for run_dir, pid in running_run_dirs().items():
+        theirs = read_run_json(run_dir).get("export_dir")
+        if theirs and Path(theirs).resolve() == target:
+            raise PreflightError(
+                f"--export-dir {target} is the --export-dir of a run still going (pid {pid}; "
+                f"{run_dir / RUN_FILE} names it); wait for it to end, or choose another --export-dir"
+            )
+
+
+def check_replaceable_export(export_dir: Path) -> None:
+    """A non-empty ``--export-dir`` may be replaced only when it is a previous export, every file of it
+    the suite's (its marker, ``harness.base.marker``); else the refusal names the file that says why."""
+    target = Path(export_dir).resolve()
+    fix = "--overwrite replaces only a previous export: choose a new --export-dir"
+    found = marker.read(target)
+    if found is not None and found["kind"] != marker.EXPORT:
+        raise PreflightError(
+            f"--export-dir {target} is a {found['kind']} directory the suite wrote "
+            f"({target / marker.MARKER} says so), not an export; {fix}"
+        )
+    for parent in target.parents:
+        if marker.kind(parent) == marker.RUN:
+            raise PreflightError(
+                f"--export-dir {target} lies inside the run directory {parent} "
+                f"({parent / marker.MARKER} says so); {fix}"
+            )
+    foreign = marker.foreign_files(target)
+    if foreign:
+        why = (
+            f"no {target / marker.MARKER}"
+            if found is None
+            else f"not listed in {target / marker.MARKER}"
+        )
+        raise PreflightError(
+            f"--export-dir {target} holds {len(foreign)} file(s) the suite did not write "
+            f"(e.g. {foreign[0]}; {why}); {fix}, or move those files away yourself"
         )
 
 

@@ -24,6 +24,7 @@ from harness.base.run_dir import (
     read_provenance,
     read_steps,
 )
+from harness.launch import deaths
 from harness.launch.child import _prctl, die_with_parent
 from harness.launch.rendezvous import RendezvousWait
 from harness.launch.speed import record_run
@@ -535,5 +536,7 @@ def failure_summary(
     why = non_finite_summary(run_dir, steps)
     if why:
         return why
-    first = first_failure(run_dir)
+    first = first_failure(run_dir) or deaths.killed_rank(run_dir)
+    if deaths.torchrun_killed(returncode):
+        return deaths.torchrun_killed(returncode) + (f"; {first}" if first else "")
     return f"torchrun exited {returncode}; {first}" if first else f"torchrun exited {returncode}"

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.base.readable import Unreadable, json_object_of, kind_of
 from harness.declare.claims import published_claims
 from harness.judge import goldens, unmeasured
 from harness.launch.speed import NIGHT_ENV
@@ -47,6 +48,18 @@ def ran_tests(report: dict, marker: str) -> list[dict]:
     return [t for t in report["tests"] if t["test"].startswith(prefix) and executed(t)]
 
 
+def read_report(path: Path) -> dict:
+    """A pytest session's report (tests.json: a "tests" list); else ``Unreadable``, one line."""
+    what, fix = "a pytest report (tests.json)", "pass the tests.json a pytest session wrote"
+    report = json_object_of(path, what, fix)
+    tests = report.get("tests")
+    if not isinstance(tests, list) or not all(
+        isinstance(t, dict) and "test" in t and "outcome" in t for t in tests
+    ):
+        raise Unreadable(f'{path} has no "tests" list of test records, so it is not {what}; {fix}')
+    return report
+
+
 def require_ran(report_path: Path, marker: str) -> int:
     if not report_path.exists():
         print(
@@ -54,7 +67,7 @@ def require_ran(report_path: Path, marker: str) -> int:
             file=sys.stderr,
         )
         return 1
-    report = json.loads(report_path.read_text())
+    report = read_report(report_path)
     ran = ran_tests(report, marker)
     selected = [t for t in report["tests"] if t["test"].startswith(f"tests/{marker}/")]
     if not ran:
@@ -109,7 +122,7 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
             file=sys.stderr,
         )
         return 1
-    report = json.loads(report_path.read_text())
+    report = read_report(report_path)
     verdicts = measured_verdicts(report)
     missing = [c for c in claims if c.name not in verdicts]
     unjudged = [
@@ -189,7 +202,7 @@ def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | 
     unless ``replace`` (new weights or data on purpose). Prints every file it changes.
     """
     goldens_dir = goldens_dir or goldens.GOLDENS_DIR
-    report = json.loads(report_path.read_text())
+    report = read_report(report_path)
     found: dict[tuple[str, str], dict[str, dict]] = {}
     for test in report.get("tests", []):
         if not executed(test):
@@ -243,7 +256,12 @@ def standing_results(report: dict) -> dict[str, dict]:
 
 def append_trend(report_path: Path, trend_path: Path) -> int:
     """One line per night: date, versions, and every golden measurement with its verdict."""
-    report = json.loads(report_path.read_text())
+    report = read_report(report_path)
+    kind = kind_of(trend_path) if os.path.lexists(trend_path) else None
+    if kind is not None:
+        raise Unreadable(
+            f"{trend_path} is {kind}, not a trend file; pass a JSON-lines file to append the night to"
+        )
     night = os.environ.get(
         NIGHT_ENV
     )  # set by the nightly: the night's run records share it (harness history)
@@ -289,13 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     trend.add_argument("report", type=Path)
     trend.add_argument("trend_file", type=Path)
     args = parser.parse_args(argv)
-    if args.command == "require-ran":
-        return require_ran(args.report, args.marker)
-    if args.command == "require-claims":
-        return require_claims(args.report, args.tier)
-    if args.command == "record-inputs":
-        return record_inputs(args.report, args.replace)
-    return append_trend(args.report, args.trend_file)
+    try:
+        if args.command == "require-ran":
+            return require_ran(args.report, args.marker)
+        if args.command == "require-claims":
+            return require_claims(args.report, args.tier)
+        if args.command == "record-inputs":
+            return record_inputs(args.report, args.replace)
+        return append_trend(args.report, args.trend_file)
+    except Unreadable as e:
+        print(f"python -m harness.night.ci: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

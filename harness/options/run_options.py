@@ -20,6 +20,8 @@ from typing import Annotated
 import tyro
 
 from harness.base.run_dir import RUN_FILE
+from harness.options.mapped import check_one_value
+from harness.options.paths import HARNESS_PATH_OPTIONS, check_given_paths
 from recipes.registry import DEFAULT_RECIPE
 from recipes.tiers import REPO_ROOT, TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
@@ -187,10 +189,10 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
         tyro.cli, RunCommand, args=argv, prog="python -m harness run", return_unknown_args=True
     )
     if on_parse_error is None:  # an older tyro: its own box
-        return parse()
+        return checked_paths(argv, parse())
     try:
         with on_parse_error(refuse):
-            return parse()
+            return checked_paths(argv, parse())
     except ParseRefused as refused:
         try:
             what = describe(refused.event, argv, lambda flag: None)
@@ -200,6 +202,14 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
         ) as e:  # the event is tyro's private API: a new tyro may reshape it
             what = f"{type(refused.event).__name__} (tyro's event could not be read: {e})"
         raise RecipeError(f"{what}; see python -m harness run --help") from None
+
+
+def checked_paths(argv: list[str], parsed: tuple) -> tuple:
+    """``parsed``, once every path ``argv`` names (the harness's and torchtitan's) is one a run can take
+    and no harness option differs from the torchtitan option it sets (``harness.options.mapped``)."""
+    check_given_paths(argv, HARNESS_PATH_OPTIONS + TITAN_PATH_OPTIONS)
+    check_one_value(argv, parsed[1])
+    return parsed
 
 
 #: torchtitan options that name a file or directory (``checkpoint.folder`` is inside the dump folder by design).

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from harness.base import marker
 from harness.base.run_dir import CHECKPOINT_DIR, EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.base.run_dir)
 from harness.options.run_options import RunOptions
 from recipes.specs import read_hf_config
@@ -145,6 +146,13 @@ def publish(source: Path, target: Path, overwrite: bool) -> None:
         if target.exists():
             if any(target.iterdir()) and not overwrite:
                 raise FileExistsError(f"{target} is not empty; pass --overwrite to replace it")
+            foreign = marker.foreign_files(target)
+            if any(target.iterdir()) and (marker.kind(target) != marker.EXPORT or foreign):
+                raise FileExistsError(
+                    f"{target} is not a previous export the suite wrote (see {target / marker.MARKER}"
+                    f"{f'; e.g. {foreign[0]} is not listed there' if foreign else ''}); --overwrite "
+                    "replaces only a previous export: choose a new --export-dir"
+                )
             retired = target.with_name(f".{target.name}.old")
             shutil.rmtree(retired, ignore_errors=True)
             os.replace(target, retired)
@@ -171,6 +179,7 @@ def finish_export(opts: RunOptions, config) -> Path:
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy2(tokenizer_dir / name, staging / name)
+    marker.mark_export(staging)
     shutil.rmtree(export, ignore_errors=True)
     os.replace(staging, export)
     if opts.export_dir is not None:

@@ -1,6 +1,7 @@
 """Test-only fault injection: make one rank die, hang or produce a NaN loss at a given step.
 
-Set ``QWEN3_REPRO_FAULT=KIND@RANK:STEP`` (``die@1:2``, ``hang@1:2``, ``nan@0:2``)
+Set ``QWEN3_REPRO_FAULT=KIND@RANK:STEP`` (``die@1:2``, ``hang@1:2``, ``nan@0:2``, ``kill@1:1``: SIGKILL,
+as the kernel's OOM killer ends a rank)
 in a rank's environment; step 0 is the rank's start, before the trainer is built and before rank 0
 writes provenance.json (``die@0:0``: a run whose ranks fail before any record). The launcher's tests
 use it to prove that failures end the run within a bounded time, with the failing rank's log lines,
@@ -10,12 +11,13 @@ and leave no process behind. Unset, nothing here runs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
 
 ENV = "QWEN3_REPRO_FAULT"
-KINDS = ("die", "hang", "nan")
+KINDS = ("die", "hang", "nan", "kill")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ def _fire(fault: Fault, rank: int, trainer) -> None:
     )
     if fault.kind == "die":
         os._exit(17)
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if fault.kind == "hang":
         while True:
             time.sleep(3600)

@@ -44,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.base.readable import kind_of
 from harness.rank.first_batch import (  # noqa: F401 -- the record's names, where the reference's users look for them
     ATTENTIONS,
     IGNORE_INDEX,
@@ -229,10 +230,27 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
-    result = check_run_dir(Path(args.what), always_diagnose=args.diagnose, localize=args.localize)
+    refused = "python -m harness.reference: error: "
+    run_dir = Path(args.what)
+    if not run_dir.is_dir():
+        what = "a file" if run_dir.is_file() else (kind_of(run_dir) or "not a directory")
+        print(
+            f"{refused}{args.what} is {what}, not a run directory; pass REPORT_DIR/runs/NAME, or 'cost'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = check_run_dir(run_dir, always_diagnose=args.diagnose, localize=args.localize)
+    except (ReferenceError, OSError, ValueError) as e:
+        print(
+            f"{refused}{e}; the reference scores a run that recorded its step 1: pass such a run directory",
+            file=sys.stderr,
+        )
+        return 2
     if result is None:
         print(
-            f"{args.what} recorded no first batch (random init, or TP/CP/PP > 1)", file=sys.stderr
+            f"{refused}{args.what} recorded no first batch (random init, or TP/CP/PP > 1)",
+            file=sys.stderr,
         )
         return 2
     print(summary(result))

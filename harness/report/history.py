@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.base.readable import Unreadable, text_of
 from harness.launch.speed import NEFF_STATES, SPEED_FIGURES
 from recipes.tiers import rehearsal_mark
 
@@ -54,12 +55,15 @@ class Plot:
 
 def read_lines(path: Path) -> list[dict]:
     """The records of ``path``, in file order (blank lines skipped)."""
-    if not path.is_file():
-        raise HistoryError(
-            f"{path}: no such file; pass a runs log ($QWEN3_RUNS_LOG) or benchmarks/history.jsonl"
+    try:
+        text = text_of(
+            path,
+            "a runs log",
+            "pass a runs log ($QWEN3_RUNS_LOG), a nightly trend file or benchmarks/history.jsonl",
         )
+    except Unreadable as e:
+        raise HistoryError(str(e)) from None
     records = []
-    text = path.read_text()
     lines = text.splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():

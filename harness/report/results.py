@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+from harness.base import marker
 from harness.base.environment import cpu_fingerprint, cpu_model, torchtitan_neuron, versions  # noqa: F401 -- in every report
 from harness.base.run_dir import provenance_state
 from harness.declare.published import CLAIMS, SOURCE
@@ -50,6 +51,8 @@ def load(report_dir: Path) -> dict:
 def save(report_dir: Path, report: dict, replot: bool = True) -> Path:
     """Write results.json, the loss plots (unless ``replot`` is False: no run changed) and results.md."""
     report_dir.mkdir(parents=True, exist_ok=True)
+    replotted = list(curve_files(report["runs"]).values()) if replot else []
+    marker.keep_foreign(report_dir, [RESULTS_MD, *replotted], "harness.report.results")
     report["versions"] = versions()
     path = report_dir / RESULTS_JSON
     tmp = path.with_suffix(".json.tmp")
@@ -59,6 +62,7 @@ def save(report_dir: Path, report: dict, replot: bool = True) -> Path:
         plot_loss_curves(report_dir, report["runs"]) if replot else curve_files(report["runs"])
     )
     (report_dir / RESULTS_MD).write_text(markdown(report))
+    marker.record(report_dir, marker.REPORT, [RESULTS_JSON, RESULTS_MD, *replotted])
     return path
 
 

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -178,9 +180,72 @@ def a_file(text: str = "not a directory", name: str = "report.txt"):
 
 
 def previous_export(root: Path) -> Path:
+    """An export an earlier run published: its files and the suite's marker listing them."""
+    from harness.base import marker
+
     (root / "export").mkdir()
-    (root / "export" / "keep.txt").write_text("a previous export")
+    (root / "export" / "config.json").write_text("{}")
+    (root / "export" / "model.safetensors").write_text("a previous export")
+    marker.mark_export(root / "export")
     return root / "export"
+
+
+def export_with_a_foreign_file(root: Path) -> Path:
+    """A previous export, and a file the user put there after it."""
+    path = previous_export(root)
+    (path / "notes.txt").write_text("the user's own notes")
+    return path
+
+
+def foreign_dir(root: Path) -> Path:
+    """A directory of the user's own, with no marker: nothing in it is the suite's."""
+    (root / "mine").mkdir()
+    (root / "mine" / "thesis.tex").write_text("the user's own file")
+    return root / "mine"
+
+
+def earlier_report(root: Path) -> Path:
+    """A report directory as ``python -m harness run`` leaves it: results, runs/ with a run directory."""
+    from harness.base import run_dir
+    from harness.report import results
+
+    path = root / "old-report"
+    results.update(path)
+    run = run_dir.claim(path / "runs", "r-20260101-000000")
+    (run / run_dir.RUN_FILE).write_text("{}")
+    return path
+
+
+def unmarked_report(root: Path) -> Path:
+    """A report directory written before the suite marked its directories: no marker anywhere."""
+    path = root / "old-report"
+    (path / "runs" / "r-1").mkdir(parents=True)
+    (path / "results.json").write_text('{"runs": []}')
+    (path / "results.md").write_text("# results")
+    (path / "runs" / "r-1" / "run.json").write_text("{}")
+    return path
+
+
+def symlink_loop(root: Path) -> Path:
+    """A symlink to itself: ``Path.resolve()`` raises ``RuntimeError: Symlink loop``."""
+    os.symlink("loop", root / "loop")
+    return root / "loop"
+
+
+def fifo(root: Path) -> Path:
+    os.mkfifo(root / "fifo")
+    return root / "fifo"
+
+
+def unix_socket(root: Path) -> Path:
+    """A Unix socket's file (left when its socket is closed)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(root / "sock"))
+    return root / "sock"
+
+
+def earlier_run_dir(root: Path) -> Path:
+    return earlier_report(root) / "runs" / "r-20260101-000000"
 
 
 def report_with_a_runs_file(root: Path) -> Path:
@@ -234,7 +299,12 @@ def digests(*roots: Path) -> dict[str, str]:
         for p in paths:
             if "__pycache__" in p.parts or not p.exists():
                 continue
-            found[str(p)] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_dir():
+                found[str(p)] = "dir"
+            elif not p.is_file():  # a FIFO, socket or device: never opened (a FIFO's read blocks)
+                found[str(p)] = f"special {stat.S_IFMT(p.stat().st_mode):o}"
+            else:
+                found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return found
 
 

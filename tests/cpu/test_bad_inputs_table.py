@@ -148,6 +148,150 @@ ROWS = [
         build=b.copies,
         guarded=("{live}",),
     ),
+    # issue 46 item 1: --overwrite replaces a previous export and nothing else, naming the file that says so
+    Row(
+        "overwrite-an-earlier-report-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        (
+            "--export-dir {path} is a report directory",
+            "{path}/.qwen3-repro.json",
+            "--overwrite replaces only a previous export",
+            "choose a new --export-dir",
+        ),
+        build=b.earlier_report,
+        today="the report (results.json, results.md, runs/ with checkpoints and logs) deleted without a word",
+    ),
+    Row(
+        "overwrite-an-unmarked-report-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        (
+            "--export-dir {path} holds 3 file(s) the suite did not write",
+            "{path}/results.json",
+            "no {path}/.qwen3-repro.json",
+            "--overwrite replaces only a previous export",
+        ),
+        build=b.unmarked_report,
+        today="the report deleted without a word",
+    ),
+    Row(
+        "overwrite-a-run-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        ("--export-dir {path} is a run directory", "{path}/.qwen3-repro.json"),
+        build=b.earlier_run_dir,
+        today="the run's checkpoints, steps and logs deleted without a word",
+    ),
+    Row(
+        "overwrite-a-users-own-dir",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        ("--export-dir {path} holds 1 file(s) the suite did not write", "{path}/thesis.tex"),
+        build=b.foreign_dir,
+        today="the user's directory deleted without a word",
+    ),
+    Row(
+        "overwrite-an-export-holding-a-foreign-file",
+        2,
+        (*PLAIN, "--export-dir", "{path}", *TO_INPUT),
+        (
+            "--export-dir {path} holds 1 file(s) the suite did not write",
+            "{path}/notes.txt",
+            "not listed in {path}/.qwen3-repro.json",
+        ),
+        build=b.export_with_a_foreign_file,
+        today="the previous export and the user's notes.txt in it deleted without a word",
+    ),
+    Row(
+        "overwrite-the-export-dir-of-a-going-run",
+        2,
+        (*PLAIN, "--export-dir", "{live}/../../export", *TO_INPUT),
+        (
+            "is the --export-dir of a run still going (pid",
+            "{live}/run.json",
+            "wait for it to end",
+        ),
+        build=b.copies,
+        guarded=("{live}",),
+        today="trained, then published over the going run's export",
+    ),
+    # issue 46 item 2: every path an option names, resolved without a traceback
+    *(
+        Row(
+            f"{flag[2:]}-{name}",
+            2,
+            (*PLAIN, flag, value),
+            (f"{flag} {value} is {kind}", f"point {flag} at a directory"),
+            stage="options",
+            build=build,
+            today=today,
+        )
+        for flag, name, value, kind, build, today in [
+            (
+                "--dataset-dir",
+                "a-symlink-loop",
+                "{path}",
+                "a symlink loop",
+                b.symlink_loop,
+                "RuntimeError: Symlink loop traceback from Path.resolve(), exit 1",
+            ),
+            (
+                "--report-dir",
+                "a-symlink-loop",
+                "{path}",
+                "a symlink loop",
+                b.symlink_loop,
+                "RuntimeError: Symlink loop traceback from Path.resolve() in harness/__main__.py, exit 1",
+            ),
+            (
+                "--hf_assets_path",
+                "a-symlink-loop",
+                "{path}",
+                "a symlink loop",
+                b.symlink_loop,
+                "RuntimeError: Symlink loop traceback, exit 1",
+            ),
+            (
+                "--dataset-dir",
+                "a-fifo",
+                "{path}",
+                "a FIFO (named pipe)",
+                b.fifo,
+                "refused as 'is a file, not a directory'",
+            ),
+            (
+                "--model-dir",
+                "a-socket",
+                "{path}",
+                "a socket",
+                b.unix_socket,
+                "refused as 'is a file, not a directory'",
+            ),
+            (
+                "--tokenizer-dir",
+                "a-device",
+                "/dev/null",
+                "a character device",
+                None,
+                "refused as 'is a file, not a directory'",
+            ),
+        ]
+    ),
+    *(
+        Row(
+            f"{flag[2:]}-an-empty-string",
+            2,
+            (*PLAIN, flag, ""),
+            (f"{flag} is given an empty path ''", f"pass {flag} a directory path"),
+            stage="options",
+            today=today,
+        )
+        for flag, today in [
+            ("--report-dir", "wrote results.json, results.md and runs/ into the repository root"),
+            ("--export-dir", "read as the current directory"),
+        ]
+    ),
     Row(
         "report-dir-inside-the-dataset-dir",
         2,
@@ -821,6 +965,35 @@ ROWS = [
         build=b.model(num_attention_heads=8, head_dim=16),
         from_inputs=True,
     ),
+    # issue 46 item 5: a harness option and the torchtitan option it sets, given different values
+    *(
+        Row(
+            f"{ours[2:]}-and-{theirs[2:]}-differ",
+            7,
+            (*PLAIN, *extra, ours, a, theirs, b_),
+            (
+                f"{ours} {a} and {theirs} {b_} set the same torchtitan option",
+                "give only one of them",
+            ),
+            stage="options",
+            build=build,
+            today=f"ran with {theirs} {b_}, no word",
+        )
+        for ours, a, theirs, b_, extra, build in [
+            ("--steps", "2", "--training.steps", "3", (), None),
+            ("--seq-len", "128", "--training.seq_len", "64", (), None),
+            ("--local-batch-size", "2", "--training.local_batch_size", "4", (), None),
+            ("--seed", "1", "--debug.seed", "2", (), None),
+            (
+                "--dataset-dir",
+                "{data}",
+                "--dataloader.dataset_path",
+                "{repo}/fixtures/corpus",
+                (),
+                b.copies,
+            ),
+        ]
+    ),
     # the command line and the tier
     Row("unknown-recipe", 7, ("qwen9_native",), ("qwen9_native", "native_qwen3"), fresh=True),
     Row("unknown-tier", 7, ("native_qwen3", "--tier", "tpu"), ("'tpu'", "cpu, trn2")),
@@ -949,6 +1122,74 @@ ELSEWHERE = [
         None,
         "a line cut short is not a step",
         RS + "test_the_band_lane_reads_the_steps_a_killed_rank_left",
+    ),
+    # issue 46 item 1: what the suite did not write is kept, and said
+    Elsewhere(
+        "report-dir-holding-a-foreign-results-md",
+        2,
+        "report",
+        None,
+        "kept as results.md.foreign-1",
+        RS + "test_a_results_md_the_suite_did_not_write_is_kept_aside_and_said",
+    ),
+    Elsewhere(
+        "run-dir-carries-its-marker",
+        2,
+        "checks",
+        None,
+        "",
+        RS + "test_every_directory_the_suite_writes_says_what_wrote_it",
+    ),
+    Elsewhere(
+        "overwrite-at-publish-of-a-foreign-file",
+        2,
+        "training",
+        None,
+        "notes.txt is not listed there",
+        "test_export_safety::test_overwrite_at_publish_refuses_a_directory_the_suite_did_not_write",
+    ),
+    # issue 46 item 3: every reader and tool refuses a bad file in one line on stderr, exit 2
+    *(
+        Elsewhere(
+            f"tool-{case}",
+            1,
+            "checks",
+            2,
+            "one line on stderr naming the file, what it is and the fix",
+            f"test_tools_refuse::test_a_tool_refuses_a_bad_file_in_one_line_on_stderr[{case}]",
+        )
+        for case in (
+            *(f"history-{w}" for w in ("empty", "binary", "directory", "fifo", "foreign")),
+            *(f"ci-{w}" for w in ("empty", "binary", "directory", "fifo", "foreign", "list")),
+            "ci-trend-a-directory",
+            *(f"benchmarks-{w}" for w in ("binary", "directory", "foreign")),
+            "reference-failed-run",
+            "reference-a-file",
+            "bump-refused-pin",
+        )
+    ),
+    # issue 46 item 4: a rank ended by a signal is named with it, the OOM killer where the kernel says so
+    Elsewhere(
+        "a-rank-killed-by-sigkill",
+        1,
+        "training",
+        1,
+        "FAILED: ... torchrun exited 1; rank 1 was killed by SIGKILL (signal 9, pid N)",
+        "test_faults::test_a_rank_killed_by_a_signal_is_named_with_it",
+    ),
+    *(
+        Elsewhere(
+            f"oom-killer-named-from-the-{where}",
+            1,
+            "report",
+            None,
+            "; the kernel's OOM killer sent it (kernel log: ...)",
+            f"test_rank_deaths::test_the_oom_killer_is_named_when_the_{test}",
+        )
+        for where, test in (
+            ("kernel-log", "kernel_log_says_so"),
+            ("cgroup", "cgroup_counts_a_new_kill"),
+        )
     ),
     # 3: two runs never share a run directory
     Elsewhere(
@@ -1169,7 +1410,8 @@ def going_run(tmp_path):
 
     live = tmp_path / "elsewhere" / "runs" / "going"
     live.mkdir(parents=True)
-    (live / run_dir.RUN_FILE).write_text("{}\n")
+    export = str(live.parent.parent / "export")
+    (live / run_dir.RUN_FILE).write_text(json.dumps({"export_dir": export}) + "\n")
     env = {**os.environ, run_dir.RUN_DIR_ENV: str(live)}
     out = subprocess.run(
         ["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"],
@@ -1243,9 +1485,9 @@ def test_the_table_counts_every_case_once():
     assert all(r.stage in STAGES and 1 <= r.point <= 9 for r in rows)
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
-        "a reader or unit, no command": 23,
-        "refused before launch": 92,
-        "stopped after launch, reported": 8,
+        "a reader or unit, no command": 28,
+        "refused before launch": 129,
+        "stopped after launch, reported": 9,
         "works": 7,
     }, counts
     assert sorted({r.point for r in rows}) == list(range(1, 10)), (
@@ -1284,7 +1526,7 @@ def test_after_the_failing_rows_a_second_run_into_the_same_report_dir_succeeds(
     shared = tmp_path / "shared-report"
     live = request.getfixturevalue("going_run")
     into_shared = [r for r in ROWS if not (r.fresh or r.command or "--report-dir" in r.args)]
-    assert len(into_shared) == 79, (
+    assert len(into_shared) == 96, (
         "every row but those with a report dir or a command line of their own"
     )
     for row in into_shared:

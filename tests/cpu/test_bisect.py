@@ -226,7 +226,7 @@ def test_bad_input_is_refused_in_one_line_before_any_point_runs(tmp_path, args, 
         "--venv",
         str(tmp_path / "v"),
     ]
-    assert main(argv, log=lines.append) == EXIT_CANNOT
+    assert main(argv, log=pytest.fail, refuse=lines.append) == EXIT_CANNOT
     assert len(lines) == 1 and lines[0].startswith("bisect: ") and message in lines[0], lines
     assert not (tmp_path / "v").exists()
 

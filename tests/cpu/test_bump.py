@@ -99,7 +99,8 @@ def test_bad_pins_are_refused_in_one_line(specs, message, capsys):
     with pytest.raises(BumpError, match=message):
         plan(specs)
     assert main(["--dry-run", *specs]) == EXIT_CANNOT_REHEARSE
-    assert message in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert message in out.err and message not in out.out, "a refusal goes to stderr"
 
 
 def test_requirements_in_gets_the_bumped_pins():

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from harness.base import marker as written_by
 from harness.rank import export
 from recipes.tiers import REPO_ROOT
 
@@ -15,6 +16,7 @@ def make_export(path, marker: str):
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
     (path / "model.safetensors").write_text(marker)
+    written_by.mark_export(path)
     return path
 
 
@@ -58,6 +60,16 @@ def test_overwrite_replaces_and_refusal_keeps(tmp_path):
     assert (target / "model.safetensors").read_text() == "previous"
     export.publish(source, target, overwrite=True)
     assert (target / "model.safetensors").read_text() == "new"
+
+
+def test_overwrite_at_publish_refuses_a_directory_the_suite_did_not_write(tmp_path):
+    """The rank's publish keeps the rule the checks apply before launch: a foreign file is never replaced."""
+    target = make_export(tmp_path / "export", "previous")
+    (target / "notes.txt").write_text("the user's")
+    source = make_export(tmp_path / "new", "new")
+    with pytest.raises(FileExistsError, match="notes.txt is not listed there"):
+        export.publish(source, target, overwrite=True)
+    assert (target / "notes.txt").read_text() == "the user's"
 
 
 SOURCES = [

@@ -133,6 +133,17 @@ def test_a_rank_that_dies_mid_run_fails_the_run_with_its_log_lines(
     assert_none_left(failed.watch, rank_start)
 
 
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_named_with_it(tmp_path, monkeypatch, rank_start):
+    """Issue 46 item 4: a SIGKILLed rank (what the OOM killer sends) is reported with the signal, not only
+    'torchrun exited 1'."""
+    failed = launch_with_fault(tmp_path, monkeypatch, "kill@1:1", timeout_s=240)
+    assert "rank 1 was killed by SIGKILL (signal 9, pid " in failed.error.summary, (
+        failed.error.summary
+    )
+    assert_none_left(failed.watch, rank_start)
+
+
 #: Test-only stall limit for the hang (``launch(stall_timeout_s=...)``): no new step for this
 #: long after step 1 ends the run. A step takes ~0.4 s here (a few s on a loaded 2-core runner),
 #: so 10 s leaves room; the whole launch's timeout (tested in test_platform.py) would have to

@@ -68,9 +68,11 @@ def test_fields_the_harness_sets_survive_run_json():
 
 def test_every_option_survives_the_cli_and_run_json():
     opts = RunOptions(**NON_DEFAULT)
-    command, torchtitan = parse_run_command([*command_line(opts), "--training.steps", "3"])
+    command, torchtitan = parse_run_command(
+        [*command_line(opts), "--lr_scheduler.warmup_steps", "3"]
+    )
     assert command.options() == opts
-    assert torchtitan == ["--training.steps", "3"]
+    assert torchtitan == ["--lr_scheduler.warmup_steps", "3"]
     assert RunOptions.from_json(opts.to_json()) == opts
 
 
@@ -178,3 +180,11 @@ def test_threads_must_be_positive():
         match=r"^RunOptions\.threads \(set by the harness\) must be a positive integer, got 0$",
     ):
         preflight(RunOptions(threads=0))  # a field, not a flag: there is no --threads
+
+
+def test_a_harness_option_and_its_torchtitan_option_may_agree():
+    """Issue 46 item 5's control: the same value given both ways is no override."""
+    from harness.options.mapped import check_one_value
+
+    check_one_value(["run", "x", "--steps", "3"], ["--training.steps", "3"])
+    check_one_value(["--seq-len=64"], ["--training.seq-len", "64"])

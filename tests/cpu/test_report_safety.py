@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.base import run_dir
+from harness.base import marker, run_dir
 from harness.launch.lifecycle import RunResult
 from harness.report import results as report
 from recipes.tiers import REPO_ROOT
@@ -165,6 +165,26 @@ def test_an_unreadable_results_json_is_kept_aside_and_the_report_starts_again(tm
     )
     assert len(json.loads((tmp_path / report.RESULTS_JSON).read_text())["runs"]) == 1
     assert f"kept as {kept.name}" in capsys.readouterr().err
+
+
+def test_a_results_md_the_suite_did_not_write_is_kept_aside_and_said(tmp_path, capsys):
+    """Issue 46 item 1: a report dir's own files are replaced only when the suite wrote them."""
+    (tmp_path / report.RESULTS_MD).write_text("# my own notes\n")
+    report.update(tmp_path, runs=[failed_before_provenance(tmp_path)])
+    kept = tmp_path / f"{report.RESULTS_MD}.foreign-1"
+    assert kept.read_text() == "# my own notes\n", "the foreign results.md is kept, unchanged"
+    assert f"kept as {kept.name}" in capsys.readouterr().err
+    assert marker.kind(tmp_path) == marker.REPORT
+    report.update(tmp_path)  # the suite's own results.md is replaced, nothing more set aside
+    assert not (tmp_path / f"{report.RESULTS_MD}.foreign-2").exists()
+    assert capsys.readouterr().err == ""
+
+
+def test_every_directory_the_suite_writes_says_what_wrote_it(tmp_path):
+    run = run_dir.claim(tmp_path / "runs", "r-20260101-000000")
+    assert marker.kind(run) == marker.RUN
+    run_dir.release(run)
+    assert not run.exists(), "a run that never started leaves nothing, its marker included"
 
 
 # --- two runs never share a run directory ------------------------------------------------------------
