@@ -59,7 +59,8 @@ STANDINS ?= $(CURDIR)/.rehearsal-standins
 # Each behaviour of the real packages no cited source confirms is a stand-in switch (rehearsal/settings.py
 # SWITCHES): the night runs with every switch at its default, then with these flipped. DEVICE_RANDOM=0 (the
 # public copy's CPU-generator fallback) is not flipped: under it DTensor's trunc_normal_ never returns.
-REHEARSAL_FLIPPED ?= --switch QWEN3_STANDIN_AUTOLOAD=0 --switch QWEN3_STANDIN_LOCAL_RANK_CORES=0
+REHEARSAL_FLIPPED ?= --switch QWEN3_STANDIN_AUTOLOAD=0 --switch QWEN3_STANDIN_LOCAL_RANK_CORES=0 \
+	--switch QWEN3_STANDIN_WRAP_NKI_CONTIGUOUS=1 --switch QWEN3_STANDIN_WRAP_NKI_RETURNS_ARGUMENT=0
 
 rehearse-trn2: venv
 	$(PY) -m rehearsal.standins build --out $(STANDINS)

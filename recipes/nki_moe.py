@@ -16,7 +16,9 @@ recipes, package ``torchtitan_neuron``; not public, so not read here). On the tr
 tier config 3 is built from that function with the tutorial's arguments whenever it
 is importable (:func:`fork_config`); :func:`qwen3_nki_moe_config` below is the suite's
 twin of it, rebuilt from upstream names, and the only config 3 of the cpu tier. Which
-one a run built is :func:`config_source`; the harness compares the two.
+one a run built is :func:`config_source`; the harness compares the two. A rehearsal of the night takes the
+fork's function too (rehearsal/fork.py's stand-in) and shrinks what it returns to the seam's sizes
+(:func:`shrunk_for_tier`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from recipes.kernels.rope import sliced_rope
-from recipes.specs import sized_spec
+from recipes.specs import shrink_model, sized_spec
 from recipes.tiers import AS_PUBLISHED, TIERS, MoEDims
 from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
@@ -124,11 +126,22 @@ def twin_config(tier: str, *, as_published: bool = False):
 
 
 def uses_fork(tier: str) -> bool:
-    """Config 3 comes from the fork's function on the full-size (trn2) tier whenever it is importable."""
-    from recipes.tiers import TIERS
+    """Config 3 comes from the fork's function on the full-size (trn2) tier whenever it is importable, in a
+    rehearsal too (which shrinks it: :func:`nki_moe`), as the real night does."""
     from recipes.titan import optional
 
-    return TIERS[tier].full_size_models and optional("qwen3_nki_moe_config")[0] is not None
+    return AS_PUBLISHED[tier].full_size_models and optional("qwen3_nki_moe_config")[0] is not None
+
+
+def shrunk_for_tier(config, tier: str):
+    """``config`` (the fork's, at 30B-A3B's widths) at ``tier``'s sizes: unchanged where the tier builds the
+    full-size models, the seam's tiny MoE in a rehearsal (every module class the fork chose kept)."""
+    if TIERS[tier].full_size_models:
+        return config
+    full = moe_dims(tier, as_published=True, **TUTORIAL_KWARGS)
+    small = moe_dims(tier, **TUTORIAL_KWARGS)
+    shrink_model(config.model_spec.model, full, small)
+    return config
 
 
 def config_source(tier: str) -> str:
@@ -141,9 +154,12 @@ def config_source(tier: str) -> str:
 def nki_moe(inputs: RecipeInputs):
     """``qwen3_nki_moe_config("30B-A3B", n_layers=4, num_experts=64, top_k=4)`` at the tutorial's launch.
 
-    On trn2 the fork's own function when importable, else (and always on cpu) the twin.
+    On trn2 the fork's own function when importable (shrunk to the seam's sizes in a rehearsal), else (and
+    always on cpu) the twin.
     """
     config = fork_config()[0] if uses_fork(inputs.tier) else None
+    if config is not None:
+        config = shrunk_for_tier(config, inputs.tier)
     return tutorial_settings(config if config is not None else twin_config(inputs.tier), inputs)
 
 

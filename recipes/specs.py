@@ -204,6 +204,116 @@ def sized_spec(base_flavor: str, dims: DenseDims, name: str):
     return spec
 
 
+#: Which of a Qwen3-MoE's sizes each size field of a model config tree may carry (torchtitan 0.3.0's Qwen3Model,
+#: GQAttention, FusedQKVLinear, Linear, Embedding, RMSNorm, CosSinRoPE, MoE, GroupedExperts, router and dispatcher
+#: configs); a field of another name is not a size and is left alone.
+_SIZE_FIELDS = {
+    "vocab_size": ("vocab",),
+    "num_embeddings": ("vocab",),
+    "dim": ("hidden", "head_dim"),
+    "embedding_dim": ("hidden",),
+    "normalized_shape": ("hidden", "head_dim"),
+    "in_features": ("hidden", "attn_out"),
+    "out_features": ("vocab", "hidden", "qkv_out", "experts"),
+    "head_dim": ("head_dim",),
+    "n_heads": ("heads",),
+    "n_kv_heads": ("kv_heads",),
+    "hidden_dim": ("moe_hidden",),
+    "max_seq_len": ("max_pos",),
+    "num_experts": ("experts",),
+    "top_k": ("top_k",),
+}
+
+
+def _sizes(d: MoEDims) -> dict[str, int]:
+    return {
+        "vocab": d.vocab_size,
+        "hidden": d.hidden_size,
+        "head_dim": d.head_dim,
+        "heads": d.num_attention_heads,
+        "kv_heads": d.num_key_value_heads,
+        "qkv_out": (d.num_attention_heads + 2 * d.num_key_value_heads) * d.head_dim,
+        "attn_out": d.num_attention_heads * d.head_dim,
+        "moe_hidden": d.moe_intermediate_size,
+        "max_pos": d.max_position_embeddings,
+        "experts": d.num_experts,
+        "top_k": d.num_experts_per_tok,
+        "heads_per_kv": d.num_attention_heads // d.num_key_value_heads,
+    }
+
+
+#: Sizes an init function may close over (torchtitan 0.3.0 models/common/config_utils.py ``_fused_qkv_param_init``:
+#: the fused wqkv's init draws q, k, v at the sizes it was built with).
+_SIZE_CELLS = {
+    "n_heads": "heads",
+    "n_kv_heads": "kv_heads",
+    "head_dim": "head_dim",
+    "heads_per_kv": "heads_per_kv",
+}
+
+
+def _shrunk_init(fn, big: dict, tiny: dict):
+    """``fn`` again, each size it closes over (:data:`_SIZE_CELLS`) at ``tiny``'s value; ``fn`` when it has none."""
+    import types
+
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    sized = {
+        name: cell
+        for name, cell in cells.items()
+        if name in _SIZE_CELLS and cell.cell_contents == big[_SIZE_CELLS[name]]
+    }
+    if not sized:
+        return fn
+    closure = tuple(
+        types.CellType(tiny[_SIZE_CELLS[name]]) if name in sized else cell
+        for name, cell in cells.items()
+    )
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    new.__qualname__, new.__kwdefaults__ = fn.__qualname__, fn.__kwdefaults__
+    return new
+
+
+def shrink_model(model_config, full: MoEDims, small: MoEDims, path: str = "model") -> None:
+    """In place: every size ``full`` has in ``model_config``'s tree becomes ``small``'s, every class kept.
+
+    A rehearsal shrinks whichever config a recipe gets this way (config 3 from the fork's own function,
+    whose sizes are 30B-A3B's): the modules the night launches are the fork's, at the seam's sizes, and so are the
+    sizes an init function closes over (the fused wqkv's). A size field holding none of ``full``'s sizes is refused
+    by its path: the rehearsal would not know its value.
+    """
+    import dataclasses
+    import types
+
+    if isinstance(model_config, list):
+        for i, item in enumerate(model_config):
+            shrink_model(item, full, small, f"{path}[{i}]")
+        return
+    if not dataclasses.is_dataclass(model_config) or isinstance(model_config, type):
+        return
+    big, tiny = _sizes(full), _sizes(small)
+    for f in dataclasses.fields(model_config):
+        value = getattr(model_config, f.name)
+        if f.name in _SIZE_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+            names = [q for q in _SIZE_FIELDS[f.name] if big[q] == value]
+            if not names:
+                raise RecipeError(
+                    f"{path}.{f.name}={value}: none of the full-size model's "
+                    f"{', '.join(f'{q}={big[q]}' for q in _SIZE_FIELDS[f.name])}; cannot shrink it"
+                )
+            setattr(model_config, f.name, tiny[names[0]])
+        elif f.name == "param_init" and isinstance(value, dict):
+            setattr(
+                model_config,
+                f.name,
+                {
+                    k: _shrunk_init(v, big, tiny) if isinstance(v, types.FunctionType) else v
+                    for k, v in value.items()
+                },
+            )
+        elif dataclasses.is_dataclass(value) or isinstance(value, list):
+            shrink_model(value, full, small, f"{path}.{f.name}")
+
+
 def truncated_spec(flavor: str, n_layers: int, attn_backend: str = "sdpa"):
     """The real flavor's widths and vocab with only the first ``n_layers`` layers."""
     spec = qwen3_spec(flavor, attn_backend)

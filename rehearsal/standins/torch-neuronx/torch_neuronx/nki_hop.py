@@ -15,7 +15,8 @@ The stand-in runs the kernel eagerly: it calls ``nki_kernel`` (the stand-in ``nk
 body computes with torch) with the launch grid set, instead of tracing it to a NEFF. As a kernel reads
 and writes device memory directly, the body gets the neuron tensors' CPU payloads (no per-op dispatch
 through the stand-in device); what it returns is handed back on ``neuron``, an output argument it wrote
-and returned as the very tensor the caller passed.
+and returned as the very tensor the caller passed (switch ``QWEN3_STANDIN_WRAP_NKI_RETURNS_ARGUMENT``; whether
+``wrap_nki`` makes the kernel's inputs contiguous is the switch ``QWEN3_STANDIN_WRAP_NKI_CONTIGUOUS``).
 """
 
 from __future__ import annotations
@@ -86,17 +87,44 @@ class NKIHOPCaller:
         return _on_device_memory(kernel[self.grid], combined)
 
 
+#: Switch (rehearsal/settings.py SWITCHES): "1" hands the kernel packed copies of its non-contiguous tensors, as
+#: the public development copy's argument processor does when its prologue is off
+#: (parmoham-aws/test-repo-parmoham torch_neuronx/python_ops/processors/argument_processor.py:96-98); with the
+#: prologue on (its default) what reaches an NKI kernel is not read anywhere public. "0" (default, strict): the
+#: kernel gets the tensors as they are, and the stand-in kernels refuse one that is not packed row-major.
+CONTIGUOUS_SWITCH = "QWEN3_STANDIN_WRAP_NKI_CONTIGUOUS"
+#: Switch: "1" (default) an output argument the kernel writes and returns comes back as the very tensor the caller
+#: passed; "0": what the kernel returns comes back as new tensors and the passed output arguments stay unwritten (the
+#: public copy's NKITorchMlirOpImpl returns tensors it allocates from the kernel's return types,
+#: torch_neuronx/python_ops/torch_mlir/nki_op_impl.py, and writes an argument only when the kernel reports aliasing).
+RETURNS_ARGUMENT_SWITCH = "QWEN3_STANDIN_WRAP_NKI_RETURNS_ARGUMENT"
+
+
+def _kernel_view(t):
+    """The tensor a kernel body is handed for ``t`` (a CPU tensor), per the two switches."""
+    import os
+
+    if os.environ.get(RETURNS_ARGUMENT_SWITCH, "1") != "1":
+        t = t.clone()  # keeps t's strides: the layout check still sees what the caller passed
+    if os.environ.get(CONTIGUOUS_SWITCH, "0") == "1" and not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
 def _on_device_memory(launch: Callable, arguments: dict[str, Any]) -> Any:
     """``launch(**arguments)`` on the payloads of its neuron tensors; its tensors back on ``neuron``."""
+    import torch
+
     from torch_neuronx._cpu_device import NeuronTensor, _wrap
 
+    def handed(v):
+        if isinstance(v, NeuronTensor):
+            return _kernel_view(v.payload)
+        return _kernel_view(v) if isinstance(v, torch.Tensor) else v
+
     passed = {id(v.payload): v for v in arguments.values() if isinstance(v, NeuronTensor)}
-    if not passed:
-        return launch(**arguments)
-    out = launch(
-        **{k: v.payload if isinstance(v, NeuronTensor) else v for k, v in arguments.items()}
-    )
-    return _wrap(out, passed)
+    out = launch(**{k: handed(v) for k, v in arguments.items()})
+    return _wrap(out, passed) if passed else out
 
 
 def wrap_nki(nki_kernel, **kwargs) -> Any:

@@ -25,6 +25,10 @@ import torch.nn.functional as F
 
 from nkilib import faulty
 from nkilib.core.utils.common_types import ActFnType, ExpertAffinityScaleMode
+from nkilib.core.utils.kernel_assert import assert_packed, assert_shape, kernel_assert
+
+#: nki-library core/moe/moe_cte/moe_cte_utils.py:58
+PSUM_SIZE = 512
 
 calls = 0
 
@@ -99,6 +103,86 @@ def _expert_mlp(x, gate_up, down):
     return gu, (F.silu(gate) * up) @ down.float()
 
 
+#: Where the checks below are, in aws-neuron/nki-library (tag 2.29 = main d2ad3a5), src/nkilib_src/nkilib/core/moe/
+#: moe_cte/: ``moe_cte`` (moe_cte.py:377-403) hands shard_on_i to ``blockwise_mm_baseline_shard_intermediate``
+#: (bwmm_shard_on_I.py:87), which derives T, H from hidden_states, E, I_TP from down_proj_weight and
+#: N = len(token_position_to_id) // B (lines 251-257) and asserts ``check_blockwise_mm_shard_I_kernel_compatibility``
+#: (lines 581-588). "docstring" marks its Args and Notes (lines 140-146, 180-181), which it relies on unasserted.
+_SHARD_ON_I = "bwmm_shard_on_I.py"
+
+
+def _check_shard_on_i(
+    hidden, affinities, gate_up, down, token_ids, block_to_expert, block_size, skip_dma, shards
+):
+    """Every input check of moe_cte's shard_on_i path, in the real kernel's words, cited by line."""
+    T1, H = hidden.shape[0], hidden.shape[-1]
+    E, I_TP = down.shape[0], down.shape[1] if len(down.shape) > 1 else 0
+    B = block_size
+    # bwmm_shard_on_I.py:582
+    kernel_assert(B % 256 == 0, "Blocksize must be a multiple of 256")
+    # bwmm_shard_on_I.py:583
+    kernel_assert(512 <= H <= 8192, f"Hidden dims must be between 512 and 8192, found {H}")
+    # bwmm_shard_on_I.py:584 (PSUM_SIZE = 512, moe_cte_utils.py:58)
+    kernel_assert(
+        H % PSUM_SIZE == 0, f"Hidden dim size must be multiples of {PSUM_SIZE}, found {H} "
+    )
+    # bwmm_shard_on_I.py:585
+    kernel_assert(
+        I_TP % 16 == 0, f"down_proj_weight I must be divisible by 16, found {I_TP} . Please pad it"
+    )
+    # bwmm_shard_on_I.py:586-588
+    kernel_assert(
+        not skip_dma.skip_weight,
+        "DMA weight skipping is not yet supported by the BWMM shard on I kernel",
+    )
+    # bwmm_shard_on_I.py:310-315: a core barrier over 1 or 2 shards, else kernel_assert(False, ...)
+    kernel_assert(shards in (1, 2), "unsupported NUM_SHARDS")
+    # docstring bwmm_shard_on_I.py:145 ([N * B]) and moe_cte_utils.py:361 (the same rule, asserted by the
+    # dynamic-block loader): whole blocks of token ids
+    kernel_assert(
+        len(token_ids.shape) == 1,
+        f"token_position_to_id must be [N * B], got {tuple(token_ids.shape)}",
+    )
+    kernel_assert(token_ids.shape[0] % B == 0, "token_position_to_id shape must be divisible by B")
+    N = token_ids.shape[0] // B
+    # docstring bwmm_shard_on_I.py:140-146: the layouts
+    assert_shape(hidden, (T1, H), "hidden_states", "[T+1, H] (docstring, bwmm_shard_on_I.py:140)")
+    assert_shape(
+        affinities,
+        (T1 * E, 1),
+        "expert_affinities_masked",
+        "[(T+1) * E, 1] (bwmm_shard_on_I.py:141)",
+    )
+    assert_shape(
+        gate_up, (E, H, 2, I_TP), "gate_up_proj_weight", "[E, H, 2, I_TP] (bwmm_shard_on_I.py:142)"
+    )
+    assert_shape(down, (E, I_TP, H), "down_proj_weight", "[E, I_TP, H] (bwmm_shard_on_I.py:143)")
+    assert_shape(block_to_expert, (N, 1), "block_to_expert", "[N, 1] (bwmm_shard_on_I.py:146)")
+    # docstring bwmm_shard_on_I.py:180
+    dtypes = {t.dtype for t in (hidden, affinities, gate_up, down)}
+    kernel_assert(
+        len(dtypes) == 1 and next(iter(dtypes)).is_floating_point,
+        f"All input/output tensors must have the same floating point dtype, got {sorted(map(str, dtypes))} "
+        "(docstring, bwmm_shard_on_I.py:180)",
+    )
+    # docstring bwmm_shard_on_I.py:181
+    kernel_assert(
+        token_ids.dtype == torch.int32 and block_to_expert.dtype == torch.int32,
+        f"token_position_to_id and block_to_expert must be nl.int32 tensors, got {token_ids.dtype}, "
+        f"{block_to_expert.dtype} (docstring, bwmm_shard_on_I.py:181)",
+    )
+    # layout: read through .ap() patterns from the shapes (bwmm_shard_on_I.py:648-649, 671, 728)
+    assert_packed(
+        "moe_cte",
+        hidden_states=hidden,
+        expert_affinities_masked=affinities,
+        gate_up_proj_weight=gate_up,
+        down_proj_weight=down,
+        token_position_to_id=token_ids,
+        block_to_expert=block_to_expert,
+    )
+
+
 @nki.jit(mode="trace")
 def moe_cte(
     hidden_states: nl.ndarray,
@@ -142,6 +226,17 @@ def moe_cte(
         raise NotImplementedError(
             f"the moe_cte stand-in computes shard_on_i + checkpointing + POST_SCALE only, got {spec}"
         )
+    _check_shard_on_i(
+        hidden_states,
+        expert_affinities_masked,
+        gate_up_proj_weight,
+        down_proj_weight,
+        token_position_to_id,
+        block_to_expert,
+        block_size,
+        skip_dma,
+        nl.num_programs(axes=0),
+    )
     hidden_dim = hidden_states.shape[1]
     num_experts = gate_up_proj_weight.shape[0]
     pad_id = hidden_states.shape[0] - 1

@@ -17,6 +17,7 @@ import torch
 from nkilib import faulty
 from nkilib.core.moe.moe_cte.moe_cte import SkipMode
 from nkilib.core.utils.common_types import ActFnType
+from nkilib.core.utils.kernel_assert import assert_packed, assert_shape, kernel_assert
 
 calls = 0
 
@@ -42,6 +43,104 @@ class KernelTypeOption(Enum):
 class ClampLimits:
     def __init__(self, *limits) -> None:
         self.limits = limits
+
+
+#: Where the checks below are, in aws-neuron/nki-library (tag 2.29 = main d2ad3a5), src/nkilib_src/nkilib/
+#: experimental/moe/bwd/: ``blockwise_mm_bwd`` (blockwise_mm_backward.py:161-162) calls ``MOEBwdParameters.validate``
+#: and ``validate_sharding(nl.num_programs(axes=0))`` (moe_bwd_parameters.py:334-375), whose T, H come from
+#: hidden_states, E, I_TP from down_proj_weight and N = len(token_position_to_id) // block_size (lines 328-332).
+#: "docstring" marks the Args (blockwise_mm_backward.py:73-81), which the kernel relies on unasserted.
+
+
+def _validate(
+    hidden,
+    affinities,
+    gate_up,
+    down,
+    gate_up_act_T,
+    down_act,
+    token_ids,
+    block_to_expert,
+    grad_out,
+    B,
+    shards,
+):
+    """Every input check of blockwise_mm_bwd, in the real kernel's words, cited by line."""
+    T, H = hidden.shape[0], hidden.shape[-1]
+    E, I_TP = down.shape[0], down.shape[1] if len(down.shape) > 1 else 0
+    # moe_bwd_parameters.py:341-344
+    kernel_assert(B in (128, 256, 512, 1024), f"block_size must be 128, 256, 512, or 1024, got {B}")
+    # moe_bwd_parameters.py:345
+    kernel_assert(I_TP % 2 == 0, f"I_TP must be divisible by 2, got {I_TP}")
+    # moe_bwd_parameters.py:346
+    kernel_assert(H % 2 == 0, f"H must be divisible by 2, got {H}")
+    # moe_bwd_parameters.py:358-361
+    kernel_assert(
+        H % shards == 0,
+        f"Hidden dim H={H} must be divisible by num_shards={shards} to initialize the gradients",
+    )
+    # moe_bwd_parameters.py:363-368
+    kernel_assert(
+        (H // shards) % 32 == 0,
+        f"H dim when sharded by num_shards={shards} must be divisible by 32 for DMA transpose, "
+        f"got sharded H as {H // shards}",
+    )
+    # moe_bwd_parameters.py:370-375
+    kernel_assert(
+        (I_TP // shards) % 32 == 0,
+        f"I_TP dim when sharded by num_shards={shards} must be divisible by 32 for DMA transpose, "
+        f"got sharded I_TP as {I_TP // shards}",
+    )
+    # docstring blockwise_mm_backward.py:79 ([N * B]); N as moe_bwd_parameters.py:332 derives it
+    kernel_assert(
+        len(token_ids.shape) == 1 and token_ids.shape[0] % B == 0,
+        f"token_position_to_id must be [N * B] with B={B}, got {tuple(token_ids.shape)} (docstring, "
+        "blockwise_mm_backward.py:79)",
+    )
+    N = token_ids.shape[0] // B
+    # docstring blockwise_mm_backward.py:73-81
+    assert_shape(hidden, (T, H), "hidden_states", "[T, H] (blockwise_mm_backward.py:73)")
+    assert_shape(
+        affinities,
+        (T * E, 1),
+        "expert_affinities_masked",
+        "[T * E, 1] (blockwise_mm_backward.py:74)",
+    )
+    assert_shape(
+        gate_up,
+        (E, H, 2, I_TP),
+        "gate_up_proj_weight",
+        "[E, H, 2, I_TP] (blockwise_mm_backward.py:75)",
+    )
+    assert_shape(
+        down, (E, I_TP, H), "down_proj_weight", "[E, I_TP, H] (blockwise_mm_backward.py:76)"
+    )
+    assert_shape(
+        gate_up_act_T,
+        (N, 2, I_TP, B),
+        "gate_up_proj_act_checkpoint_T",
+        "[N, 2, I_TP, B] (blockwise_mm_backward.py:77)",
+    )
+    assert_shape(
+        down_act, (N, B, H), "down_proj_act_checkpoint", "[N, B, H] (blockwise_mm_backward.py:78)"
+    )
+    assert_shape(block_to_expert, (N, 1), "block_to_expert", "[N, 1] (blockwise_mm_backward.py:80)")
+    assert_shape(
+        grad_out, (T, H), "output_hidden_states_grad", "[T, H] (blockwise_mm_backward.py:81)"
+    )
+    # layout: read and written through .ap() patterns from the shapes (bwmm_bwd_dropless.py:49, 141-154, 305-309)
+    assert_packed(
+        "blockwise_mm_bwd",
+        hidden_states=hidden,
+        expert_affinities_masked=affinities,
+        gate_up_proj_weight=gate_up,
+        down_proj_weight=down,
+        gate_up_proj_act_checkpoint_T=gate_up_act_T,
+        down_proj_act_checkpoint=down_act,
+        token_position_to_id=token_ids,
+        block_to_expert=block_to_expert,
+        output_hidden_states_grad=grad_out,
+    )
 
 
 @nki.jit
@@ -70,8 +169,18 @@ def blockwise_mm_bwd(
     """Gradients of the blockwise MoE layer from its checkpointed activations."""
     global calls
     calls += 1
-    assert block_size in (128, 256, 512, 1024), (
-        f"block_size {block_size} not in (128, 256, 512, 1024)"
+    _validate(
+        hidden_states,
+        expert_affinities_masked,
+        gate_up_proj_weight,
+        down_proj_weight,
+        gate_up_proj_act_checkpoint_T,
+        down_proj_act_checkpoint,
+        token_position_to_id,
+        block_to_expert,
+        output_hidden_states_grad,
+        block_size,
+        nl.num_programs(axes=0),
     )
     if (
         bias

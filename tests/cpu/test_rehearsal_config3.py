@@ -1,0 +1,110 @@
+"""Config 3 in a rehearsal goes the real night's way: the fork's ``qwen3_nki_moe_config``, shrunk (issue 45 item 5).
+
+On trn2 config 3 is built from TorchTitan Neuron's own function whenever it is importable
+(``recipes.nki_moe.uses_fork``). A rehearsal once made that false (its tier builds no full-size models), so
+config 3's launches took the suite's twin and the fork's RoPE and experts modules were never launched before
+the chip. Now a rehearsal takes the fork's config, as the night does, and shrinks it to the seam's sizes
+(``recipes.specs.shrink_model``), every class the fork chose kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from recipes.errors import RecipeError
+from recipes.tiers import REPO_ROOT
+
+STANDINS = REPO_ROOT / "rehearsal" / "standins"
+FORK_SOURCE = "torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config"
+
+BUILD = """
+    import json, torch, torch_neuronx
+    from harness.config.provenance import config_source
+    from harness.night.dry_run import DATASET_STAND_IN, QWEN3_4B_SIZES
+    from recipes import nki_moe
+    from recipes.tiers import TIERS
+    from recipes.tutorial import RecipeInputs
+
+    inputs = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
+    config = nki_moe.nki_moe(inputs)
+    spec = config.model_spec.model
+    layer = spec.layers[0]
+    with torch.device("neuron"):  # a rank's forward and backward on the stand-in device
+        model = spec.build()
+        model.init_weights()
+    tokens = torch.randint(0, spec.vocab_size, (1, config.training.seq_len), device="neuron")
+    logits = model(tokens)
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+    loss.backward()
+    shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+    print(json.dumps({
+        "uses_fork": nki_moe.uses_fork("trn2"),
+        "config_source": config_source("nki_moe", "trn2"),
+        "full_size_models": TIERS["trn2"].full_size_models,
+        "rope": type(layer.attention.rope).__qualname__,
+        "experts": type(layer.moe.routed_experts.inner_experts).__qualname__,
+        "layers": len(spec.layers),
+        "embedding": shapes["tok_embeddings.weight"],
+        "wqkv": shapes["layers.0.attention.qkv_linear.wqkv.weight"],
+        "w1": shapes["layers.0.moe.routed_experts.inner_experts.w1_EFD"],
+        "loss": loss.item(),
+    }))
+"""
+
+
+@pytest.mark.slow  # one child that imports torch, torchtitan and the stand-ins (about 15 s)
+def test_a_rehearsal_builds_config3_from_the_forks_function_at_the_seams_sizes(tmp_path):
+    from rehearsal import fork
+
+    fork.build(tmp_path / "fork", REPO_ROOT / "fixtures")
+    settings = tmp_path / "settings.json"
+    settings.write_text("{}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QWEN3_", "NEURON_"))}
+    sources = [tmp_path / "fork", REPO_ROOT] + [
+        STANDINS / name for name in ("torch-neuronx", "neuronx-cc", "nki")
+    ]
+    env.update(
+        PYTHONPATH=os.pathsep.join(map(str, sources)),
+        QWEN3_REHEARSAL_SETTINGS=str(settings),
+        OMP_NUM_THREADS="1",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BUILD)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    # the fork's path, as on the real night (seen failing before: uses_fork false, the twin's source)
+    assert found["uses_fork"] is True and found["full_size_models"] is False
+    assert found["config_source"] == FORK_SOURCE
+    # the fork's own modules (its RoPE is stock CosSinRoPE, the twin's is SlicedCosSinRoPE) ...
+    assert (found["rope"], found["experts"]) == ("CosSinRoPE.Config", "GroupedExperts.Config")
+    # ... at the seam's tiny MoE (recipes.tiers.rehearsed: vocab 1024, H 512, 4 heads of 32, 2 kv heads, I 64)
+    assert found["layers"] == 4
+    assert found["embedding"] == [1024, 512]
+    assert found["wqkv"] == [(4 + 2 * 2) * 32, 512]
+    assert found["w1"] == [64, 64, 512]
+    assert 0 < found["loss"] < 20
+
+
+def test_shrinking_refuses_a_size_it_does_not_know():
+    """A fork that builds a size the rehearsal cannot map is refused by the field's path, never half-shrunk."""
+    from recipes.nki_moe import TUTORIAL_KWARGS, moe_dims, twin_config
+    from recipes.specs import shrink_model
+
+    config = twin_config("trn2", as_published=True)
+    full = moe_dims("trn2", as_published=True, **TUTORIAL_KWARGS)
+    small = moe_dims("cpu", **TUTORIAL_KWARGS)
+    config.model_spec.model.layers[2].attention.n_heads = 24
+    with pytest.raises(RecipeError, match=r"model\.layers\[2\]\.attention\.n_heads=24"):
+        shrink_model(config.model_spec.model, full, small)
