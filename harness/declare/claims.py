@@ -1,6 +1,6 @@
 """The published claims a tier must judge, from each recipe's catalogue entry: declared in code, never
 discovered from files, so deleting a goldens file cannot take a claim out of the nightly gate
-(``harness.judge.goldens.disagreements`` holds the files to this declaration)."""
+(``harness.judge.gate.disagreements`` holds the files to this declaration)."""
 
 from __future__ import annotations
 

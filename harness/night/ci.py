@@ -29,7 +29,7 @@ from pathlib import Path
 
 from harness.base.readable import Unreadable, json_object_of, kind_of
 from harness.declare.claims import published_claims
-from harness.judge import goldens, unmeasured
+from harness.judge import gate, goldens, unmeasured
 from harness.launch.speed import NIGHT_ENV
 from harness.report.results import VERDICT_SUFFIX
 
@@ -111,7 +111,7 @@ def require_claims(report_path: Path, tier: str, goldens_dir: Path | None = None
             file=sys.stderr,
         )
         return 1
-    disagree = goldens.disagreements(tier, goldens_dir)
+    disagree = gate.disagreements(tier, goldens_dir)
     if disagree:
         print("\n".join(f"harness.night.ci: {line}" for line in disagree), file=sys.stderr)
         return 1

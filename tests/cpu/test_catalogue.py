@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.declare import catalogue
-from harness.judge import goldens
+from harness.judge import gate, goldens
 from harness.night import plan as nightly
 from recipes.registry import RECIPES, Recipe
 from recipes.tiers import REPO_ROOT
@@ -77,22 +77,22 @@ def test_a_claim_dropped_from_the_declaration_or_its_goldens_file_fails_the_gate
     """The claims a night must judge are declared in code; the goldens files must agree with them, both ways."""
     import shutil
 
-    from harness.judge import goldens
+    from harness.judge import gate, goldens
 
     native = catalogue.ENTRIES["native_qwen3"]
-    assert goldens.disagreements("trn2") == []
+    assert gate.disagreements("trn2") == []
     dropped = dataclasses.replace(
         native, claims=tuple(j for j in native.claims if not j.claim.endswith("step1_loss_hf"))
     )
     with catalogue.added(dropped):
-        assert goldens.disagreements("trn2") == [
+        assert gate.disagreements("trn2") == [
             f"{goldens.GOLDENS_DIR}/native_qwen3/trn2.json: published golden native_qwen3.trn2.step1_loss_hf "
             "has no judge declared in harness/declare/catalogue.py"
         ]
     copy = tmp_path / "goldens"
     shutil.copytree(goldens.GOLDENS_DIR, copy)
     (copy / "nki_moe" / "trn2.json").unlink()
-    lines = goldens.disagreements("trn2", copy)
+    lines = gate.disagreements("trn2", copy)
     assert [line.split(": ")[0] for line in lines] == [str(copy / "nki_moe" / "trn2.json")] * 3, (
         lines
     )
@@ -251,7 +251,7 @@ def test_a_fourth_recipes_claims_are_gated_and_its_goldens_held_to_them(
 
     names = [c.name for c in published_claims("trn2")]
     assert f"{VARIANT}.trn2.step1_loss_hf" in names
-    assert goldens.disagreements("trn2") == []
+    assert gate.disagreements("trn2") == []
 
     def report(claims: list[str]) -> Path:
         path = tmp_path / "tests.json"
