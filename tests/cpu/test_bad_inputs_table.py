@@ -994,6 +994,23 @@ ROWS = [
             ),
         ]
     ),
+    # issue 46 item 4: the run's peak host memory per rank, weighed before launch (harness.checks.memory)
+    Row(
+        "local-batch-size-beyond-the-hosts-memory",
+        6,
+        (*PLAIN, "--local-batch-size", "5000"),
+        (
+            "--local-batch-size 5000 (x seq_len 256 x vocab 1024) needs about",
+            "GB per rank (parameters",
+            "logits",
+            "x 2 rank(s) =",
+            "more than the",
+            "GB this host has available",
+            "choose --local-batch-size",
+        ),
+        today="ran 226 s (the corpus re-looped 27 times), then the kernel's OOM killer took rank 0 at 11.5 GB "
+        "resident; the report said only 'torchrun exited 1'",
+    ),
     # the command line and the tier
     Row("unknown-recipe", 7, ("qwen9_native",), ("qwen9_native", "native_qwen3"), fresh=True),
     Row("unknown-tier", 7, ("native_qwen3", "--tier", "tpu"), ("'tpu'", "cpu, trn2")),
