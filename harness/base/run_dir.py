@@ -150,12 +150,27 @@ def _read_object(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def provenance_state(provenance: dict | None) -> str | None:
-    """None when rank 0's provenance is complete, else its named state (for the report and the readers)."""
+def vanished(run_dir: Path | str | None) -> str | None:
+    """'the report directory P vanished during the run' when ``run_dir`` (REPORT/runs/NAME) no longer exists.
+
+    The report directory is named when it is gone too (or the run directory is not under a runs/ of one).
+    """
+    if run_dir is None or Path(run_dir).is_dir():
+        return None
+    run_dir = Path(run_dir)
+    report = run_dir.parent.parent if run_dir.parent.name == "runs" else None
+    if report is not None and report.is_dir():
+        return f"the run directory {run_dir} vanished during the run"
+    return f"the report directory {report or run_dir.parent} vanished during the run"
+
+
+def provenance_state(provenance: dict | None, run_dir: Path | str | None = None) -> str | None:
+    """None when rank 0's provenance is complete, else its named state (for the report and the readers);
+    ``run_dir``: the run's directory, named when it vanished (:func:`vanished`)."""
     provenance = provenance or {}
     missing = [k for k in RANK_PROVENANCE_KEYS if k not in provenance]
     if not missing:
         return None
     if len(missing) == len(RANK_PROVENANCE_KEYS):
-        return NO_PROVENANCE
+        return vanished(run_dir) or NO_PROVENANCE
     return f"provenance.json is partial (no {', '.join(missing)})"

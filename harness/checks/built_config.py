@@ -147,13 +147,16 @@ def check_compile(config, tier: str) -> None:
 
 
 def check_built(opts: RunOptions, config) -> list[str]:
-    """The checks of the config as built, whatever it loads: compile backend on the tier, kernel shapes."""
+    """The checks of the config as built, whatever it loads: compile backend on the tier, kernel shapes, and the
+    ranks' host memory where they run on the host (:mod:`harness.checks.memory`)."""
     from harness.checks.kernels import check_kernel_constraints
+    from harness.checks.memory import check_memory
 
     check_compile(config, opts.tier)
-    return [
-        f"compile: {'off' if not config.compile.enable else config.compile.backend}"
-    ] + check_kernel_constraints(config, opts.tier)
+    checked = [f"compile: {'off' if not config.compile.enable else config.compile.backend}"]
+    checked += check_kernel_constraints(config, opts.tier)
+    memory = check_memory(opts, config)
+    return checked + ([memory] if memory else [])
 
 
 def check_config(opts: RunOptions, config) -> list[str]:

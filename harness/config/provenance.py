@@ -251,6 +251,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
             "export": config.checkpoint.export_dtype,
         },
         "allowed_mismatches": [m.message for m in allowed],
+        "allowed_mismatch_names": [m.name for m in allowed],
         **({"torchtitan_neuron": torchtitan_neuron()} if opts.tier == "trn2" else {}),
         **({"config_source": config_source(opts.recipe, opts.tier)} if forked(opts.recipe) else {}),
     }

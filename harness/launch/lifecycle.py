@@ -23,6 +23,7 @@ from harness.base.run_dir import (
     RUN_FILE,
     read_provenance,
     read_steps,
+    vanished,
 )
 from harness.launch import deaths
 from harness.launch.child import _prctl, die_with_parent
@@ -533,6 +534,9 @@ def failure_summary(
     """Why a run failed, cause first: the timeout, a non-finite loss, or the first failed rank."""
     if timeout_s is not None:
         return f"timed out after {timeout_s:.0f} s (a hung collective or a stuck rank); every rank was ended"
+    gone = vanished(run_dir)
+    if gone:
+        return f"{gone} (the ranks could not write their steps, logs or provenance); torchrun exited {returncode}"
     why = non_finite_summary(run_dir, steps)
     if why:
         return why

@@ -253,8 +253,13 @@ class ReferenceCheck:
                 else f"reference with it {s.reference_with_fault:.6g} (effect {s.effect:+.4g})"
             )
             lines.append(f"{s.name}: {s.what}; {effect}{' -> EXPLAINS it' if s.explains else ''}")
+        open_ = [s.name for s in self.suspects if s.applies and not s.explains]
         if not self.named and self.needs_diagnosis:
-            lines.append("none of the known suspects accounts for the measured loss")
+            lines.append(
+                f"no measured suspect accounts for the measured loss; still suspect: {', '.join(open_)}"
+                if open_
+                else "none of the known suspects accounts for the measured loss"
+            )
         return "; ".join(lines)
 
     @classmethod

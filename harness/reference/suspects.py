@@ -1,14 +1,16 @@
 """The diagnosis of a reference mismatch: each cheap suspect measured as its effect on the reference.
 
-Tokenizer (the run's is not the weights' own), RoPE theta (not config.json's), and
+Tokenizer (the run's is not the weights' own by content: sha256 and vocabulary against the model dir's
+tokenizer, config.json's vocab_size and the recorded inputs), RoPE theta (not config.json's), and
 the inverse frequencies the run's model held (torchtitan issue 4783). Each is one
-forward over the recorded batch with the run's value in place of the weights' one.
+forward over the recorded batch with the run's value in place of the weights' one. Every mismatch the
+run allowed (``--allow-mismatch``) is a suspect as well, measured or not.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.rank.first_batch import IncompleteRecord, Record, ReferenceError
@@ -34,17 +36,77 @@ def _file_sha(directory: Path) -> str | None:
     return sha256_of(files) if (directory / "tokenizer.json").is_file() else None
 
 
+#: The share of config.json's ``vocab_size`` (the embedding rows) a model's own tokenizer covers at least: the rows past
+#: it are padding (Qwen3: 151669 ids of 151936 rows, 0.998). A 400-id tokenizer beside 1024 rows is another tokenizer.
+VOCAB_COVERAGE = 0.99
+
+
+def tokenizer_doubts(run: "RunInfo") -> tuple[list[str], list[str]]:
+    """What the content of the run's tokenizer leaves in doubt, and what it was checked against.
+
+    The run's tokenizer as rank 0 recorded it (sha256, vocabulary) against the model dir's own
+    tokenizer.json as it is now, config.json's ``vocab_size``, and the tokenizer files the launcher
+    hashed into provenance ``inputs``. Where the tokenizer lies rules nothing out.
+    """
+    from harness.config.provenance import file_sha256
+    from recipes.specs import read_hf_dims
+
+    own = Path(run.model_dir)
+    doubts, checked = [], []
+    own_sha = _file_sha(own)
+    if own_sha is None:
+        doubts.append(f"{own} has no tokenizer.json to compare with")
+    elif own_sha != run.tokenizer.get("sha256"):
+        doubts.append(
+            f"its sha256 {str(run.tokenizer.get('sha256'))[:12]} is not {own}'s own {own_sha[:12]}"
+        )
+    else:
+        checked.append(f"sha256 {own_sha[:12]} is {own}'s own")
+    vocab = run.tokenizer.get("vocab_size")
+    try:
+        rows = read_hf_dims(own).get("vocab_size")
+    except (OSError, ValueError) as e:
+        rows = None
+        doubts.append(f"config.json unreadable ({e})")
+    if isinstance(rows, int) and isinstance(vocab, int):
+        if not VOCAB_COVERAGE * rows <= vocab <= rows:
+            doubts.append(
+                f"its {vocab} ids against config.json's vocab_size {rows} (a model's own covers "
+                f"{VOCAB_COVERAGE:.0%} to 100% of its rows)"
+            )
+        else:
+            checked.append(f"{vocab} ids for config.json's vocab_size {rows}")
+    for name, recorded in ((run.inputs or {}).get("tokenizer") or {}).items():
+        path = Path(run.tokenizer.get("path", own)) / name
+        now = file_sha256(path) if path.is_file() else None
+        if now != recorded:
+            doubts.append(
+                f"{path} is not the file the run's inputs recorded (sha256 {recorded[:12]})"
+            )
+        else:
+            checked.append(f"{name} as the run's inputs recorded")
+    return doubts, checked
+
+
 def tokenizer_suspect(
     run: "RunInfo", record: Record, model, reference: float, measured: float, tol: float
 ):
     own = Path(run.model_dir)
     used = Path(run.tokenizer["path"])
-    own_sha = _file_sha(own)
-    if own_sha is None:
-        return Suspect("tokenizer", False, f"{own} has no tokenizer.json to compare with")
-    if own_sha == run.tokenizer["sha256"]:
-        return Suspect("tokenizer", False, f"the run's tokenizer ({used}) is the weights' own")
-    what = f"the run tokenized with {used} (V={run.tokenizer['vocab_size']}), the weights' own tokenizer is {own}"
+    doubts, checked = tokenizer_doubts(run)
+    if not doubts:
+        return Suspect(
+            "tokenizer", False, f"the run's tokenizer ({used}) by content: {'; '.join(checked)}"
+        )
+    if _file_sha(own) in (None, run.tokenizer.get("sha256")):
+        # Nothing else to score the text with: the model dir's own tokenizer is the one in doubt (or none).
+        return Suspect(
+            "tokenizer", True, f"the run's tokenizer ({used}): {'; '.join(doubts)}; not measured"
+        )
+    what = (
+        f"the run tokenized with {used} (V={run.tokenizer['vocab_size']}), the weights' own tokenizer is {own} "
+        f"({'; '.join(doubts)})"
+    )
     if run.options is None:
         return Suspect("tokenizer", True, what + " (no run.json: cannot re-pack the text)")
     batches = rebuilt_batches(run.options, own, len(record.batches) // max(record.ranks, 1))
@@ -188,6 +250,23 @@ def inv_freq_suspect(
 SUSPECTS = (tokenizer_suspect, theta_suspect, inv_freq_suspect)
 
 
+def allowed_suspects(allowed: list[tuple[str, str]], measured: list[Suspect]) -> list[Suspect]:
+    """``measured`` with every mismatch the run allowed (``--allow-mismatch NAME``: (name, message)) a suspect.
+
+    A measured suspect of that name stays as measured when it applies, and is a suspect again when its
+    check found nothing: the run's own launch found the mismatch. Others are named, not measured.
+    """
+    out = list(measured)
+    for name, message in allowed:
+        said = f"allowed by --allow-mismatch {name}: {message}"
+        same = [i for i, s in enumerate(out) if s.name == name]
+        if not same:
+            out.append(Suspect(name, True, said + "; not measured"))
+        elif not out[same[0]].applies:
+            out[same[0]] = Suspect(name, True, f"{said}; not measured ({out[same[0]].what})")
+    return out
+
+
 @dataclass
 class RunInfo:
     """What the host needs from a run directory: provenance, options and the measured loss."""
@@ -199,6 +278,10 @@ class RunInfo:
     model: dict
     measured: float
     options: object = None
+    #: provenance.json's ``inputs``: the sha256 of each file the launcher saw the run read, by role.
+    inputs: dict | None = None
+    #: (name, message) of every mismatch the run allowed (``--allow-mismatch``), as provenance recorded it.
+    allowed: list = field(default_factory=list)
 
     @classmethod
     def from_run_dir(cls, run_dir: Path, allow_no_step: bool = False) -> "RunInfo":
@@ -233,12 +316,28 @@ class RunInfo:
             model=provenance["model"],
             measured=float(steps[0]["loss"]) if steps else math.nan,
             options=opts,
+            inputs=provenance.get("inputs"),
+            allowed=allowed_of(provenance, opts),
         )
 
 
+def allowed_of(provenance: dict, opts) -> list[tuple[str, str]]:
+    """(name, message) of each mismatch the run allowed: provenance's names, else run.json's ``--allow-mismatch``."""
+    messages = provenance.get("allowed_mismatches") or []
+    names = provenance.get("allowed_mismatch_names")
+    if (
+        names is None
+    ):  # a provenance.json written before the names were: run.json's, with every message
+        names = list(getattr(opts, "allow_mismatch", None) or [])
+        return [(n, "; ".join(m for m in messages if n in m) or "; ".join(messages)) for n in names]
+    return list(zip(names, messages))
+
+
 def diagnose(check: ReferenceCheck, run: RunInfo, record: Record, model) -> list[Suspect]:
-    """Measure every suspect's effect on the reference (each a forward over the recorded batch)."""
-    return [
+    """Measure every suspect's effect on the reference (each a forward over the recorded batch); every mismatch
+    the run allowed is a suspect too (:func:`allowed_suspects`)."""
+    measured = [
         suspect(run, record, model, check.reference, check.measured, check.tolerance)
         for suspect in SUSPECTS
     ]
+    return allowed_suspects(run.allowed, measured)

@@ -220,8 +220,8 @@ def _weights_cell(weights: dict | None) -> str:
 
 def _status(run: dict) -> str:
     """ok, or how the run ended, with the named state of what its ranks did not record."""
-    state = provenance_state(run.get("provenance"))
-    known = f"; {state}" if state else ""
+    state = provenance_state(run.get("provenance"), run.get("run_dir"))
+    known = f"; {state}" if state and state not in (run.get("error") or "") else ""
     if run.get("interrupted"):
         during = f" during the {run['interrupted_stage']}" if run.get("interrupted_stage") else ""
         return f"INTERRUPTED ({run['interrupted']}){during} after {len(run.get('steps') or [])} step(s){known}"
@@ -231,7 +231,7 @@ def _status(run: dict) -> str:
 def provenance_row(run: dict) -> list[str]:
     """One run's provenance cells; a run whose ranks wrote none (or part of it) names that state instead."""
     p = run["provenance"]
-    state = provenance_state(p)
+    state = provenance_state(p, run.get("run_dir"))
     if state is not None:
         return [run.get("recipe", "?"), run.get("init", "?"), *[f"– ({state})"] + ["–"] * 6]
     t, w, m, d = p["tokenizer"], p.get("weights"), p["model"], p["data"]
@@ -340,6 +340,9 @@ def _named(check: dict | None) -> str:
     if not check:
         return "not diagnosed"
     named = [s for s in check.get("suspects", []) if s.get("explains")]
+    still = [s["name"] for s in check.get("suspects", []) if s.get("applies")]
+    if not named and still:
+        return f"no measured suspect accounts for it; still suspect: {', '.join(still)}"
     if not named:
         return "none of the known suspects (tokenizer, rope_theta, inv_freq) accounts for it"
     return ", ".join(f"{s['name']} ({s['what']}; effect {s['effect']:+.3g})" for s in named)

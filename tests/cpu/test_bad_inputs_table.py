@@ -994,6 +994,23 @@ ROWS = [
             ),
         ]
     ),
+    # issue 46 item 4: the run's peak host memory per rank, weighed before launch (harness.checks.memory)
+    Row(
+        "local-batch-size-beyond-the-hosts-memory",
+        6,
+        (*PLAIN, "--local-batch-size", "5000"),
+        (
+            "--local-batch-size 5000 (x seq_len 256 x vocab 1024) needs about",
+            "GB per rank (parameters",
+            "logits",
+            "x 2 rank(s) =",
+            "more than the",
+            "GB this host has available",
+            "choose --local-batch-size",
+        ),
+        today="ran 226 s (the corpus re-looped 27 times), then the kernel's OOM killer took rank 0 at 11.5 GB "
+        "resident; the report said only 'torchrun exited 1'",
+    ),
     # the command line and the tier
     Row("unknown-recipe", 7, ("qwen9_native",), ("qwen9_native", "native_qwen3"), fresh=True),
     Row("unknown-tier", 7, ("native_qwen3", "--tier", "tpu"), ("'tpu'", "cpu, trn2")),
@@ -1167,6 +1184,31 @@ ELSEWHERE = [
             "reference-a-file",
             "bump-refused-pin",
         )
+    ),
+    # issue 46 item 6: a diagnosis says only what it checked
+    Elsewhere(
+        "a-400-token-tokenizer-in-a-copy-of-the-model-dir",
+        5,
+        "reference",
+        None,
+        "tokenizer: the run's tokenizer (...): its 400 ids against config.json's vocab_size 1024 ...; not measured",
+        "test_diagnosis_says_what_it_checked::test_a_400_token_tokenizer_inside_a_copy_of_the_model_dir_is_not_ruled_out",
+    ),
+    Elsewhere(
+        "an-allowed-mismatch-is-a-suspect",
+        5,
+        "reference",
+        None,
+        "rms_norm_eps: allowed by --allow-mismatch rms_norm_eps: ...; still suspect: rms_norm_eps",
+        "test_diagnosis_says_what_it_checked::test_every_mismatch_the_run_allowed_is_a_suspect_never_none_of_the_known",
+    ),
+    Elsewhere(
+        "the-report-dir-vanished-mid-run",
+        1,
+        "training",
+        None,
+        "FAILED: the report directory REPORT vanished during the run (...); torchrun exited 1",
+        "test_diagnosis_says_what_it_checked::test_a_report_dir_that_vanished_during_the_run_is_said",
     ),
     # issue 46 item 4: a rank ended by a signal is named with it, the OOM killer where the kernel says so
     Elsewhere(
@@ -1485,8 +1527,8 @@ def test_the_table_counts_every_case_once():
     assert all(r.stage in STAGES and 1 <= r.point <= 9 for r in rows)
     counts = {o: sum(outcome(r) == o for r in rows) for o in sorted({outcome(r) for r in rows})}
     assert counts == {
-        "a reader or unit, no command": 28,
-        "refused before launch": 129,
+        "a reader or unit, no command": 31,
+        "refused before launch": 130,
         "stopped after launch, reported": 9,
         "works": 7,
     }, counts
