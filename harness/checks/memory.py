@@ -17,7 +17,7 @@ Per rank, in bytes (fp32 on cpu: ``training.mixed_precision_param``), tokens = l
 * runtime: :data:`RUNTIME_BYTES`, the interpreter with torch and torchtitan imported.
 
 Calibration (2026-12-07, this 2-core host; the peak RSS ``VmHWM`` of each rank process, polled while
-``python -m harness run RECIPE --tier cpu --steps 2`` ran): the defaults (2 ranks, batch 2 x seq 256,
+``python -m harness run RECIPE --tier cpu --steps 2`` for config 2, ran): the defaults (2 ranks, batch 2 x seq 256,
 the tiny fixture) measured 0.67 GB per rank, estimated 0.67 GB; ``--init hf --local-batch-size 200``
 measured 2.18 GB (rank 0; rank 1 1.99), estimated 2.44 GB; the 4B-width random-init proxy (1 layer,
 vocab 151936, seq 2048, forward-only, 1 rank) measured 6.05 GB, estimated 5.96 GB. The issue's
