@@ -183,6 +183,7 @@ def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
 def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
     """Write what was measured, the run and the report marked interrupted (every later signal is ignored
     by then: ``harness.launch.stop``); 128 + the signal's number."""
+    from harness.report import markdown as report_markdown
     from harness.report import results as report_mod
 
     name = signal.Signals(stop.signum).name
@@ -201,7 +202,7 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
     # A launch stopped before it had started torchrun returns no result: its run never started either.
     started = progress.launched - (run is None and progress.stage == "rank start")
     marker = {"signal": name, "stage": progress.stage, "not_started": progress.planned[started:]}
-    timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
+    timing = report_markdown.run_timing(time.perf_counter() - STARTED, progress.finished)
     report_mod.update(
         report_dir,
         runs=[run] if run else [],
@@ -222,6 +223,7 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
 def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: Progress) -> int:
     from harness.launch.lifecycle import LaunchError, deferred, launch, prestart
     from harness.night import page
+    from harness.report import markdown as report_markdown
     from harness.report import results as report_mod
     from recipes.errors import RecipeError
 
@@ -294,7 +296,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
             progress.finished.append(run)
             progress.unreported, progress.checks = None, []
     progress.stage = "report"
-    timing = report_mod.run_timing(time.perf_counter() - STARTED, progress.finished)
+    timing = report_markdown.run_timing(time.perf_counter() - STARTED, progress.finished)
     with deferred():
         report_mod.update(
             args.report_dir, timing=timing, interrupted=None
@@ -304,7 +306,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
     print(
         f"report: {args.report_dir / report_mod.RESULTS_JSON} and {args.report_dir / report_mod.RESULTS_MD}"
     )
-    print(report_mod.timing_line(timing))
+    print(report_markdown.timing_line(timing))
     print(f"page: {page.write(args.report_dir)}")
     return int(failed)
 

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from harness.bump.candidate import Move
 from harness.bump.comparison import Comparison, GoldenMove
 from harness.bump.plan import EXIT_CANNOT_REHEARSE, Plan
-from harness.report.results import md_table
+from harness.report.markdown import md_table
 
 #: How the table orders its rows: what a reader must act on first, unchanged tests last.
 CHANGE_ORDER = ("canary flipped", "broke", "fixed", "not run", "new", "expected (the bump)", "same")

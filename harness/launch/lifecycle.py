@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,10 +22,9 @@ from harness.base.run_dir import (
     RUN_FILE,
     read_provenance,
     read_steps,
-    vanished,
 )
-from harness.launch import deaths
 from harness.launch.child import _prctl, die_with_parent
+from harness.launch.failures import failure_summary, rank_log_tails
 from harness.launch.rendezvous import RendezvousWait
 from harness.launch.speed import record_run
 from harness.launch.stop import STOP_SIGNALS, Interrupted, deferred, stop_signals_raise  # noqa: F401 -- the launch's names
@@ -35,7 +33,6 @@ from harness.options.run_options import RunOptions
 from recipes.platform import offline_env
 from recipes.tiers import REPO_ROOT
 
-LOG_TAIL_LINES = 40
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
 #: into SignalException and closes its ranks (SIGTERM, then SIGKILL after 30 s):
 #: torch/distributed/elastic/multiprocessing/api.py _terminate_process_handler, _close.
@@ -146,18 +143,6 @@ def child_env(opts: RunOptions) -> dict[str, str]:
     return env
 
 
-def rank_log_tails(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of every rank's stderr, failing ranks' tracebacks included."""
-    parts = []
-    for log in sorted((run_dir / LOGS_DIR).glob("*/attempt_*/*/stderr.log")):
-        text = log.read_text(errors="replace").splitlines()
-        if text:
-            rank = log.parent.name
-            parts.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {log}")
-            parts.extend(text[-lines:])
-    return "\n".join(parts)
-
-
 def _progress(step: dict, total: int) -> str:
     return (
         f"  step {step['step']:>3}/{total}  loss {step['loss']:.4f}  "
@@ -165,7 +150,6 @@ def _progress(step: dict, total: int) -> str:
     )
 
 
-NON_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 GRACE_S = 10
 #: A stalled launch's grace: its stacks are dumped, and a rank stuck in C code never handles SIGTERM.
 STALL_GRACE_S = 3
@@ -173,48 +157,6 @@ STALL_GRACE_S = 3
 KILL_WAIT_S = 5
 #: How often the launcher shows new steps while torchrun runs.
 POLL_S = 0.5
-
-
-def non_finite_stop(run_dir: Path) -> tuple[str, int] | None:
-    """``(value, step)`` when torchtitan stopped the run at a non-finite loss (its trainer raises before logging
-    the step, so the rank's stderr is the only record), else None."""
-    for log in sorted((run_dir / LOGS_DIR).glob("*/attempt_*/*/stderr.log")):
-        match = NON_FINITE.search(log.read_text(errors="replace"))
-        if match:
-            return match.group(1), int(match.group(2))
-    return None
-
-
-def non_finite_summary(run_dir: Path, steps: list[dict]) -> str | None:
-    """'loss became non-finite at step N (last good loss L at step N-1)', if that is what ended the run."""
-    stop = non_finite_stop(run_dir)
-    if stop is None:
-        return None
-    good = (
-        f"last good loss {steps[-1]['loss']:.6f} at step {steps[-1]['step']}"
-        if steps
-        else "no good step"
-    )
-    return f"loss became non-finite ({stop[0]}) at step {stop[1]}; {good}"
-
-
-def first_failure(run_dir: Path) -> str | None:
-    """'rank R failed first: ExcType: message', from the error file torchrun copied for it.
-
-    torchrun's ``@record`` main copies the earliest failed rank's error file to its
-    own ``TORCHELASTIC_ERROR_FILE`` (torch/distributed/elastic/multiprocessing/errors/
-    __init__.py ``record``); harness.rank.train adds the rank number. None when no rank
-    recorded an exception (killed by a signal, or ``os._exit``).
-    """
-    path = run_dir / ERROR_FILE
-    if not path.is_file():
-        return None
-    message = json.loads(path.read_text()).get("message")
-    if not isinstance(message, dict):  # torch's plain-string format: no rank, no traceback
-        return f"a rank failed first: {message}"
-    rank = message.get("extraInfo", {}).get("rank", "?")
-    text = str(message.get("message", "")).strip().splitlines()
-    return f"rank {rank} failed first: {text[-1] if text else 'no message'}"
 
 
 def _start(cmd: list[str], env: dict, stdout, stdin=None) -> subprocess.Popen:
@@ -526,21 +468,3 @@ def launch(
             summary=why,
         )
     return result
-
-
-def failure_summary(
-    run_dir: Path, steps: list[dict], returncode: int, timeout_s: float | None
-) -> str:
-    """Why a run failed, cause first: the timeout, a non-finite loss, or the first failed rank."""
-    if timeout_s is not None:
-        return f"timed out after {timeout_s:.0f} s (a hung collective or a stuck rank); every rank was ended"
-    gone = vanished(run_dir)
-    if gone:
-        return f"{gone} (the ranks could not write their steps, logs or provenance); torchrun exited {returncode}"
-    why = non_finite_summary(run_dir, steps)
-    if why:
-        return why
-    first = first_failure(run_dir) or deaths.killed_rank(run_dir)
-    if deaths.torchrun_killed(returncode):
-        return deaths.torchrun_killed(returncode) + (f"; {first}" if first else "")
-    return f"torchrun exited {returncode}; {first}" if first else f"torchrun exited {returncode}"

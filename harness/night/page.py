@@ -25,6 +25,7 @@ from harness.launch.speed import run_label
 from harness.night import plan as nightly
 from harness.night import upstream
 from harness.report import history
+from harness.report import markdown as report_markdown
 from harness.report import results as report
 from recipes.tiers import rehearsal_mark
 
@@ -239,7 +240,12 @@ def speed_row(run: dict) -> list[str]:
     speed = run.get("speed") or {}
     step, tps = speed.get("step_time_s"), speed.get("tokens_per_s")
     cells = ["–" if step is None else f"{step:.3f}", "–" if tps is None else f"{tps:,.0f}"]
-    return [run.get("tier", "–"), str(run.get("nproc", "–")), *cells, *report.speed_cells(speed)]
+    return [
+        run.get("tier", "–"),
+        str(run.get("nproc", "–")),
+        *cells,
+        *report_markdown.speed_cells(speed),
+    ]
 
 
 def launches(results: dict, night: dict, records: list[dict]) -> tuple[list[str], list[Launch]]:
@@ -350,7 +356,7 @@ def gather(report_dir: Path, runs_log: Path | None = None) -> Page:
         mark=mark,
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         source=results.get("source") or report.SOURCE,
-        interrupted=report.interrupted_lines(results.get("interrupted"))[:1],
+        interrupted=report_markdown.interrupted_lines(results.get("interrupted"))[:1],
         claims=claims,
         moved=moved_claims(report_dir, claims, results, tests),
         curves=curves,
@@ -362,7 +368,7 @@ def gather(report_dir: Path, runs_log: Path | None = None) -> Page:
         inputs=inputs_table(dirs),
         versions={k: str(v) for k, v in versions.items() if v},
         runs=[run_links(report_dir, d) for d in dirs],
-        timing=report.timing_line(results["timing"]) if results.get("timing") else "",
+        timing=report_markdown.timing_line(results["timing"]) if results.get("timing") else "",
     )
 
 

@@ -220,7 +220,7 @@ def watchdog_budgets(name: str) -> Budgets:
 def measured_lines(measured: dict[str, dict]) -> list[str]:
     """The plan's estimate of each launch beside what a night measured (``{name: {"launch_min", "reference_min",
     "steps", "stopped"}}``, from tests/neuron/lane_runs.py), so the first real night can replace the estimates."""
-    from harness.report.results import md_table
+    from harness.report.markdown import md_table
 
     rows = []
     for name, estimate in launch_estimates().items():
@@ -317,7 +317,7 @@ def night_line(night: str) -> str:
 
 
 def plan_lines() -> list[str]:
-    from harness.report.results import md_table
+    from harness.report.markdown import md_table
 
     plan = steps(CHANGED)
     rows = [
@@ -363,7 +363,7 @@ def plan_lines() -> list[str]:
 
 def claim_lines() -> list[str]:
     from harness.declare.claims import published_claims
-    from harness.report.results import md_table
+    from harness.report.markdown import md_table
 
     rows = []
     for claim in published_claims("trn2"):

@@ -14,10 +14,11 @@ import json
 import os
 from pathlib import Path
 
-from harness.report.results import VERDICT_SUFFIX, lanes_section, md_table
+from harness.report.markdown import lanes_section, md_table
+from harness.report.results import VERDICT_SUFFIX
 from recipes.tiers import REPO_ROOT, rehearsal_mark
 
-#: A test's per-config summary of the trn2 lanes (harness.report.results.lane_summary), one per recipe.
+#: A test's per-config summary of the trn2 lanes (harness.report.markdown.lane_summary), one per recipe.
 LANES_SUFFIX = ".lanes"
 
 

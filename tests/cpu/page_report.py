@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.report import history
+from harness.report import markdown as report_markdown
 from harness.report import results as report
 from recipes.tiers import REHEARSAL_MARK
 
@@ -143,7 +144,7 @@ def main_job(root: Path, failing_reference: bool = False) -> Built:
         "runs": runs,
         "checks": checks,
         "versions": VERSIONS,
-        "timing": report.run_timing(60.0, runs),
+        "timing": report_markdown.run_timing(60.0, runs),
     }
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / report.RESULTS_JSON).write_text(json.dumps(results, indent=2) + "\n")

@@ -10,7 +10,7 @@ from test_reference_loss import craft_tokenizer
 
 from harness.base.run_dir import provenance_state
 from harness.config.provenance import tokenizer_info
-from harness.launch.lifecycle import failure_summary
+from harness.launch.failures import failure_summary
 from harness.reference.scoring import ReferenceCheck, Suspect
 from harness.reference.suspects import RunInfo, allowed_suspects, tokenizer_suspect
 from recipes.tiers import FIXTURES

@@ -26,7 +26,7 @@ from harness.rank.faults import ENV
 NPROC = 2
 
 
-#: The header harness.launch.lifecycle.rank_log_tails puts before each rank's log tail.
+#: The header harness.launch.failures.rank_log_tails puts before each rank's log tail.
 RANK_HEADER = re.compile(r"^--- rank (\S+): last \d+ lines of .*$", re.MULTILINE)
 
 

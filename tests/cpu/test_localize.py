@@ -162,7 +162,7 @@ def test_the_reference_check_localizes_only_a_disagreement(hf, ids):
 def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
     """results.md gets a "First divergence, by layer" section; upstream/<claim>.md fills its section from it."""
     from harness.night import upstream
-    from harness.report import results as report
+    from harness.report import markdown as report_markdown
 
     loc = localize(titan_model(options(rope_theta=5e6))[0], hf, ids).to_dict()
     run = {
@@ -171,7 +171,7 @@ def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
         "reference": {"verdict": "measured is 0.01 above", "localization": loc},
     }
     section = "\n".join(
-        report.first_divergence_section(
+        report_markdown.first_divergence_section(
             [run, {"recipe": "hf_backend", "tier": "cpu", "reference": {}}]
         )
     )
@@ -182,7 +182,7 @@ def test_the_report_and_the_upstream_report_name_the_first_divergence(hf, ids):
     )
     assert "hf_backend" not in section
     assert (
-        report.first_divergence_section(
+        report_markdown.first_divergence_section(
             [{"recipe": "x", "tier": "cpu", "reference": {"verdict": "agrees"}}]
         )
         == []

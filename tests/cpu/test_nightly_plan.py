@@ -23,7 +23,7 @@ from harness.night import ci
 from harness.night import plan as nightly
 from harness.options import lanes
 from harness.options.lanes import Lane
-from harness.report.results import lane_summary, lanes_section
+from harness.report.markdown import lane_summary, lanes_section
 from recipes.tiers import REPO_ROOT
 
 NEURON = REPO_ROOT / "tests" / "neuron"

@@ -364,7 +364,7 @@ def test_a_carried_diagnosis_scores_no_suspect_and_a_known_batch_is_not_scored_a
 
 def test_a_partial_record_is_refused_not_scored(tmp_path, healthy, reference_model):
     """One node's run dir of a 2-node run holds half the global batch: named, never averaged as the whole."""
-    from harness.report.results import reference_section
+    from harness.report.markdown import reference_section
 
     _, record, _ = healthy
     batch = record.batches[0]

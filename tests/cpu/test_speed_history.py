@@ -19,6 +19,7 @@ import pytest
 from harness.launch import speed
 from harness.night import ci
 from harness.report import history
+from harness.report import markdown as report_markdown
 from harness.report import results as report
 from recipes.tiers import REPO_ROOT
 
@@ -109,7 +110,7 @@ def test_speed_figures_are_the_steps_after_the_first(logged_run, record_property
     assert s["tokens_per_s_node"] == pytest.approx(s["tokens_per_s"] * result.nproc, rel=1e-12)
     # cpu: no stated peak, no NEFF cache
     assert s["peak_tflops"] is None and s["mfu_pct"] is None and s["neff_cache"] == "n/a"
-    table = report.markdown({"runs": [result.to_dict()]})
+    table = report_markdown.markdown({"runs": [result.to_dict()]})
     (row,) = [line for line in table.splitlines() if line.startswith("| native_qwen3 | cpu |")]
     assert f"| n/a | {s['time_to_first_step_s']:.1f} | n/a |" in row
     record_property("speed", s)

@@ -68,7 +68,7 @@ class LaneRun:
     def step1(self) -> float:
         """Step 1's loss; NaN when torchtitan stopped the run at a non-finite loss in step 1 (it raises before
         logging it; random init as published meets it too: inv_freq is uninitialised), a measurement too."""
-        from harness.launch.lifecycle import non_finite_stop
+        from harness.launch.failures import non_finite_stop
 
         if self.losses:
             return self.losses[0]

@@ -65,7 +65,7 @@ from harness.declare.published import CLAIMS
 from harness.night import plan as nightly
 from harness.night import standing
 from harness.reference import diagnosis as reference
-from harness.report.results import lane_summary
+from harness.report.markdown import lane_summary
 from recipes.tiers import TRN2
 
 #: The published claim and its golden's tolerance (fixtures/goldens/*/trn2.json step1_loss_hf).
