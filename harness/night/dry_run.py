@@ -89,9 +89,7 @@ class Plan:
         return not any(p.option == "--model-dir" for p in self.placeholders)
 
 
-# ---------------------------------------------------------------------------
-# Planning: placeholders for what this machine lacks
-# ---------------------------------------------------------------------------
+# --- Planning: placeholders for what this machine lacks -------------------------------------------
 
 
 def plan_run(opts: RunOptions) -> Plan:
@@ -153,9 +151,7 @@ def check_files(plan: Plan) -> None:
         check(plan.build)
 
 
-# ---------------------------------------------------------------------------
-# Checks
-# ---------------------------------------------------------------------------
+# --- Checks ---------------------------------------------------------------------------------------
 
 
 def check_sizes(opts: RunOptions, config) -> list[str]:
@@ -185,9 +181,7 @@ def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str
     return config, checked + check_built(opts, config)
 
 
-# ---------------------------------------------------------------------------
-# The model on the meta device, and upstream's
-# ---------------------------------------------------------------------------
+# --- The model on the meta device, and upstream's -------------------------------------------------
 
 
 def dims_of(hf_config: dict) -> dict:
@@ -314,9 +308,7 @@ def model_report(config, opts: RunOptions) -> dict:
     return report
 
 
-# ---------------------------------------------------------------------------
-# Command, environment, report
-# ---------------------------------------------------------------------------
+# --- Command, environment, report -----------------------------------------------------------------
 
 
 def shell_command(argv: list[str], placeholders: list[Placeholder]) -> str:
