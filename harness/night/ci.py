@@ -293,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         return require_ran(args.report, args.marker)
     if args.command == "require-claims":
         return require_claims(args.report, args.tier)
+    if args.command in ("record-inputs", "trend") and not args.report.is_file():
+        print(
+            f"harness.night.ci {args.command}: {args.report} does not exist: the test run wrote no report "
+            "(a night stopped before its tests): nothing to record",
+            file=sys.stderr,
+        )
+        return 1
     if args.command == "record-inputs":
         return record_inputs(args.report, args.replace)
     return append_trend(args.report, args.trend_file)
