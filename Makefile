@@ -55,10 +55,12 @@ test-neuron: neuron-venv
 # The trn2 night rehearsed on cpu: .github/workflows/nightly-trn2.yml's own steps, in order, in a scratch
 # dir, on stand-in Neuron packages (rehearsal/night.py), built first into STANDINS (offline, ~6 s).
 # REHEARSAL_ARGS="--night later" expects a later night's exit codes. Never a trn2 result.
+# The third night is short: random ops on the stand-in device draw from the CPU generator (DEVICE_RANDOM=0), so the
+# night's preflight (python -m harness.night.device_random) must stop it with one line and no launch.
 STANDINS ?= $(CURDIR)/.rehearsal-standins
 # Each behaviour of the real packages no cited source confirms is a stand-in switch (rehearsal/settings.py
 # SWITCHES): the night runs with every switch at its default, then with these flipped. DEVICE_RANDOM=0 (the
-# public copy's CPU-generator fallback) is not flipped: under it DTensor's trunc_normal_ never returns.
+# public copy's CPU-generator fallback) is not flipped here: under it DTensor's trunc_normal_ never returns (the third night).
 REHEARSAL_FLIPPED ?= --switch QWEN3_STANDIN_AUTOLOAD=0 --switch QWEN3_STANDIN_LOCAL_RANK_CORES=0 \
 	--switch QWEN3_STANDIN_WRAP_NKI_CONTIGUOUS=1 --switch QWEN3_STANDIN_WRAP_NKI_RETURNS_ARGUMENT=0
 
@@ -66,6 +68,7 @@ rehearse-trn2: venv
 	$(PY) -m rehearsal.standins build --out $(STANDINS)
 	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_ARGS)
 	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_FLIPPED) $(REHEARSAL_ARGS)
+	$(PY) -m rehearsal.night --standins $(STANDINS) --night device-random --switch QWEN3_STANDIN_DEVICE_RANDOM=0
 
 # Regenerate the lock (pip-tools, exact pins with hashes) from requirements.in.
 lock: venv

@@ -1,14 +1,17 @@
 """The trn2 night, rehearsed on cpu from .github/workflows/nightly-trn2.yml's own steps.
 
-    python -m rehearsal.night --standins DIR [--night first|later] [--scratch DIR]   (make rehearse-trn2)
+    python -m rehearsal.night --standins DIR [--night first|later|device-random] [--scratch DIR]   (make rehearse-trn2)
 
 Every step is read from the workflow with pyyaml and run in a scratch workspace as a runner
 would (rehearsal/workflow.py). :data:`RUNNER` is the one table of what a real runner would
 supply: the ``${{ github.* }}`` values, the absolute paths of the job's env and steps mapped
 into the scratch dir, and the machine's environment (HOME, TMPDIR, caches and pip inside the
 scratch dir; pip offline from the stand-in wheelhouse; the fork from a local git repository).
-:data:`EXPECTED` is each step's exit code on a first and a later night. Nothing is written
-outside the scratch dir: the source checkout's ``git status`` and /opt are compared after.
+:data:`EXPECTED` is each step's exit code on a first, a later and a device-random night (one whose
+preflight finds the device's random ops hang: it must stop there, :data:`STOP_LINE`). What it rehearses is
+the source checkout's working tree as it is (:func:`working_tree`), and every way it differs from a real
+runner is stated as it starts (:func:`substitutions`). Nothing is written outside the scratch dir: the
+source checkout's ``git status`` and /opt are compared after.
 A rehearsal is never a trn2 result: every line it prints starts with "rehearsal".
 """
 
@@ -103,35 +106,55 @@ RUNNER = RunnerTable(
     },
 )
 
-#: Each step's exit code on a first night (goldens' inputs still null) and on a later night.
+#: Each step's exit code on a first night (goldens' inputs still null), a later night, and a device-random night
+#: (the stand-in's random ops draw from the CPU generator, QWEN3_STANDIN_DEVICE_RANDOM=0: the preflight stops the
+#: night, no launch starts, and the guards after it find no report); None: the step is skipped.
 #: A first night's require-claims fails by design: its claims are "unmeasured" until recorded.
-EXPECTED: dict[str, tuple[int, int]] = {
-    "actions/checkout@v4": (0, 0),
+EXPECTED: dict[str, tuple[int | None, int | None, int | None]] = {
+    "actions/checkout@v4": (0, 0, 0),
     "Previous nights' runs log (artifact runs-history of the latest nightly that uploaded one)": (
         0,
         0,
+        0,
     ),
-    "Neuron devices, driver and runtime": (0, 0),
-    "Install the trn2 tier (requirements-neuron.txt + TorchTitan Neuron release-2.33)": (0, 0),
-    "torchtitan names and hooks (recipes/titan.py) against the installed TorchTitan Neuron": (0, 0),
+    "Neuron devices, driver and runtime": (0, 0, 0),
+    "Install the trn2 tier (requirements-neuron.txt + TorchTitan Neuron release-2.33)": (0, 0, 0),
+    "torchtitan names and hooks (recipes/titan.py) against the installed TorchTitan Neuron": (
+        0,
+        0,
+        0,
+    ),
     "TorchTitan Neuron ref and commit (recorded by the install; also in the report's versions)": (
         0,
         0,
+        0,
     ),
-    "Compiler version (keys the NEFF cache)": (0, 0),
-    "Persistent NEFF cache, keyed by compiler version": (0, 0),
-    "Neuron tests, serial (a 64-rank job takes the whole instance)": (0, 0),
-    "NEFF cache hits and misses": (0, 0),
-    "Fail when no neuron test actually ran": (0, 0),
-    "Fail unless every published trn2 claim was measured": (1, 0),
-    "Record the input keys of claims measured for the first time": (0, 0),
-    "Append tonight's results to the trend file": (0, 0),
-    "Published numbers and speed across nights (python -m harness history)": (0, 0),
-    "The night as one page (python -m harness page)": (0, 0),
-    "Upload the runs log (tomorrow's nightly downloads it and appends)": (0, 0),
-    "Upload the report": (0, 0),
+    "Compiler version (keys the NEFF cache)": (0, 0, 0),
+    "Persistent NEFF cache, keyed by compiler version": (0, 0, 0),
+    "Device randomness before any launch (DTensor trunc_normal_, normal_, uniform_ on one core)": (
+        0,
+        0,
+        1,
+    ),
+    "Neuron tests, serial (a 64-rank job takes the whole instance)": (0, 0, None),
+    "NEFF cache hits and misses": (0, 0, 0),
+    "Fail when no neuron test actually ran": (0, 0, 1),
+    "Fail unless every published trn2 claim was measured": (1, 0, 1),
+    "Record the input keys of claims measured for the first time": (0, 0, 1),
+    "Append tonight's results to the trend file": (0, 0, 1),
+    "Published numbers and speed across nights (python -m harness history)": (0, 0, 2),
+    "The night as one page (python -m harness page)": (0, 0, 2),
+    "Upload the runs log (tomorrow's nightly downloads it and appends)": (0, 0, 0),
+    "Upload the report": (0, 0, 0),
 }
-NIGHTS = ("first", "later")
+NIGHTS = ("first", "later", "device-random")
+#: Switches a night sets unless --switch names them: the device-random night is the CPU-generator fallback.
+NIGHT_SWITCHES = {"device-random": {"QWEN3_STANDIN_DEVICE_RANDOM": "0"}}
+#: The step id of the preflight (nightly-trn2.yml) and the one line a device-random night must stop with.
+PREFLIGHT_ID = "device_random"
+STOP_LINE = re.compile(
+    r"device random: DTensor trunc_normal_ on neuron did not return in \d+ s: .+; no launch started"
+)
 
 
 class RehearsalError(RuntimeError):
@@ -144,7 +167,7 @@ def fill(text: str, values: dict[str, str]) -> str:
     return text
 
 
-def expected_codes(workflow: Path, night: str) -> dict[str, int]:
+def expected_codes(workflow: Path, night: str) -> dict[str, int | None]:
     """EXPECTED for every step of ``workflow``, by name; a step the table lacks (or names wrongly) is an error."""
     from rehearsal.workflow import load_job
 
@@ -154,7 +177,7 @@ def expected_codes(workflow: Path, night: str) -> dict[str, int]:
     if missing or extra:
         raise RehearsalError(
             f"rehearsal/night.py EXPECTED does not match {workflow}'s steps: no entry for {missing}; "
-            f"entries for no step {extra}; give every step its first- and later-night exit code"
+            f"entries for no step {extra}; give every step its exit code on each of {NIGHTS}"
         )
     return {n: EXPECTED[n][NIGHTS.index(night)] for n in names}
 
@@ -273,22 +296,131 @@ def prepare(
     return Context(github=github, paths=paths), env
 
 
-def checkout(with_: dict, job: JobRun, out) -> int:
-    """actions/checkout: a clone of the source checkout's HEAD (its uncommitted changes are not in it)."""
-    head = subprocess.run(
-        ["git", "-C", str(SOURCE), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    for argv in (
-        ["git", "clone", "--quiet", "--no-hardlinks", str(SOURCE), str(job.workspace)],
-        ["git", "-C", str(job.workspace), "checkout", "--quiet", "--detach", head],
-    ):
-        code = subprocess.run(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=job.base_env
-        ).returncode
-        if code:
-            return code
-    out.write(f"checked out {head} into {job.workspace}\n")
-    return 0
+@dataclass(frozen=True)
+class Tree:
+    """What a rehearsal checks out: the source checkout's working tree as it is, as one commit."""
+
+    commit: str
+    head: str
+    #: Files the commit holds differently from HEAD (modified, staged, deleted, untracked): rehearsed uncommitted.
+    uncommitted: tuple[str, ...]
+    #: Of those, the untracked ones (not ignored), added on top of ``git stash create``'s commit.
+    untracked: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        if self.commit == self.head:
+            return [f"rehearsal: rehearses HEAD {self.head} (the working tree is clean)"]
+        how = "git stash create" + (", plus its untracked files" if self.untracked else "")
+        return [
+            f"rehearsal: rehearses the working tree as commit {self.commit} ({how}, on HEAD {self.head}); "
+            f"{len(self.uncommitted)} uncommitted file(s): {', '.join(self.uncommitted)}"
+        ]
+
+
+def working_tree(source: Path = SOURCE) -> Tree:
+    """``git stash create`` in ``source``: a commit object of its tracked files as they are (HEAD when clean);
+    untracked files that are not ignored (which it leaves out) are added in a commit on top of it, through a
+    temporary index. Objects only: no ref, no stash entry, the working tree and its index untouched."""
+
+    def git(*argv: str, env: dict[str, str] | None = None) -> str:
+        out = subprocess.run(
+            ["git", "-c", "user.name=rehearsal", "-c", "user.email=rehearsal@localhost"]
+            + ["-C", str(source), *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if out.returncode:
+            raise RehearsalError(
+                f"rehearsal: git {' '.join(argv)} in {source} failed: {out.stderr.strip()}"
+            )
+        return out.stdout
+
+    head = git("rev-parse", "HEAD").strip()
+    commit = git("stash", "create", "rehearsal: the working tree").strip() or head
+    untracked = git("ls-files", "-z", "--others", "--exclude-standard").split("\0")
+    untracked = [u for u in untracked if u]
+    if untracked:
+        with tempfile.TemporaryDirectory(prefix="rehearsal-index-") as tmp:
+            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            git("read-tree", commit, env=env)
+            git("add", "--", *untracked, env=env)
+            tree = git("write-tree", env=env).strip()
+            commit = git(
+                "commit-tree", tree, "-p", commit, "-m", "rehearsal: untracked files", env=env
+            ).strip()
+    changed = git("diff", "--name-only", head, commit).split() if commit != head else []
+    return Tree(commit, head, tuple(changed), tuple(untracked))
+
+
+def checkout(tree: Tree, source: Path = SOURCE):
+    """actions/checkout of ``tree``: a clone of the source checkout, then its commit fetched by id (a stash
+    commit is on no branch) and checked out detached."""
+
+    def action(with_: dict, job: JobRun, out) -> int:
+        for argv in (
+            ["git", "clone", "--quiet", "--no-hardlinks", str(source), str(job.workspace)],
+            ["git", "-C", str(job.workspace), "fetch", "--quiet", str(source), tree.commit],
+            ["git", "-C", str(job.workspace), "checkout", "--quiet", "--detach", tree.commit],
+        ):
+            code = subprocess.run(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=job.base_env
+            ).returncode
+            if code:
+                return code
+        out.write(f"checked out {tree.commit} into {job.workspace}\n")
+        out.writelines(line + "\n" for line in tree.lines())
+        return 0
+
+    return action
+
+
+#: Minutes of the rehearsal's own plan, for scaling the job's timeout-minutes: every job step but the launches
+#: (offline install into the stand-in venv, names check, preflight, guards, page: 1.0 to 1.7 min measured on this
+#: suite's 2-core machine, loaded, rounded up), and each of the plan's launches at the seam's tiny sizes, 2 ranks on
+#: cpu (the neuron tests step over its 11 launches: 918 s and 614 s, 83 and 56 s a launch, at 98ff5f9 on that
+#: machine; 1.5 min: the larger, rounded up).
+REHEARSAL_STEPS_MIN = 4.0
+REHEARSAL_LAUNCH_MIN = 1.5
+
+
+def job_timeout(workflow: Path, night: str) -> tuple[float, str]:
+    """(seconds, how) the job's ``timeout-minutes`` is applied: scaled by the rehearsal's plan over the trn2
+    plan's (harness/night/plan.py: the workflow's minutes are that plan's cold total with a margin)."""
+    from harness.night import plan
+    from rehearsal.workflow import load_job
+
+    minutes = float(load_job(workflow)[1].get("timeout-minutes") or 360)
+    launches = 0 if night == "device-random" else sum(s.launches for s in plan.steps(plan.CHANGED))
+    own = REHEARSAL_STEPS_MIN + launches * REHEARSAL_LAUNCH_MIN
+    trn2 = plan.totals(plan.steps(plan.CHANGED)).cold
+    scaled = minutes * own / trn2
+    return scaled * 60, (
+        f"timeout-minutes {minutes:g} applied as {scaled:.1f} min = {minutes:g} x this rehearsal's plan "
+        f"({REHEARSAL_STEPS_MIN:g} min of steps + {launches} launches x {REHEARSAL_LAUNCH_MIN:g} min = {own:g} min) "
+        f"/ the trn2 plan's cold total ({trn2:.0f} min)"
+    )
+
+
+def substitutions(tree: Tree, timeout_how: str, step_timeout_s: float) -> list[str]:
+    """Every way this rehearsal's job differs from the real runner's, one line each (rehearsal/README.md)."""
+    return [
+        f"checkout: actions/checkout is a local clone of this checkout's working tree as commit {tree.commit[:12]}"
+        + (
+            " (HEAD: nothing uncommitted)"
+            if tree.commit == tree.head
+            else f" (git stash create, untracked files added: {len(tree.uncommitted)} uncommitted file(s) included)"
+        ),
+        "gh: kept off PATH (it would reach GitHub): the runs-log download loop never runs, tonight starts a new "
+        "runs log",
+        f"timeout-minutes: {timeout_how}; each step also ends after {step_timeout_s:.0f} s or when the machine's "
+        "available memory runs low",
+        "uploads: actions/upload-artifact uploads nothing: each artifact's files are checked as the action checks "
+        "them (if-no-files-found) and listed in artifacts.json in the scratch dir",
+        "machine: /opt paths, HOME, caches and pip in the scratch dir; pip offline from the stand-in wheelhouse; "
+        "the fork from a local git repository; Neuron packages, devices and neuron-ls are stand-ins "
+        "(RUNNER in rehearsal/night.py)",
+    ]
 
 
 def snapshot(
@@ -401,13 +533,29 @@ def collected(job: JobRun) -> tuple[int | None, str]:
     )
 
 
-def report_line(result: StepResult, expected: int) -> str:
+def report_line(result: StepResult, expected: int | None) -> str:
     got = "skipped" if result.exit_code is None else str(result.exit_code)
+    want = "skipped" if expected is None else str(expected)
     verdict = "ok" if result.exit_code == expected else "DIFFERS"
     return (
-        f"rehearsal: step {result.index:2d} {verdict:7s} expected {expected} got {got:7s} "
-        f"{result.seconds:7.1f}s  {result.name}"
+        f"rehearsal: step {result.index:2d} {verdict:7s} expected {want:7s} got {got:7s} "
+        f"{result.seconds:7.1f}s  {result.name}" + (f" ({result.note})" if result.note else "")
     )
+
+
+def stopped_as_expected(results: list[StepResult], workflow: Path = WORKFLOW) -> str:
+    """'' when the preflight step's output is exactly one line, :data:`STOP_LINE`; else what it was."""
+    from rehearsal.workflow import load_job
+
+    steps = load_job(workflow)[1].get("steps") or []
+    name = next((step_name(s) for s in steps if s.get("id") == PREFLIGHT_ID), None)
+    result = next((r for r in results if r.name == name), None)
+    if result is None or result.log is None or not result.log.exists():
+        return f"no step with id {PREFLIGHT_ID} ran in {workflow}"
+    lines = [x for x in result.log.read_text(errors="replace").splitlines() if x.strip()]
+    if len(lines) == 1 and STOP_LINE.fullmatch(lines[0]):
+        return ""
+    return f"step {result.index} printed {len(lines)} line(s), not one matching {STOP_LINE.pattern!r}: {lines[-3:]}"
 
 
 def stop_on_signals() -> None:
@@ -476,18 +624,29 @@ def main(argv: list[str] | None = None) -> int:
             raise RehearsalError(
                 f"rehearsal: --switch {args.switch}: write each as NAME=0 or NAME=1"
             )
+        switches = {**NIGHT_SWITCHES.get(args.night, {}), **switches}
         print(f"rehearsal: switches {switches or 'all at their defaults'}", flush=True)
+        tree = working_tree()
+        for line in tree.lines():
+            print(line, flush=True)
+        timeout_s, timeout_how = job_timeout(WORKFLOW, args.night)
+        for line in substitutions(tree, timeout_how, args.step_timeout):
+            print(f"rehearsal: substitution: {line}", flush=True)
         context, env = prepare(scratch, args.standins, args.python_floor, switches)
         job = JobRun(
             WORKFLOW,
             context,
             Path(context.github["workspace"]),
             env,
-            actions={"actions/checkout": checkout, "actions/upload-artifact": upload_artifact},
+            actions={
+                "actions/checkout": checkout(tree),
+                "actions/upload-artifact": upload_artifact,
+            },
             logs=scratch / "logs",
             echo=args.echo,
             timeout_s=args.step_timeout,
             min_available=int(args.min_available_gib * 2**30),
+            job_timeout_s=timeout_s,
         )
         results = job.run(on_step=lambda r: print(report_line(r, expected[r.name]), flush=True))
     except (
@@ -509,17 +668,30 @@ def main(argv: list[str] | None = None) -> int:
     for line in outside:
         print(f"rehearsal: wrote outside its scratch dir: {line}")
     ran, skipped, launches = counts(job.workspace, scratch)
-    n_collected, collect_error = collected(job)
-    if collect_error:
-        print(f"rehearsal: collection: {collect_error}")
     cpu = os.times()
     cpu_s = sum(
         getattr(cpu, k) - getattr(start_cpu, k)
         for k in ("user", "system", "children_user", "children_system")
     )
-    print(
-        f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; "
+    timing = (
         f"wall {time.monotonic() - start_wall:.0f} s, CPU {cpu_s:.0f} s; logs in {scratch / 'logs'}"
+    )
+    if args.night == "device-random":
+        stop = stopped_as_expected(results)
+        if stop:
+            print(f"rehearsal: the preflight did not stop the night as expected: {stop}")
+        print(f"rehearsal: {timing}")
+        print(
+            f"rehearsal: device-random night: {'stopped at its preflight' if not stop else 'NOT stopped at its preflight'}, "
+            f"{ran} neuron tests executed, {launches} launches, {len(differs)} steps failed"
+        )
+        ok = not differs and not outside and not stop and launches == 0 and ran == 0
+        return 0 if ok else 1
+    n_collected, collect_error = collected(job)
+    if collect_error:
+        print(f"rehearsal: collection: {collect_error}")
+    print(
+        f"rehearsal: {n_collected if n_collected is not None else 'no'} neuron tests collected; {timing}"
     )
     print(f"rehearsal: its page (marked a rehearsal) {job.workspace / 'report' / 'index.html'}")
     print(

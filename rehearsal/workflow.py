@@ -14,7 +14,13 @@ Only what the suite's workflows use, each part as GitHub documents it:
   job's ``env:``), GITHUB_OUTPUT's become ``steps.<id>.outputs.<name>``.
 - ``if:`` defaults to ``success()`` (a step after a failed one is skipped); ``always()`` and
   ``!cancelled()`` run after a failure ("Evaluate expressions in workflows and actions",
-  status check functions). Nothing here cancels a job, so ``cancelled()`` is false.
+  status check functions); ``steps.<id>.outcome`` is a step's result before continue-on-error
+  ("Contexts reference", steps context), and a condition without a status function gets
+  ``success()`` added.
+- ``timeout-minutes`` of the job: GitHub cancels the job when it passes ("Workflow syntax",
+  ``jobs.<job_id>.timeout-minutes``); the running step is ended, ``cancelled()`` is true after it
+  and only ``always()`` steps still run. :class:`JobRun` applies ``job_timeout_s`` (the rehearsal
+  scales the job's minutes to its own plan: rehearsal/night.py).
 - ``${{ ... }}`` expressions come from one table (:class:`Context`); an expression or an
   absolute path the table does not name is refused with its text (:class:`WorkflowError`).
 """
@@ -99,22 +105,48 @@ class Context:
         return _EXPR.sub(lambda m: self.expression(m.group(1), where), text)
 
 
-def condition(expr: str | None, failed: bool, where: str) -> bool:
-    """Whether a step runs: GitHub's status functions, optionally negated, ``${{ }}`` optional."""
+def condition(
+    expr: str | None,
+    failed: bool,
+    where: str,
+    outcomes: dict[str, str] | None = None,
+    cancelled: bool = False,
+) -> bool:
+    """Whether a step runs: ``&&`` of GitHub's status functions, optionally negated, and
+    ``steps.<id>.outcome == 'success'`` (or ``!=``; ``outcome`` is the step's result before
+    continue-on-error: success, failure or skipped), ``${{ }}`` optional."""
     text = (expr or "success()").strip()
     whole = re.fullmatch(r"\$\{\{\s*(.*?)\s*\}\}", text)
     text = whole.group(1) if whole else text
+    terms = [t.strip() for t in text.split("&&")]
+    if not any(
+        t.lstrip("!").strip() in ("always()", "success()", "failure()", "cancelled()")
+        for t in terms
+    ):
+        # GitHub adds success() to a condition that names no status function.
+        terms = ["success()", *terms]
+    return all(_term(t, failed, where, expr, outcomes or {}, cancelled) for t in terms)
+
+
+def _term(
+    text: str, failed: bool, where: str, expr, outcomes: dict[str, str], cancelled: bool
+) -> bool:
+    step = re.fullmatch(r"steps\.([A-Za-z_][A-Za-z0-9_-]*)\.outcome\s*(==|!=)\s*'(\w+)'", text)
+    if step:
+        got = outcomes.get(step.group(1), "")
+        return (got == step.group(3)) == (step.group(2) == "==")
     negate = text.startswith("!")
     value = {
         "always()": True,
-        "success()": not failed,
-        "failure()": failed,
-        "cancelled()": False,
+        "success()": not failed and not cancelled,
+        "failure()": failed and not cancelled,
+        "cancelled()": cancelled,
     }.get(text.lstrip("!").strip())
     if value is None:
         raise WorkflowError(
             f"{where}: unknown condition 'if: {expr}': the rehearsal knows always(), success(), "
-            "failure(), cancelled() and their negation; add it to rehearsal/workflow.py condition"
+            "failure(), cancelled(), their negation, steps.<id>.outcome == 'x' and && of these; "
+            "add it to rehearsal/workflow.py condition"
         )
     return not value if negate else value
 
@@ -198,6 +230,8 @@ class JobRun:
     min_available: int = 2 * 2**30
     available_memory: object = available_memory
     job: str | None = None
+    #: The job's time limit (``timeout-minutes``, as the caller scaled it); None: none.
+    job_timeout_s: float | None = None
 
     def __post_init__(self):
         self.job, self.spec = load_job(self.workflow, self.job)
@@ -211,6 +245,10 @@ class JobRun:
         self.summary = self.temp / "step_summary.md"
         self.env_from_steps: dict[str, str] = {}
         self.failed = False
+        #: ``steps.<id>.outcome`` of each step with an id that ran or was skipped.
+        self.outcomes: dict[str, str] = {}
+        self.cancelled = False
+        self.job_deadline: float | None = None
         self.artifacts: list[dict] = []
 
     def steps(self) -> list[dict]:
@@ -228,6 +266,8 @@ class JobRun:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.summary.touch()
         job_env = self.job_env()
+        if self.job_timeout_s:
+            self.job_deadline = time.monotonic() + self.job_timeout_s
         results = []
         for index, step in enumerate(self.steps(), 1):
             result = self.run_step(index, step, job_env)
@@ -241,7 +281,9 @@ class JobRun:
     def run_step(self, index: int, step: dict, job_env: dict[str, str]) -> StepResult:
         name = step_name(step)
         where = f"{self.workflow} step {index} '{name}'"
-        if not condition(step.get("if"), self.failed, where):
+        if not condition(step.get("if"), self.failed, where, self.outcomes, self.cancelled):
+            if step.get("id"):
+                self.outcomes[step["id"]] = "skipped"
             return StepResult(
                 index,
                 name,
@@ -294,8 +336,17 @@ class JobRun:
         seconds = time.monotonic() - start
         if step.get("id"):
             self.context.outputs[step["id"]] = parse_command_file(output_file)
+            self.outcomes[step["id"]] = "success" if code == 0 else "failure"
         self.env_from_steps.update(parse_command_file(env_file))
-        return StepResult(index, name, code, seconds, log)
+        note = ""
+        if (
+            not self.cancelled
+            and self.job_deadline is not None
+            and time.monotonic() > self.job_deadline
+        ):
+            self.cancelled = True  # only always() steps run after this one
+            note = f"the job's timeout ({self.job_timeout_s / 60:.1f} min) passed: job cancelled"
+        return StepResult(index, name, code, seconds, log, note)
 
     def _execute(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> int:
         """Run one step in its own session; a watchdog ends its whole process group on the step timeout or
@@ -305,11 +356,15 @@ class JobRun:
                 argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+            # the job's timeout ends the running step too, unless the job is already cancelled
+            job_deadline = None if self.cancelled else self.job_deadline
             why = ""
             try:
                 while proc.poll() is None:
                     if deadline and time.monotonic() > deadline:
                         why = f"timed out after {self.timeout_s:.0f} s"
+                    elif job_deadline and time.monotonic() > job_deadline:
+                        why = f"the job's timeout-minutes ({self.job_timeout_s / 60:.1f} min, scaled) passed"
                     elif self.available_memory() < self.min_available:
                         why = (
                             f"the machine's available memory fell under {self.min_available / 2**30:.1f} GiB "

@@ -307,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     trend.add_argument("report", type=Path)
     trend.add_argument("trend_file", type=Path)
     args = parser.parse_args(argv)
+    if args.command in ("record-inputs", "trend") and not args.report.is_file():
+        print(
+            f"harness.night.ci {args.command}: {args.report} does not exist: the test run wrote no report "
+            "(a night stopped before its tests): nothing to record",
+            file=sys.stderr,
+        )
+        return 1
     try:
         if args.command == "require-ran":
             return require_ran(args.report, args.marker)

@@ -145,7 +145,8 @@ def night_launches(night: str = CHANGED) -> list[Launch]:
 
 
 def steps(night: str = CHANGED) -> list[Step]:
-    """The night in order: install, names check, the neuron tests (each launch on its own line), guards."""
+    """The night in order: install, names check, the device-randomness preflight (at most its 60 s limit), the
+    neuron tests (each launch on its own line), guards."""
     out = [
         Step("install the trn2 tier", "make neuron-venv", 1, 0, 0, Estimate(15.0, 2.0)),
         Step(
@@ -155,6 +156,14 @@ def steps(night: str = CHANGED) -> list[Step]:
             0,
             0,
             Estimate(0.5, 0.5),
+        ),
+        Step(
+            "device randomness: a launch's random-init ops on one core (a hang stops the night)",
+            "python -m harness.night.device_random --limit 60",
+            1,
+            1,
+            0,
+            Estimate(1.0, 1.0),
         ),
         Step(
             "one-core kernel tests (rope_hf, grouped experts) and config 3 fork vs twin",

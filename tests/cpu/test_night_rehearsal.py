@@ -6,6 +6,7 @@ Each workflow is written in tmp_path and run for real with bash, as the rehearsa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -425,3 +426,137 @@ def test_collection_is_counted_with_the_venv_the_workflow_names(tmp_path):
     assert night.collected(run) == (2, "")
     (tmp_path / "other").mkdir()
     assert night.collected(job(tmp_path / "other", [{"name": "noop", "run": "true"}]))[0] is None
+
+
+def test_a_failed_preflight_skips_the_step_that_needs_its_outcome(tmp_path):
+    """nightly-trn2.yml's neuron tests run ``if: !cancelled() && steps.device_random.outcome == 'success'``:
+    after a failed preflight they are skipped, the always() guards still run."""
+    run = job(
+        tmp_path,
+        [
+            {"name": "pre", "id": "pre", "run": "echo 'device random: stop'; exit 1"},
+            {
+                "name": "launches",
+                "if": "${{ !cancelled() && steps.pre.outcome == 'success' }}",
+                "run": "touch launched.txt",
+            },
+            {"name": "bare", "if": "steps.pre.outcome == 'failure'", "run": "touch bare.txt"},
+            {"name": "guard", "if": "always()", "run": "touch guard.txt"},
+        ],
+    )
+    assert codes(run.run()) == [1, None, None, 0]  # a bare steps.* condition gets success() added
+    assert sorted(p.name for p in run.workspace.iterdir()) == ["guard.txt"]
+    assert run.outcomes == {"pre": "failure"}
+
+
+def test_the_job_timeout_ends_the_running_step_and_cancels_the_job(tmp_path):
+    run = job(
+        tmp_path,
+        [
+            {"name": "long", "run": "sleep 30"},
+            {"name": "not cancelled", "if": "${{ !cancelled() }}", "run": "touch no.txt"},
+            {"name": "always", "if": "always()", "run": "touch always.txt"},
+        ],
+    )
+    run.job_timeout_s = 1.0
+    started = time.monotonic()
+    results = run.run()
+    assert time.monotonic() - started < 15
+    assert codes(results)[1:] == [None, 0] and codes(results)[0] not in (None, 0)
+    assert "job cancelled" in results[0].note
+    assert "timeout-minutes" in results[0].log.read_text()
+
+
+def test_the_device_random_night_expects_the_preflight_to_stop_it(tmp_path):
+    """The real nightly: the preflight (id device_random) runs before the neuron tests, which need its outcome;
+    a device-random night expects it to fail, the tests skipped, and exactly the one stop line. Seen failing
+    with the tests step's condition back to ``!cancelled()`` (it would then run every launch after the stop)."""
+    steps = yaml.safe_load(night.WORKFLOW.read_text())["jobs"]["neuron"]["steps"]
+    ids = [s.get("id") for s in steps]
+    pre = ids.index(night.PREFLIGHT_ID)
+    tests = next(i for i, s in enumerate(steps) if "pytest -m neuron" in s.get("run", ""))
+    assert pre < tests and "harness.night.device_random" in steps[pre]["run"]
+    assert f"steps.{night.PREFLIGHT_ID}.outcome == 'success'" in steps[tests]["if"]
+    expected = night.expected_codes(night.WORKFLOW, "device-random")
+    names = list(expected)
+    assert expected[names[pre]] == 1 and expected[names[tests]] is None
+    assert all(expected[n] == 0 for n in names[:pre])
+    assert night.expected_codes(night.WORKFLOW, "first")[names[pre]] == 0
+    assert night.NIGHT_SWITCHES["device-random"] == {"QWEN3_STANDIN_DEVICE_RANDOM": "0"}
+    log = tmp_path / "pre.log"
+    result = night.StepResult(pre + 1, names[pre], 1, 60.0, log)
+    log.write_text(
+        "device random: DTensor trunc_normal_ on neuron did not return in 60 s: why; no launch started\n"
+    )
+    assert night.stopped_as_expected([result]) == ""
+    log.write_text("device random: DTensor normal_ on neuron failed: boom; no launch started\n")
+    assert "not one matching" in night.stopped_as_expected([result])
+    log.write_text("Traceback\n" + log.read_text())
+    assert "2 line(s)" in night.stopped_as_expected([result])
+
+
+def git(repo: Path, *argv: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo), *argv],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def test_the_working_tree_is_rehearsed_as_its_stash_commit(tmp_path):
+    """An uncommitted edit and an untracked file reach the rehearsal's checkout; the source stays as it was.
+    Seen failing with the checkout back on HEAD (the clone read the committed rope.py)."""
+    source = tmp_path / "src"
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    (source / "rope.py").write_text("old\n")
+    (source / ".gitignore").write_text("*.log\n")
+    git(source, "add", ".")
+    git(source, "commit", "-qm", "one")
+    head = git(source, "rev-parse", "HEAD").strip()
+    clean = night.working_tree(source)
+    assert (clean.commit, clean.uncommitted) == (head, ())
+    assert "the working tree is clean" in clean.lines()[0]
+    (source / "rope.py").write_text("new\n")
+    (source / "new_test.py").write_text("x\n")
+    (source / "ignored.log").write_text("x\n")
+    status = git(source, "status", "--porcelain")
+    tree = night.working_tree(source)
+    assert tree.commit != head and tree.head == head
+    assert tree.uncommitted == ("new_test.py", "rope.py") and tree.untracked == ("new_test.py",)
+    assert git(source, "status", "--porcelain") == status and git(source, "stash", "list") == ""
+    assert tree.commit in tree.lines()[0] and "rope.py" in tree.lines()[0]
+
+    class Job:
+        workspace = tmp_path / "ws"
+        base_env = {**os.environ}
+
+    out = tmp_path / "checkout.log"
+    with open(out, "w") as f:
+        assert night.checkout(tree, source)({}, Job, f) == 0
+    assert (Job.workspace / "rope.py").read_text() == "new\n"
+    assert (Job.workspace / "new_test.py").exists() and not (Job.workspace / "ignored.log").exists()
+    assert git(Job.workspace, "rev-parse", "HEAD").strip() == tree.commit
+    assert tree.commit in out.read_text()
+
+
+def test_every_substitution_is_stated_in_the_readme():
+    """Each substitution the rehearsal prints (checkout, gh, timeout-minutes, uploads, machine) is a bullet of
+    rehearsal/README.md; the job timeout is scaled by the rehearsal's plan and stated."""
+    tree = night.Tree("a" * 40, "a" * 40, ())
+    seconds, how = night.job_timeout(night.WORKFLOW, "first")
+    lines = night.substitutions(tree, how, 3600)
+    readme = (night.SOURCE / "rehearsal/README.md").read_text()
+    for line in lines:
+        assert f"- **{line.split(':')[0]}**" in readme, line
+    assert [line.split(":")[0] for line in lines] == [
+        "checkout",
+        "gh",
+        "timeout-minutes",
+        "uploads",
+        "machine",
+    ]
+    minutes = yaml.safe_load(night.WORKFLOW.read_text())["jobs"]["neuron"]["timeout-minutes"]
+    assert f"timeout-minutes {minutes} applied as" in how and 5 * 60 < seconds < minutes * 60
+    short, _ = night.job_timeout(night.WORKFLOW, "device-random")
+    assert short < seconds
