@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 from harness.checks.errors import PreflightError
-from recipes import specs
-from recipes.specs import CONFIG_FIX
+from recipes import hf_config
+from recipes.hf_config import CONFIG_FIX
 
 
 def one_line(error: BaseException) -> str:
@@ -27,8 +27,8 @@ def one_line(error: BaseException) -> str:
 
 
 def read_json_object(path: Path, fix: str) -> dict:
-    """``path`` parsed as one JSON object (``recipes.specs.read_json_object``), or a ``PreflightError``."""
-    return specs.read_json_object(path, fix, PreflightError)
+    """``path`` parsed as one JSON object (``recipes.hf_config.read_json_object``), or a ``PreflightError``."""
+    return hf_config.read_json_object(path, fix, PreflightError)
 
 
 def check_model_config(path: Path, hf: dict, recipe: str, init: str) -> None:

@@ -27,7 +27,7 @@ from harness.checks.targets import (
 )
 from harness.checks.weights import check_config_matches_weights
 from harness.options.run_options import INITS, RunOptions
-from recipes import specs
+from recipes import hf_config
 from recipes.tiers import TIERS
 
 __all__ = [
@@ -207,8 +207,8 @@ def check_rdzv_endpoint(endpoint: str) -> None:
 
 
 def read_hf_config(model_dir) -> dict:
-    """``model_dir``'s config.json as one JSON object, refused as a ``PreflightError`` (``recipes.specs``)."""
-    return specs.read_hf_config(model_dir, PreflightError)
+    """``model_dir``'s config.json as one JSON object, refused as a ``PreflightError`` (``recipes.hf_config``)."""
+    return hf_config.read_hf_config(model_dir, PreflightError)
 
 
 def check_model_config(opts: RunOptions) -> None:

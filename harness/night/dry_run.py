@@ -29,8 +29,9 @@ from pathlib import Path
 from harness.declare.catalogue import Upstream, entry
 from harness.options.run_options import RunOptions
 from recipes.errors import RecipeError
+from recipes.hf_config import read_hf_config
 from recipes.specs import QWEN3_4B_INSTRUCT_2507 as QWEN3_4B_SIZES
-from recipes.specs import read_hf_config, read_hf_dims
+from recipes.specs import read_hf_dims
 from recipes.tiers import TIERS
 
 DRY_RUN_DIR = "dry-run"

@@ -18,7 +18,7 @@ from pathlib import Path
 from harness.base import marker
 from harness.base.run_dir import CHECKPOINT_DIR, EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.base.run_dir)
 from harness.options.run_options import RunOptions
-from recipes.specs import read_hf_config
+from recipes.hf_config import read_hf_config
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -139,7 +139,6 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     try:
         trainer = config.build()
         watchdog.beat(opts.run_dir, "built")
-        beat_every_step(trainer, opts.run_dir)
         if rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / STEPS_FILE).unlink(missing_ok=True)
@@ -150,6 +149,9 @@ def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
         first_batch.install(
             trainer, opts, run_dir, rank
         )  # --init hf: step 1's batches, for the host's reference loss
+        beat_every_step(
+            trainer, opts.run_dir
+        )  # outermost: a fault or hang inside a step leaves no beat
         if opts.forward_only:
             score_step1(trainer, config, run_dir if rank == 0 else None)
         else:

@@ -289,7 +289,7 @@ class ReferenceCheck:
 def tolerance_for(tier: str, model_dir: Path, recipe: str) -> Tolerance:
     """The tier's tolerance; a MoE model of a recipe whose experts compute in bf16 (harness.declare.catalogue) gets the wider one."""
     from harness.declare import catalogue
-    from recipes.specs import read_hf_config
+    from recipes.hf_config import read_hf_config
 
     hf = read_hf_config(model_dir)
     moe = "num_experts" in hf or "num_local_experts" in hf

@@ -545,12 +545,14 @@ def test_every_make_target_in_the_readme_exists():
 
 
 def test_every_environment_variable_in_the_readme_is_read_by_the_suite():
-    """Each QWEN3_* / NEURON_* name in README is a string in recipes/, a conftest or tests/neuron/requires.py, or $NAME in scripts/."""
+    """Each QWEN3_* / NEURON_* name in README is a string in recipes/, harness/, rehearsal/ (a stand-in switch),
+    a conftest or tests/neuron/requires.py, or $NAME in scripts/."""
     named = set(re.findall(r"\b((?:QWEN3|NEURON)_[A-Z0-9_]+)\b", README.read_text()))
     assert TRN2_ENV <= named, f"README does not document {sorted(TRN2_ENV - named)}"
     python = [
         *(REPO_ROOT / "recipes").rglob("*.py"),
         *(REPO_ROOT / "harness").rglob("*.py"),
+        *(REPO_ROOT / "rehearsal").rglob("*.py"),
         REPO_ROOT / "conftest.py",
         REPO_ROOT / "tests/neuron/conftest.py",
         REPO_ROOT / "tests/neuron/requires.py",
