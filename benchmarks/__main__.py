@@ -32,6 +32,10 @@ from benchmarks.common import (
     machine,
     table,
 )
+from benchmarks.compare import main as compare_main
+from benchmarks.plan import bench_plan
+from benchmarks.suite import bench_suite
+from harness.base.environment import versions
 from harness.base.readable import Unreadable, kind_of, text_of
 from recipes.tiers import REPO_ROOT
 
@@ -41,18 +45,15 @@ ORDER = ("plan", "overhead", "recipes", "suite")
 def benchmark(name: str):
     """The benchmark function for ``name`` (imported late: each pulls in the recipes it measures)."""
     if name == "plan":
-        from benchmarks.plan import bench_plan
-
         return bench_plan
     if name == "overhead":
-        from benchmarks.overhead import bench_overhead
+        from benchmarks.overhead import bench_overhead  # noqa: PLC0415 -- heavy: benchmarks.overhead imports torch (torch 2.9 s); this module stays light
 
         return bench_overhead
     if name == "recipes":
-        from benchmarks.per_recipe import bench_recipes
+        from benchmarks.per_recipe import bench_recipes  # noqa: PLC0415 -- heavy: benchmarks.per_recipe imports torch (torch 2.9 s); this module stays light
 
         return bench_recipes
-    from benchmarks.suite import bench_suite
 
     return bench_suite
 
@@ -101,7 +102,6 @@ def run_section(name: str, args) -> Section:
 
 
 def document(args, argv: list[str], date: str, sections: list[Section]) -> dict:
-    from harness.base.environment import versions
 
     goals = [{"benchmark": s.name, **asdict(g)} for s in sections for g in s.goals]
     measured = [g["met"] for g in goals if g["met"] is not None]
@@ -167,8 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up live under make/CI too
     if argv[:1] == ["compare"]:
-        from benchmarks.compare import main as compare_main
-
         return compare_main(argv[1:])
     args = parse_args(argv)
     try:

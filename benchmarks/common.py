@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.base.environment import KERNEL_ISA_FLAGS, cpu_model
+from harness.launch.child import _prctl, die_with_parent
+from harness.launch.lifecycle import end_run
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_OUT_DIR = REPO_ROOT / "report" / "bench"
@@ -130,8 +132,6 @@ def run_timed(
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         except BaseException:  # Ctrl-C does not reach a child in its own session: stop it here
-            from harness.launch.lifecycle import end_run
-
             end_run(proc)
             raise
         finally:
@@ -265,7 +265,6 @@ def run_bound(cmd: list[str], timeout_s: float, cwd: Path = REPO_ROOT) -> tuple[
     the kernel SIGTERMs it when this process dies (harness.launch.child.die_with_parent), and a timeout
     SIGTERMs it too, so torchrun closes its ranks; none outlives the caller holding NeuronCores.
     ``(returncode, stderr)``; a timeout raises subprocess.TimeoutExpired after the ranks are closed."""
-    from harness.launch.child import _prctl, die_with_parent
 
     parent = os.getpid()
     _prctl()  # load libc here, not between fork and exec

@@ -45,6 +45,7 @@ from benchmarks.common import (
     machine_busy_s,
     table,
 )
+from harness.base.environment import versions
 from recipes.tiers import REPO_ROOT
 
 DEFAULT_BASELINE = "078324c"
@@ -481,7 +482,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def document(
     args, argv: list[str], checkouts, measurements, found: list[Goal], started: str, load
 ) -> dict:
-    from harness.base.environment import versions
 
     judged_goals = [g.met for g in found if g.met is not None]
     return {

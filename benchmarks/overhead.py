@@ -40,6 +40,7 @@ from benchmarks.common import (
 from harness.checks.preflight import preflight
 from harness.launch.lifecycle import child_env, read_steps
 from harness.options.run_options import RunOptions
+from recipes.platform.neuron import neuron_status
 
 GOAL_RATIO = 1.10  # issue 17: python -m harness run within 1.10x a bare torchtitan launch
 RECIPE = "native_qwen3"
@@ -335,8 +336,6 @@ def summarize(samples: list[Sample], opts: RunOptions) -> Section:
 
 def bench_overhead(args, echo=print) -> Section:
     if args.tier == "trn2":
-        from recipes.platform.neuron import neuron_status
-
         status = neuron_status(needs_weights=INIT == "hf")
         if not status.ready:
             return Section("overhead", skipped=status.reason())

@@ -35,6 +35,8 @@ from harness.checks.preflight import preflight
 from harness.launch.lifecycle import child_env, read_steps, torchrun_command, write_run_file
 from harness.options.run_options import RunOptions
 from recipes.errors import RecipeError
+from recipes.platform.neuron import neuron_status
+from recipes.registry import RECIPES, get_recipe
 
 TRAIN_LOGGED = "benchmarks.train_logged"
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
@@ -78,7 +80,6 @@ class RecipeFigures:
 
 def import_gap(name: str) -> str | None:
     """Why recipe ``name`` cannot be imported (another engineer may still be adding it)."""
-    from recipes.registry import get_recipe
 
     try:
         get_recipe(name).config_fn()
@@ -89,14 +90,12 @@ def import_gap(name: str) -> str | None:
 
 def trn2_gap(init: str) -> str | None:
     """The reason the trn2 figures cannot be taken here, from the platform's own detection."""
-    from recipes.platform.neuron import neuron_status
 
     status = neuron_status(needs_weights=init == "hf")
     return None if status.ready else status.reason()
 
 
 def recipe_options(name: str, args, run_dir: Path) -> RunOptions:
-    from recipes.registry import get_recipe
 
     return preflight(
         RunOptions(
@@ -218,7 +217,6 @@ def shape(opts: RunOptions) -> dict:
 
 def one_recipe(name: str, args, work: Path, echo) -> RecipeFigures:
     """Figures for one recipe, or a skip/failure record that says why."""
-    from recipes.registry import get_recipe
 
     gap = import_gap(name)
     if gap:
@@ -317,7 +315,6 @@ def summarize(results: list[RecipeFigures], floor: float | None, tier: str) -> S
 
 
 def bench_recipes(args, echo=print) -> Section:
-    from recipes.registry import RECIPES
 
     work = Path(tempfile.mkdtemp(prefix="bench-recipes-"))
     try:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.common import Goal, Section, log_tail, run_timed
+from recipes.platform.neuron import neuron_status
 
 GOAL_S = 300.0
 MARKERS = {"cpu": "cpu", "trn2": "neuron"}
@@ -129,8 +130,6 @@ def summarize(proc, times: list[PerTest], tier: str, console: Path) -> Section:
 
 def bench_suite(args, echo=print) -> Section:
     if args.tier == "trn2":
-        from recipes.platform.neuron import neuron_status
-
         status = neuron_status()
         if not status.ready:
             return Section("suite", skipped=status.reason())

@@ -12,8 +12,8 @@ import sys
 
 
 def main() -> int:
-    from harness.rank.train import main as recipes_train_main
-    from recipes.titan import init_logger
+    from harness.rank.train import main as recipes_train_main  # noqa: PLC0415 -- heavy: harness.rank.train imports torch (torch 2.9 s); this module stays light
+    from recipes.titan import init_logger  # noqa: PLC0415 -- heavy: recipes.titan imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     init_logger()
     return recipes_train_main()

@@ -29,6 +29,7 @@ from harness.options.run_options import (
     parse_run_command,
 )
 from recipes.errors import RecipeError
+from recipes.registry import RECIPES
 from recipes.tiers import TIERS
 
 #: The job's own wall time (``make repro`` reports it) counts from this module's start.
@@ -43,7 +44,6 @@ USAGE = """usage: python -m harness {list,run,history,page} ...
 
 
 def cmd_list(args) -> int:
-    from recipes.registry import RECIPES
 
     print("recipes:")
     for recipe in RECIPES.values():
@@ -54,7 +54,7 @@ def cmd_list(args) -> int:
             f"  {tier.name:<14} {tier.nproc} process(es), seq_len {tier.seq_len}, {tier.steps} steps"
         )
     try:
-        from recipes.overrides import available_overrides
+        from recipes.overrides import available_overrides  # noqa: PLC0415 -- heavy: recipes.overrides imports torchtitan (torchtitan+torch 2.9 s); this module stays light
     except ImportError:
         return 0
     print("overrides (--override NAME or NAME=GLOB[,GLOB]):")
@@ -71,7 +71,6 @@ def run_dir_for(args: RunCommand, name: str, claim: bool) -> Path:
 
 
 def _runs_for(args: RunCommand, recipe: str, claim: bool = False) -> list[RunOptions]:
-    from recipes.registry import RECIPES
 
     inits = (
         [args.init] if args.init else list(RECIPES[recipe].inits) if recipe in RECIPES else ["hf"]
@@ -89,7 +88,7 @@ def _runs_for(args: RunCommand, recipe: str, claim: bool = False) -> list[RunOpt
 
 def _full_width_random_init(args, recipe: str, claim: bool = False) -> RunOptions:
     """The full-width random-init preset of ``recipe`` (its catalogue entry's proxy, harness.declare.catalogue)."""
-    from harness.judge.proxy import proxy_options
+    from harness.judge.proxy import proxy_options  # noqa: PLC0415 -- --help stays fast: harness.judge.proxy 50 ms
 
     return proxy_options(
         recipe,
@@ -117,7 +116,7 @@ def import_for_the_report(runs: list[RunOptions]) -> threading.Thread:
     matplotlib for the loss plots, and transformers' model classes for the reference loss of a
     weights-loaded run: ~3 s of CPU this process would otherwise spend after the last step.
     """
-    from harness.report.results import import_plotting
+    from harness.report.results import import_plotting  # noqa: PLC0415 -- --help stays fast: harness.report.results 16 ms
 
     def imports() -> None:
         import_plotting()
@@ -166,7 +165,7 @@ def _name(opts: RunOptions) -> str:
 
 def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
     """The command under ``stop_signals_raise``: whatever stage a stop signal finds, what was measured is reported."""
-    from harness.launch.lifecycle import Interrupted, stop_signals_raise
+    from harness.launch.lifecycle import Interrupted, stop_signals_raise  # noqa: PLC0415 -- --help stays fast: harness.launch.lifecycle 19 ms
 
     progress = Progress()
     with stop_signals_raise():
@@ -183,8 +182,8 @@ def _cmd_run(args, cli_overrides: list[str], plan: list[RunOptions]) -> int:
 def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
     """Write what was measured, the run and the report marked interrupted (every later signal is ignored
     by then: ``harness.launch.stop``); 128 + the signal's number."""
-    from harness.report import markdown as report_markdown
-    from harness.report import results as report_mod
+    from harness.report import markdown as report_markdown  # noqa: PLC0415 -- --help stays fast: harness.report 16 ms
+    from harness.report import results as report_mod  # noqa: PLC0415 -- --help stays fast: harness.report.results 16 ms
 
     name = signal.Signals(stop.signum).name
     run = None
@@ -221,11 +220,10 @@ def report_interrupt(report_dir: Path, progress: Progress, stop) -> int:
 
 
 def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: Progress) -> int:
-    from harness.launch.lifecycle import LaunchError, deferred, launch, prestart
-    from harness.night import page
-    from harness.report import markdown as report_markdown
-    from harness.report import results as report_mod
-    from recipes.errors import RecipeError
+    from harness.launch.lifecycle import LaunchError, deferred, launch, prestart  # noqa: PLC0415 -- --help stays fast: harness.launch.lifecycle 19 ms
+    from harness.night import page  # noqa: PLC0415 -- heavy: harness.night.page imports jinja2 (0.12 s); --help stays fast
+    from harness.report import markdown as report_markdown  # noqa: PLC0415 -- --help stays fast: harness.report 16 ms
+    from harness.report import results as report_mod  # noqa: PLC0415 -- --help stays fast: harness.report.results 16 ms
 
     names = _recipe_names(args.recipe)
     plan += [opts for name in names for opts in _runs_for(args, name, claim=True)]
@@ -233,7 +231,7 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
     # does): its forkserver's imports overlap this process's checks. Preflight first would start
     # nothing for a refusal from the options, but cost a good run 2.5-3.4 s to step 1 (issue 27, n=3).
     prestarted = prestart(plan[0]) if plan else None
-    from harness.config.build import as_configured, checked_config
+    from harness.config.build import as_configured, checked_config  # noqa: PLC0415 -- heavy: harness.config.build imports torch (torch 2.9 s); this module stays light
 
     wants_full_width = args.tier == "cpu" and args.layers is None and args.init in (None, "random")
     if wants_full_width:
@@ -312,15 +310,13 @@ def _run_plan(args, cli_overrides: list[str], plan: list[RunOptions], progress: 
 
 
 def _recipe_names(recipe: str) -> list[str]:
-    from recipes.registry import RECIPES
 
     return list(RECIPES) if recipe == "all" else [recipe]
 
 
 def cmd_dry_run(args, cli_overrides: list[str]) -> int:
     """``run --dry-run``: every planned run checked and described, none started (harness.night.dry_run)."""
-    from harness.night import dry_run
-    from recipes.registry import RECIPES
+    from harness.night import dry_run  # noqa: PLC0415 -- heavy: harness.night.dry_run imports torch (torch 2.9 s); --help stays fast
 
     names = list(RECIPES) if args.recipe == "all" else [args.recipe]
     plan = [opts for name in names for opts in _runs_for(args, name)]
@@ -333,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "list":
         return cmd_list(None)
     if command == "history":
-        from harness.report.history import main as history_main
+        from harness.report.history import main as history_main  # noqa: PLC0415 -- --help stays fast: harness.report.history
 
         return history_main(rest)
     if command == "page":
-        from harness.night.page import main as page_main
+        from harness.night.page import main as page_main  # noqa: PLC0415 -- heavy: harness.night.page imports jinja2 (0.12 s); --help stays fast
 
         return page_main(rest)
     if command in (None, "-h", "--help"):

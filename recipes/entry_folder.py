@@ -65,7 +65,7 @@ def finished(checkpoint_dir: Path) -> bool:
 def _holds_training_state(step_dir: Path) -> bool:
     if not (step_dir / DCP_METADATA).is_file():
         return False
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     keys = FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
     return any(k == TRAIN_STATE or k.startswith(TRAIN_STATE + ".") for k in keys)

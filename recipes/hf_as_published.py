@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recipes.errors import RecipeError
 from recipes.hf_compat import (
     CompatHFTransformerModel,
     CompatStateDictAdapter,
@@ -46,7 +47,6 @@ KEEPABLE_DEFECTS = {
 
 def kept_defects() -> list[str]:
     """The defects ``$QWEN3_HF_KEEP_DEFECTS`` asks to keep; an unknown name is refused."""
-    from recipes.errors import RecipeError
 
     names = [n.strip() for n in os.environ.get(KEEP_DEFECTS_ENV, "").split(",") if n.strip()]
     unknown = [n for n in names if n not in KEEPABLE_DEFECTS]

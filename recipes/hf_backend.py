@@ -32,17 +32,17 @@ def hf_model(inputs: RecipeInputs) -> str:
 
 def hf_backend(inputs: RecipeInputs):
     """``transformers_modeling_backend_full()`` with ``hf_model`` = ``--model-dir``."""
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
-    from recipes.hf_compat import compat_model_spec
-    from recipes.titan import transformers_modeling_backend_full
+    from recipes.hf_compat import compat_model_spec  # noqa: PLC0415 -- heavy: recipes.hf_compat imports torchtitan (torchtitan+torch 2.9 s); this module stays light
+    from recipes.titan import transformers_modeling_backend_full  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     config = transformers_modeling_backend_full()
     config.hf_model = hf_model(inputs)
     hf_config, _ = PretrainedConfig.get_config_dict(config.hf_model)
     config.model_spec = compat_model_spec(config.model_spec, hf_config, inputs.layers)
     if os.environ.get("QWEN3_HF_KEEP_DEFECTS"):
-        from recipes.hf_as_published import keep_inv_freq_defect, kept_defects
+        from recipes.hf_as_published import keep_inv_freq_defect, kept_defects  # noqa: PLC0415 -- heavy: recipes.hf_as_published imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
         if "inv_freq" in kept_defects():
             config.model_spec = keep_inv_freq_defect(config.model_spec, hf_config, inputs.layers)

@@ -32,7 +32,7 @@ def rope_init_function(module, config=None, workaround: str = ROPE_WORKAROUND):
         )
         fn = module.compute_default_rope_parameters
     else:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
         where = f"modeling_rope_utils.ROPE_INIT_FUNCTIONS[{module.rope_type!r}]"
         require(module.rope_type in ROPE_INIT_FUNCTIONS, "transformers", workaround, where)
@@ -45,7 +45,7 @@ def rope_init_function(module, config=None, workaround: str = ROPE_WORKAROUND):
 
 def rope_parameters(module, config=None, workaround: str = ROPE_WORKAROUND):
     """``(inv_freq, attention_scaling)`` as ``module``'s own ``__init__`` computes them (from ``config`` if given)."""
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     config = module.config if config is None else config
     result = rope_init_function(module, config, workaround)(config)

@@ -30,7 +30,7 @@ def model_spec(tier: str, layers: int | None = None):
 
 def native_qwen3(inputs: RecipeInputs):
     """``qwen3_32b()`` with ``config.model_spec = model_registry("4B", attn_backend="sdpa")``."""
-    from recipes.titan import qwen3_32b
+    from recipes.titan import qwen3_32b  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     config = qwen3_32b()
     config.model_spec = model_spec(inputs.tier, inputs.layers)

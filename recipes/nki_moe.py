@@ -26,8 +26,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from recipes.kernels.rope import sliced_rope
+from recipes.overrides import apply_override_specs
 from recipes.specs import shrink_model, sized_spec
 from recipes.tiers import AS_PUBLISHED, TIERS, MoEDims
+from recipes.titan import BY_NAME, optional
 from recipes.tutorial import RecipeInputs, tier_config, tutorial_settings
 
 #: Qwen3-30B-A3B's own widths (config.json of Qwen/Qwen3-30B-A3B).
@@ -78,8 +80,7 @@ def qwen3_nki_moe_config(
     as_published: bool = False,
 ):
     """The tutorial's MoE ``Trainer.Config`` before run options (data, batch, checkpoint)."""
-    from recipes.overrides import apply_override_specs
-    from recipes.titan import CompileConfig, qwen3_30b_a3b
+    from recipes.titan import CompileConfig, qwen3_30b_a3b  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     if flavor != "30B-A3B":
         raise ValueError(
@@ -109,7 +110,6 @@ def fork_config():
     Only a missing name is "absent" (a finding the report shows); a fork function that
     exists but raises is an error and propagates.
     """
-    from recipes.titan import optional
 
     function, why = optional("qwen3_nki_moe_config")
     if function is None:
@@ -128,7 +128,6 @@ def twin_config(tier: str, *, as_published: bool = False):
 def uses_fork(tier: str) -> bool:
     """Config 3 comes from the fork's function on the full-size (trn2) tier whenever it is importable, in a
     rehearsal too (which shrinks it: :func:`nki_moe`), as the real night does."""
-    from recipes.titan import optional
 
     return AS_PUBLISHED[tier].full_size_models and optional("qwen3_nki_moe_config")[0] is not None
 
@@ -146,7 +145,6 @@ def shrunk_for_tier(config, tier: str):
 
 def config_source(tier: str) -> str:
     """Which function built config 3 on ``tier`` (provenance, report)."""
-    from recipes.titan import BY_NAME
 
     return BY_NAME["qwen3_nki_moe_config"].qualified if uses_fork(tier) else TWIN
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 
 from recipes.errors import RecipeError
+from recipes.kernels import grouped_experts, rope
 from recipes.titan import ModelSpec, OverrideConfig, apply_overrides, override
 
 __all__ = [
@@ -88,7 +89,6 @@ def _named(
 
 
 def _rope_hf() -> NamedOverride:
-    from recipes.kernels import rope
 
     # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
     # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
@@ -102,7 +102,6 @@ def _rope_hf() -> NamedOverride:
 
 
 def _grouped_experts() -> NamedOverride:
-    from recipes.kernels import grouped_experts
 
     return _named(
         "grouped_experts",
@@ -280,7 +279,7 @@ def _check_claims(config, specs: list[OverrideSpec], prefix: str) -> None:
 def _unregister(key: str) -> None:
     # torchtitan only offers clear_overrides(), which would also drop every
     # other module's registrations; remove just the one this module added.
-    from recipes.titan import _OVERRIDE_REGISTRY
+    from recipes.titan import _OVERRIDE_REGISTRY  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     _OVERRIDE_REGISTRY.pop(key, None)
 

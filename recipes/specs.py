@@ -9,6 +9,8 @@ config builders.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import types
 from functools import partial
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def sdpa_attention(spec):
     torchtitan 0.3.0 rejects "sdpa" for language models (it wants per-document
     masks), so there the same wiring is done here: causal SDPA in every layer.
     """
-    from recipes.titan import ScaledDotProductAttention
+    from recipes.titan import ScaledDotProductAttention  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     for layer in spec.model.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
@@ -54,7 +56,7 @@ def sdpa_attention(spec):
 
 def qwen3_spec(flavor: str, attn_backend: str = "sdpa"):
     """``model_registry(flavor, attn_backend=...)``, with SDPA where upstream refuses it."""
-    from recipes.titan import model_registry
+    from recipes.titan import model_registry  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     try:
         return model_registry(flavor, attn_backend=attn_backend)
@@ -65,13 +67,13 @@ def qwen3_spec(flavor: str, attn_backend: str = "sdpa"):
 
 
 def _norm(dim: int, eps: float):
-    from recipes.titan import RMSNorm
+    from recipes.titan import RMSNorm  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     return RMSNorm.Config(normalized_shape=dim, eps=eps, param_init={"weight": nn.init.ones_})
 
 
 def _attention(dims: DenseDims, rope, inner_attention, wo_init):
-    from recipes.titan import make_gqa_config
+    from recipes.titan import make_gqa_config  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     return make_gqa_config(
         dim=dims.hidden_size,
@@ -88,7 +90,7 @@ def _attention(dims: DenseDims, rope, inner_attention, wo_init):
 
 
 def _moe(dims: MoEDims):
-    from recipes.titan import make_moe_config, make_routed_experts_config, make_router_config
+    from recipes.titan import make_moe_config, make_routed_experts_config, make_router_config  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     return make_moe_config(
         num_experts=dims.num_experts,
@@ -117,7 +119,7 @@ def sized_spec(base_flavor: str, dims: DenseDims, name: str):
     Used for the cpu tier: same model class, adapter and parallelize function
     as the real flavor, with every size taken from ``dims``.
     """
-    from recipes.titan import (
+    from recipes.titan import (  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
         CosSinRoPE,
         Embedding,
         Linear,
@@ -219,7 +221,6 @@ _SIZE_CELLS = {
 
 def _shrunk_init(fn, big: dict, tiny: dict):
     """``fn`` again, each size it closes over (:data:`_SIZE_CELLS`) at ``tiny``'s value; ``fn`` when it has none."""
-    import types
 
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
     sized = {
@@ -246,8 +247,6 @@ def shrink_model(model_config, full: MoEDims, small: MoEDims, path: str = "model
     sizes an init function closes over (the fused wqkv's). A size field holding none of ``full``'s sizes is refused
     by its path: the rehearsal would not know its value.
     """
-    import dataclasses
-    import types
 
     if isinstance(model_config, list):
         for i, item in enumerate(model_config):

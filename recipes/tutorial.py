@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipes.errors import RecipeError
+from recipes.registry import get_recipe
 from recipes.tiers import TIERS, Tier
 
 INITS = ("hf", "random")
@@ -41,7 +42,7 @@ class RecipeInputs:
 
         On trn2 they come from ``$QWEN3_4B_DIR`` and ``$QWEN3_DATASET_DIR`` (``recipes.tiers``).
         """
-        from recipes.platform import tier_unavailable
+        from recipes.platform import tier_unavailable  # noqa: PLC0415 -- --help stays fast: recipes.platform (on python -m harness's import path)
 
         reason = tier_unavailable(tier)
         if reason:
@@ -71,7 +72,7 @@ def tutorial_settings(config, inputs: RecipeInputs):
     ``model_dir``'s HF weights when ``init`` is ``hf`` and the last step is saved in
     HF format (``last_save_in_hf``), as in the tutorial. Returns ``config``.
     """
-    from recipes.titan import (
+    from recipes.titan import (  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
         CheckpointManager,
         ChunkedLossWrapper,
         CrossEntropyLoss,
@@ -151,9 +152,8 @@ def tier_config(recipe: str, tier: str, init: str = "hf"):
     and died. Only this path: ``python -m harness run`` sets its own run directory. An
     explicit ``--dump_folder`` is applied after this and used as given.
     """
-    from recipes import platform
-    from recipes.entry_folder import entry_dump_folder
-    from recipes.registry import get_recipe
+    from recipes import platform  # noqa: PLC0415 -- --help stays fast: recipes.platform (on python -m harness's import path)
+    from recipes.entry_folder import entry_dump_folder  # noqa: PLC0415 -- --help stays fast: recipes.entry_folder (on python -m harness's import path)
 
     inputs = RecipeInputs.for_tier(tier, init)
     platform.install(tier)
@@ -164,7 +164,7 @@ def tier_config(recipe: str, tier: str, init: str = "hf"):
 
 def set_rope_theta(config, theta: float) -> None:
     """Every RoPE of the model gets ``theta``."""
-    from recipes.titan import RoPE
+    from recipes.titan import RoPE  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     for _, rope, _, _ in config.traverse(RoPE.Config):
         rope.theta = theta

@@ -18,11 +18,13 @@ import importlib
 import importlib.util
 import os
 import platform as _platform
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from recipes.platform.neuron_versions import normalize, pins
+from recipes.platform.torchtitan_checkout import checkout_info, describe
 from recipes.tiers import REPO_ROOT
 
 CPU_LOCK = REPO_ROOT / "requirements-lock.txt"
@@ -214,9 +216,8 @@ def cpu_model() -> str:
 
 def _blas() -> str:
     """The BLAS / oneDNN builds torch was compiled with, from ``torch.__config__.show()``."""
-    import re
 
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     shown = torch.__config__.show()
     found = [
@@ -233,7 +234,7 @@ def cpu_fingerprint() -> dict:
     (MKL picks its code path per CPU model), so the model, the ISA flags, the BLAS
     build and any kernel-selecting environment variable are all part of it.
     """
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
@@ -262,7 +263,6 @@ def versions() -> dict[str, str | None]:
 
 def torchtitan_neuron() -> str | None:
     """TorchTitan Neuron's ref and commit as scripts/neuron_venv.sh installed them; None where it did not."""
-    from recipes.platform.torchtitan_checkout import checkout_info, describe
 
     info = checkout_info()
     return describe(info) if info["installed"] else None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import harness.bump
 from harness.base.environment import pins
+from harness.bump.bisect import main as bisect
 from harness.bump.candidate import build_venv, moves, resolve
 from harness.bump.comparison import compare
 from harness.bump.plan import (
@@ -106,8 +107,6 @@ def main(argv: list[str] | None = None, log=print, refuse=to_stderr) -> int:
     if (
         "--bisect" in argv
     ):  # which package and release of a candidate set moves a check (harness/bump/bisect.py)
-        from harness.bump.bisect import main as bisect
-
         return bisect([a for a in argv if a != "--bisect"], log, refuse)
     args = parse_args(argv)
     try:

@@ -9,13 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.checks.errors import PreflightError
+from harness.checks.kernels import check_kernel_constraints
+from harness.checks.memory import check_memory
 from harness.options.run_options import RunOptions
+from recipes.tiers import REPO_ROOT, TIERS
 
 
 def check_inputs(opts: RunOptions, config) -> None:
     """Refuse a tokenizer, weights or sizes that disagree with the model the recipe builds."""
-    from harness.checks.mismatch import check as check_mismatches
-    from harness.checks.preflight import check_checkpoint_tensors
+    from harness.checks.mismatch import check as check_mismatches  # noqa: PLC0415 -- heavy: harness.checks.mismatch imports torch (torch 2.9 s); this module stays light
+    from harness.checks.preflight import check_checkpoint_tensors  # noqa: PLC0415 -- heavy: harness.checks.preflight imports torch (torch 2.9 s); this module stays light
 
     check_layers(opts, config)
     check_training_sizes(config)
@@ -27,7 +30,7 @@ def check_inputs(opts: RunOptions, config) -> None:
 
 def config_json(config) -> dict:
     """The HF backend's config.json (the model it builds), as the suite reads it."""
-    from recipes.specs import read_hf_dims
+    from recipes.specs import read_hf_dims  # noqa: PLC0415 -- heavy: recipes.specs imports torch (torch 2.9 s); this module stays light
 
     return read_hf_dims(Path(config.hf_model))
 
@@ -78,7 +81,7 @@ def check_training_sizes(config) -> None:
 
 def check_parallelism(opts: RunOptions, config) -> None:
     """Tensor parallelism divides the world and the heads; every data-parallel rank gets a record of the corpus."""
-    from harness.checks.inputs import count_records
+    from harness.checks.inputs import count_records  # noqa: PLC0415 -- heavy: harness.checks.inputs imports torch (torch 2.9 s); this module stays light
 
     p = config.parallelism
     world = opts.nproc * opts.nnodes
@@ -102,7 +105,6 @@ def check_parallelism(opts: RunOptions, config) -> None:
             f"{heads[1]} key/value heads (each TP rank takes a whole number of them); choose a common divisor, e.g. 1"
         )
     dp = world // fixed
-    from recipes.tiers import REPO_ROOT
 
     dataset_path = getattr(config.dataloader, "dataset_path", None)
     data = (
@@ -135,7 +137,6 @@ def check_compile(config, tier: str) -> None:
 
     Run after torchtitan's CLI overrides, which may enable compile or change the backend.
     """
-    from recipes.tiers import TIERS
 
     preset = TIERS[tier]
     if config.compile.enable and config.compile.backend != preset.compile_backend:
@@ -149,8 +150,6 @@ def check_compile(config, tier: str) -> None:
 def check_built(opts: RunOptions, config) -> list[str]:
     """The checks of the config as built, whatever it loads: compile backend on the tier, kernel shapes, and the
     ranks' host memory where they run on the host (:mod:`harness.checks.memory`)."""
-    from harness.checks.kernels import check_kernel_constraints
-    from harness.checks.memory import check_memory
 
     check_compile(config, opts.tier)
     checked = [f"compile: {'off' if not config.compile.enable else config.compile.backend}"]

@@ -13,9 +13,13 @@ import json
 import re
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
+
 from harness.checks.errors import PreflightError
 from recipes import hf_config
 from recipes.hf_config import CONFIG_FIX
+from recipes.registry import MODEL_TYPES, RECIPES
 
 
 def one_line(error: BaseException) -> str:
@@ -38,7 +42,6 @@ def check_model_config(path: Path, hf: dict, recipe: str, init: str) -> None:
     (``recipes.registry``): a Llama or Qwen3-MoE config.json under a dense recipe would
     otherwise train as Qwen3 and be scored against another model on the host.
     """
-    from recipes.registry import MODEL_TYPES, RECIPES
 
     accepted = RECIPES[recipe].model_types
     model_type = hf.get("model_type")
@@ -118,7 +121,6 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
     safe_open refuses a header that is too small, too large or not JSON, and a file shorter
     than its header says ("incomplete metadata, file not fully covered"): each becomes one line.
     """
-    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), "pt") as f:
@@ -255,7 +257,6 @@ def check_tokenizer_dir(tokenizer_dir: Path) -> int:
 
 def load_tokenizer(path: Path):
     """``tokenizers.Tokenizer.from_file(path)``, its refusal (a truncated or foreign file) on one line."""
-    from tokenizers import Tokenizer
 
     try:
         return Tokenizer.from_file(str(path))
@@ -323,8 +324,8 @@ def train_files(data: Path) -> list[Path]:
     for a local directory): it reads the most common data-file extension only, and file names
     beginning with test/valid/eval name other splits.
     """
-    from datasets.data_files import EmptyDatasetError
-    from datasets.load import LocalDatasetModuleFactory
+    from datasets.data_files import EmptyDatasetError  # noqa: PLC0415 -- heavy: datasets 2.0 s; this module stays light
+    from datasets.load import LocalDatasetModuleFactory  # noqa: PLC0415 -- heavy: datasets 2.0 s; this module stays light
 
     try:
         module = LocalDatasetModuleFactory(str(data)).get_module()

@@ -11,12 +11,12 @@ import os
 import sys
 
 from harness.checks.errors import PreflightError
+from recipes.platform.neuron import VALID_LNC, logical_neuron_cores
+from recipes.tiers import TIERS
 
 
 def tier_lnc(tier: str) -> int:
     """The LNC the ranks of ``tier`` run with: ``NEURON_LOGICAL_NC_CONFIG`` if set, else the tier's launch env."""
-    from recipes.platform.neuron import logical_neuron_cores
-    from recipes.tiers import TIERS
 
     if "NEURON_LOGICAL_NC_CONFIG" in os.environ or tier not in TIERS:
         return logical_neuron_cores()
@@ -29,7 +29,6 @@ def check_seq_len(seq_len: int, lnc: int) -> None:
     rope_hf splits the sequence evenly across the LNC physical cores of a logical
     NeuronCore, each in 128-row tiles (``recipes.kernels.rope.SEQ_TILE``).
     """
-    from recipes.platform.neuron import VALID_LNC
 
     if lnc not in VALID_LNC:
         raise PreflightError(
@@ -52,7 +51,7 @@ def check_seq_len(seq_len: int, lnc: int) -> None:
 
 def check_moe_shapes(dim: int, hidden_dim: int, lnc: int, block_size: int | None = None) -> None:
     """Refuse expert shapes moe_cte / blockwise_mm_bwd assert on; name each failing rule and its source."""
-    from recipes.kernels.grouped_experts import BLOCK_SIZE, failed_constraints
+    from recipes.kernels.grouped_experts import BLOCK_SIZE, failed_constraints  # noqa: PLC0415 -- heavy: recipes.kernels.grouped_experts imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     block_size = BLOCK_SIZE if block_size is None else block_size
     failed = failed_constraints(dim, hidden_dim, lnc, block_size)
@@ -76,7 +75,6 @@ def check_kernel_constraints(config, tier: str = "cpu") -> list[str]:
     (aws-neuron/nki-library src/nkilib_src/nkilib/core/embeddings/rope_hf.py); the MoE
     kernels' rules and their sources are ``recipes.kernels.grouped_experts.MOE_CONSTRAINTS``.
     """
-    from recipes.tiers import TIERS
 
     checked = []
     rope = sys.modules.get("recipes.kernels.rope")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from harness.checks.errors import PreflightError
 from harness.options.run_options import RunOptions
+from recipes.tiers import REHEARSAL_SETTINGS_ENV
 
 GB = 1e9
 #: A rank with python, torch and torchtitan imported, before its model: the default tiny run's 0.67 GB
@@ -66,25 +67,24 @@ class Estimate:
 
 def on_host(opts: RunOptions) -> bool:
     """The ranks run on this host's CPU: the cpu tier, or a cpu rehearsal of the trn2 night."""
-    from recipes.tiers import REHEARSAL_SETTINGS_ENV
 
     return opts.tier == "cpu" or bool(os.environ.get(REHEARSAL_SETTINGS_ENV))
 
 
 def shape(config) -> dict:
     """Parameters, layers, hidden size, FFN width per token, attention heads and vocab of the built model."""
-    from harness.checks.mismatch import built_dims
+    from harness.checks.mismatch import built_dims  # noqa: PLC0415 -- heavy: harness.checks.mismatch imports torch (torch 2.9 s); this module stays light
 
     dims = built_dims(config)
     if hasattr(config, "hf_model"):  # the HF backend: what config.json describes, its --layers kept
-        from recipes.specs import read_hf_dims
+        from recipes.specs import read_hf_dims  # noqa: PLC0415 -- heavy: recipes.specs imports torch (torch 2.9 s); this module stays light
 
         hf = read_hf_dims(Path(config.hf_model))
         top_k = hf.get("num_experts_per_tok")
         ffn = hf["moe_intermediate_size"] * top_k if top_k else hf.get("intermediate_size", 0)
         params = hf_parameters(Path(config.hf_model), dims["num_hidden_layers"])
     else:
-        import torch
+        import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
         layer = config.model_spec.model.layers[0]
         if layer.moe is not None:
@@ -106,8 +106,8 @@ def shape(config) -> dict:
 
 def hf_parameters(model_dir: Path, layers: int) -> int:
     """The parameter count of transformers' model of ``model_dir``'s config.json with ``layers`` layers (meta)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
     hf = AutoConfig.from_pretrained(model_dir)
     hf.num_hidden_layers = layers
@@ -130,7 +130,7 @@ def fsdp_degree(opts: RunOptions, config) -> int:
 
 def estimate(opts: RunOptions, config) -> Estimate:
     """Each term of one rank's peak host memory (module docstring), in bytes."""
-    from recipes.titan import TORCH_DTYPE_MAP
+    from recipes.titan import TORCH_DTYPE_MAP  # noqa: PLC0415 -- heavy: recipes.titan imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     m = shape(config)
     width = TORCH_DTYPE_MAP[config.training.mixed_precision_param].itemsize

@@ -12,9 +12,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from harness.options.run_options import RunOptions
 from recipes.errors import RecipeError
-from recipes.specs import read_hf_dims
+from recipes.specs import model_dims, read_hf_dims
 
 #: config.json keys compared with the model the recipe builds.
 COMPARED_DIMS = (
@@ -52,7 +54,6 @@ def checkpoint_config(opts: RunOptions) -> dict | None:
 
 def built_dims(config) -> dict:
     """The hyper-parameters of the model the config builds, named as in config.json."""
-    from recipes.specs import model_dims
 
     if hasattr(config, "hf_model"):  # the HF backend builds what the checkpoint's config.json says
         return config_json_dims(config)
@@ -71,7 +72,6 @@ def config_json_dims(config) -> dict:
 
 
 def tokenizer_vocab(tokenizer_dir: Path) -> int:
-    from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
 

@@ -7,6 +7,7 @@ by ``harness.checks.targets``. Each refusal's home: docs/ARCHITECTURE.md, "Every
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -27,8 +28,11 @@ from harness.checks.targets import (
 )
 from harness.checks.weights import check_config_matches_weights
 from harness.options.run_options import INITS, RunOptions
-from recipes import hf_config
-from recipes.tiers import TIERS
+from recipes import hf_config, titan
+from recipes.platform import tier_unavailable
+from recipes.platform.neuron import parse_visible_cores
+from recipes.registry import RECIPES, get_recipe
+from recipes.tiers import REPO_ROOT, TIERS, rank_start_problem
 
 __all__ = [
     "JSONL_FIX",
@@ -41,7 +45,6 @@ __all__ = [
 
 
 def check_names(opts: RunOptions) -> None:
-    from recipes.registry import RECIPES
 
     if opts.recipe not in RECIPES:
         raise PreflightError(
@@ -60,8 +63,6 @@ def check_names(opts: RunOptions) -> None:
 
 
 def check_tier(opts: RunOptions) -> None:
-    from recipes.platform import tier_unavailable
-    from recipes.tiers import rank_start_problem
 
     reason = tier_unavailable(opts.tier) or rank_start_problem(TIERS[opts.tier])
     if reason:
@@ -87,7 +88,6 @@ def check_visible_cores(nproc: int, visible: str | None) -> None:
     inclusive range): aws-neuron/aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst
     (``neuroncore_ids``) and the runtime configuration docs.
     """
-    from recipes.platform.neuron import parse_visible_cores
 
     if visible is None:
         return
@@ -165,7 +165,7 @@ def check_forward_only(opts: RunOptions) -> None:
 
 
 def check_mismatch_names(opts: RunOptions) -> None:
-    from harness.checks.mismatch import MISMATCH_NAMES
+    from harness.checks.mismatch import MISMATCH_NAMES  # noqa: PLC0415 -- heavy: it imports recipes.specs, so torch (2.9 s); the checks stay light
 
     unknown = [n for n in opts.allow_mismatch if n not in MISMATCH_NAMES]
     if unknown:
@@ -213,7 +213,6 @@ def read_hf_config(model_dir) -> dict:
 
 def check_model_config(opts: RunOptions) -> None:
     """When the run reads config.json (its weights, or the HF backend's model): a model the recipe trains."""
-    from recipes.registry import RECIPES
 
     if opts.model_dir is None or not RECIPES[opts.recipe].reads_config(opts.init):
         return
@@ -251,13 +250,14 @@ def check_checkpoint_tensors(opts: RunOptions, spec) -> None:
     """Every weight the recipe's model needs is in the checkpoint, with the shape it needs."""
     if opts.init != "hf" or opts.model_dir is None:
         return
-    import torch
 
     on_disk: dict[str, tuple[str, list[int]]] = {}
     where: dict[str, Path] = {}
     for path in sorted(opts.model_dir.glob("*.safetensors")):
         for key, meta in read_safetensors_header(path).items():
             on_disk[key], where[key] = meta, path
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; the checks stay light until a check needs a model
+
     with torch.device("meta"):
         model = spec.model.build()
     adapter = spec.state_dict_adapter(spec.model, str(opts.model_dir))
@@ -338,9 +338,6 @@ def check_hf_model(opts: RunOptions) -> None:
     config.json describing a Qwen3 causal LM. (Weights for ``--init hf`` are
     checked by ``check_model_dir``.)
     """
-    import importlib
-
-    from recipes.registry import get_recipe
 
     recipe = get_recipe(opts.recipe)
     if (
@@ -374,7 +371,6 @@ def check_hf_model(opts: RunOptions) -> None:
 def check_torchtitan_names(opts: RunOptions) -> None:
     """The installed torchtitan has every name this run uses (``recipes.titan``), else one line naming the
     first missing one (the others counted)."""
-    from recipes import titan
 
     errors = titan.missing(titan.run_tags(opts.recipe, opts.overrides, opts.tier))
     if errors:
@@ -419,7 +415,6 @@ def check_config_paths(opts: RunOptions, config) -> None:
     ``preflight`` checked the run's own paths; relative ones are read from the ranks' working
     directory, the repository root.
     """
-    from recipes.tiers import REPO_ROOT
 
     def where(value) -> Path | None:
         return (REPO_ROOT / value).resolve() if value else None

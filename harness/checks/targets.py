@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from harness.base import marker
+from harness.base.processes import descendants_of, table  # the one finder of a run's processes
 from harness.base.run_dir import RUN_FILE, read_run_json
 from harness.checks.errors import PreflightError
 from harness.options.run_options import RunOptions
@@ -65,7 +66,6 @@ def running_run_dirs() -> dict[Path, int]:
     harness.launch.elastic, which carries the planned run's marker) are not another run.
     A fresh look each time (a run may start between two checks): 10-50 ms of /proc.
     """
-    from harness.base.processes import descendants_of, table  # the one finder of a run's processes
 
     procs = table()
     own = {os.getpid(), *descendants_of(os.getpid(), procs)}

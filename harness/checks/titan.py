@@ -22,7 +22,7 @@ import functools
 import sys
 from dataclasses import dataclass
 
-from recipes import titan
+from recipes import platform, titan
 from recipes.tiers import REPO_ROOT
 
 #: Where the suite's own code lives (searched for importers of each name).
@@ -161,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.tier == "cpu":
-        from recipes import platform
-
         platform.install("cpu")  # as a cpu rank does: the shim before anything imports torchtitan
     rows = check(args.tier)
     print(summary(rows, args.tier))

@@ -16,13 +16,13 @@ import logging
 
 from harness.checks.built_config import check_config
 from harness.checks.preflight import check_config_paths, preflight
-from harness.options.run_options import RunOptions
+from harness.config.titan_cli import apply_cli_overrides
+from harness.options.run_options import RunOptions, apply_run_options
+from recipes.registry import get_recipe
 
 
 def recipe_config(opts: RunOptions):
     """The recipe's ``Trainer.Config`` with the run's deltas for resolved ``opts``, before kernel and CLI overrides."""
-    from harness.options.run_options import apply_run_options
-    from recipes.registry import get_recipe
 
     return apply_run_options(get_recipe(opts.recipe).config_fn()(opts.recipe_inputs()), opts)
 
@@ -30,10 +30,9 @@ def recipe_config(opts: RunOptions):
 def finish_config(config, opts: RunOptions, cli_overrides: list[str] = ()):
     """Apply ``--override`` specs, then torchtitan's CLI overrides (``--training.steps 3``) through its own parser."""
     if opts.overrides:
-        from recipes.overrides import apply_override_specs
+        from recipes.overrides import apply_override_specs  # noqa: PLC0415 -- heavy: recipes.overrides imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
         apply_override_specs(config, opts.overrides)
-    from harness.config.titan_cli import apply_cli_overrides
 
     return apply_cli_overrides(config, cli_overrides)
 

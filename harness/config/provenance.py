@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
+import json
 import os
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
+from harness.base.run_dir import PROVENANCE_FILE, read_provenance
 from harness.checks.mismatch import Mismatch, built_dims
+from harness.declare import catalogue
 from harness.options.run_options import RunOptions
+from recipes.kernels import rope_gathers as probe
+from recipes.kernels import rope_in_use
+from recipes.platform.torchtitan_checkout import checkout_info
+from recipes.registry import get_recipe
 
 
 def sha256_of(paths: list[Path], header_only: bool = False) -> str:
@@ -58,7 +68,6 @@ def dataset_info(dataset_dir: Path) -> dict:
 
 
 def tokenizer_info(tokenizer_dir: Path) -> dict:
-    from tokenizers import Tokenizer
 
     files = [
         p
@@ -158,7 +167,6 @@ def input_key(
     ``tokenizer_dir`` / ``dataset_dir`` name what the config really read when it differs
     from ``opts`` (torchtitan's own defaults).
     """
-    import json
 
     cache = {}
     if DIGEST_CACHE.is_file():
@@ -179,13 +187,12 @@ def input_key(
 def run_kept_defects(opts: RunOptions) -> list[str]:
     """The upstream defects this launch keeps (``$QWEN3_HF_KEEP_DEFECTS``, for a recipe with a lane that keeps
     some, ``harness.declare.catalogue``; every rank inherits it)."""
-    from harness.declare import catalogue
 
     if not catalogue.entry(opts.recipe).keeps_defects or not os.environ.get(
         "QWEN3_HF_KEEP_DEFECTS"
     ):
         return []
-    from recipes.hf_as_published import kept_defects
+    from recipes.hf_as_published import kept_defects  # noqa: PLC0415 -- heavy: recipes.hf_as_published imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     return kept_defects()
 
@@ -196,9 +203,6 @@ def add_input_key(run_dir: Path, opts: RunOptions) -> dict:
     Only into a provenance.json rank 0 wrote whole: a missing or partial one (ranks that died
     early, ``harness.base.run_dir.provenance_state``) is left as it is, and the key is still returned.
     """
-    import json
-
-    from harness.base.run_dir import PROVENANCE_FILE, read_provenance
 
     key = input_key(opts, run_kept_defects(opts))
     record = read_provenance(run_dir)
@@ -210,21 +214,19 @@ def add_input_key(run_dir: Path, opts: RunOptions) -> dict:
 
 def rope_used(config) -> dict[str, list[int]]:
     """Which RoPE each layer runs ({description: layers}); {} for the HF backend's own."""
-    from recipes.kernels import rope_in_use
 
     return rope_in_use(config)
 
 
 def rope_gathers(config) -> dict[str, list[str]]:
     """The per-position gathers each RoPE runs ({description: aten ops}); all empty = "RoPE without gather"."""
-    from recipes.kernels import rope_gathers as probe
 
     return probe(config)
 
 
 def overrides_applied(config) -> dict[str, list[str]]:
     """Which nodes each kernel override replaced ({name: [model-relative fqns]}), read from the config."""
-    from recipes.overrides import replaced_nodes
+    from recipes.overrides import replaced_nodes  # noqa: PLC0415 -- heavy: recipes.overrides imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     return replaced_nodes(config)
 
@@ -259,22 +261,17 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
 
 def torchtitan_neuron() -> dict:
     """The TorchTitan Neuron ref and commit this interpreter runs (recipes/platform/torchtitan_checkout.py)."""
-    from recipes.platform.torchtitan_checkout import checkout_info
 
     return checkout_info()
 
 
 def forked(recipe: str) -> bool:
     """The recipe's tutorial config is the fork's own function when importable (its catalogue entry's ``fork``)."""
-    from harness.declare import catalogue
 
     return catalogue.entry(recipe).fork is not None
 
 
 def config_source(recipe: str, tier: str) -> str:
     """Which function built a forked recipe's config: the fork's own or the suite's twin (its module says)."""
-    import importlib
-
-    from recipes.registry import get_recipe
 
     return importlib.import_module(get_recipe(recipe).module).config_source(tier)

@@ -24,6 +24,7 @@ from harness.base.tyro_events import ParseRefused as _Refused
 from harness.base.tyro_events import _spelling, describe
 from harness.base.tyro_events import refuse as _refuse
 from harness.checks.errors import PreflightError
+from recipes import titan
 
 _staged = None
 
@@ -46,7 +47,7 @@ def staged():
 
 def _parse(cli_overrides: list[str], on_parse_error):
     """torchtitan's ``ConfigManager.parse_args`` on the staged config; tyro's events raised as ``_Refused``."""
-    from recipes.titan import ConfigManager
+    from recipes.titan import ConfigManager  # noqa: PLC0415 -- heavy: recipes.titan imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     with on_parse_error(_refuse) if on_parse_error else contextlib.nullcontext():
         return ConfigManager().parse_args(
@@ -61,7 +62,6 @@ def apply_cli_overrides(config, cli_overrides: list[str]):
     before any rank starts, instead of once per rank.
     """
     global _staged
-    from recipes import titan
 
     on_parse_error, _ = titan.optional("on_parse_error")
     cli_overrides = list(cli_overrides)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from pathlib import Path
 
 CLASS_KEY = "_class"
@@ -88,7 +89,6 @@ def differences(a, b, path: str = "") -> list[dict]:
 
 def collapse_layers(diffs: list[dict]) -> list[dict]:
     """Differences that repeat in every layer, shown once as ``layers.*`` with the layers they occur in."""
-    import re
 
     grouped: dict[tuple, dict] = {}
     for d in diffs:

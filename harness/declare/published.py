@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.base.environment import CPU_LOCK
+from recipes.platform import neuron_versions
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -69,8 +72,6 @@ def names_release(pin: str, published: str) -> bool:
 
 def pin_differences(lock: Path | None = None, neuron: Path | None = None) -> list[str]:
     """Where the suite's pins leave the tutorial's, one line each naming the file, the package and both versions."""
-    from harness.base.environment import CPU_LOCK
-    from recipes.platform import neuron_versions
 
     lock, neuron = lock or CPU_LOCK, neuron or neuron_versions.REQUIREMENTS
     wanted = [(lock, name) for name in CPU_SHARED] + [

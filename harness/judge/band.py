@@ -42,6 +42,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from harness.base.run_dir import STEPS_FILE, read_run_json, read_steps
+from harness.declare import catalogue
+from harness.declare import catalogue as nightly
 from harness.judge import goldens, verdicts
 from harness.options.run_options import RunOptions
 
@@ -75,11 +78,8 @@ def band_options(
     weights, or random init), accepting what its as-published lane accepts. No export.
     """
     if tier == "trn2":
-        from harness.declare import catalogue as nightly
-
         launch = nightly.LAUNCHES[nightly.BAND_LAUNCH[recipe]]
         return replace(launch.options(seed=seed), steps=steps, export=False, **extra)
-    from harness.declare import catalogue
 
     entry = catalogue.entry(recipe)
     tier_preset = RunOptions(tier=tier).tier_preset
@@ -281,7 +281,6 @@ def write_band(recipe: str, tier: str, key: str, entry: dict) -> Path:
 
 def read_run(run_dir: Path) -> tuple[list[float], dict]:
     """(losses, options) of a finished run directory (steps.jsonl, run.json)."""
-    from harness.base.run_dir import STEPS_FILE, read_run_json, read_steps
 
     steps_file = Path(run_dir) / STEPS_FILE
     if not steps_file.is_file():
@@ -293,10 +292,10 @@ def record(
     recipe: str, tier: str, runs: int, steps: int, seeds: list[int], work_dir: Path, launch=None
 ) -> list[Path]:
     """Launch ``runs`` runs of :func:`band_options` one after another; return their run directories."""
-    from harness.checks.preflight import preflight
+    from harness.checks.preflight import preflight  # noqa: PLC0415 -- heavy: harness.checks.preflight imports torch (torch 2.9 s); this module stays light
 
     if launch is None:
-        from harness.launch.lifecycle import launch
+        from harness.launch.lifecycle import launch  # noqa: PLC0415 -- shadowed: `launch` is also a local name here
     dirs = []
     for i in range(runs):
         seed = seeds[i % len(seeds)]

@@ -127,7 +127,7 @@ def lock_sha256(path: Path = LOCK_FILE) -> str | None:
 
 def environment_metadata() -> dict:
     """What decides the bits of an exact-lane value: lock, versions, machine and CPU kernels."""
-    from harness.base.environment import cpu_fingerprint, versions
+    from harness.base.environment import cpu_fingerprint, versions  # noqa: PLC0415 -- --help stays fast: harness.base.environment 20 ms (on python -m harness's import path)
 
     found = versions()
     return {
@@ -176,7 +176,7 @@ def _tolerance_ok(t) -> bool:
 
 
 def _parse_entry(path: Path, key: str, entry: dict) -> Golden:
-    from harness.declare.published import CLAIMS
+    from harness.declare.published import CLAIMS  # noqa: PLC0415 -- --help stays fast: harness.declare.published (on python -m harness's import path)
 
     if not isinstance(entry, dict):
         raise GoldenError(f"{path}: {key!r} must be an object with value/tolerance/lane/reason")

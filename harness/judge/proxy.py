@@ -17,12 +17,17 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from harness.base.run_dir import STEP1_FORWARD_FILE
+from harness.declare import catalogue
+from harness.judge.verdicts import FULL_WIDTH_RANDOM_INIT
+from harness.launch.lifecycle import child_env, write_run_file
 from harness.options.run_options import RunOptions
 from harness.rank.step1_forward import Step1ForwardError
+from recipes.tiers import CPU
 
 # --- host side -------------------------------------------------------------------------------
 
@@ -47,8 +52,7 @@ def run(opts: RunOptions, initial_state: bool = False, timeout_s: float | None =
 
     Adds the children's wall and CPU time as the host saw them (``wall_s``, ``children_cpu_s``).
     """
-    from harness.checks.preflight import preflight
-    from harness.launch.lifecycle import child_env, write_run_file
+    from harness.checks.preflight import preflight  # noqa: PLC0415 -- heavy: harness.checks.preflight imports torch (torch 2.9 s); this module stays light
 
     opts = preflight(opts)
     if opts.nnodes != 1:
@@ -79,10 +83,7 @@ def proxy_options(recipe: str, seed: int, run_dir: Path, **run) -> RunOptions:
     Qwen3-4B-Instruct-2507 config.json in fixtures/ (no weights) and reads the tier's tokenizer (random init
     loads nothing to disagree with), as the main job's run does.
     """
-    from harness.declare import catalogue
-    from harness.judge.verdicts import FULL_WIDTH_RANDOM_INIT
-    from recipes.specs import QWEN3_4B_INSTRUCT_2507
-    from recipes.tiers import CPU
+    from recipes.specs import QWEN3_4B_INSTRUCT_2507  # noqa: PLC0415 -- heavy: recipes.specs imports torch (torch 2.9 s); this module stays light
 
     proxy = catalogue.entry(recipe).proxy
     if proxy is None:
@@ -129,9 +130,6 @@ def spread(recipe: str, seeds: list[int], root: Path, echo=print) -> dict:
 
 
 def spread_main(argv: list[str]) -> int:
-    import tempfile
-
-    from harness.declare import catalogue
 
     parser = argparse.ArgumentParser(prog="python -m harness.judge.proxy spread")
     parser.add_argument("recipe", choices=catalogue.with_proxy())

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.judge import goldens
 from harness.judge.goldens import (
     INPUTS_DIFFER,
     NOT_JUDGED,
@@ -220,7 +221,6 @@ def reads_tier_inputs(opts: RunOptions) -> bool:
 
 def judge(opts: RunOptions, result):
     """A run's step-1 loss against its golden (published, proxy or exact), or None when it has none."""
-    from harness.judge import goldens
 
     key = golden_key(opts)
     if (
@@ -243,7 +243,7 @@ def reference_of(opts: RunOptions, result) -> dict | None:
     weights or recorded no batch; a reference that cannot be computed is a failed check
     whose summary says why (the run itself stays in the report).
     """
-    from harness.reference import diagnosis as reference
+    from harness.reference import diagnosis as reference  # noqa: PLC0415 -- --help stays fast: harness.reference.diagnosis 50 ms (on python -m harness's import path)
 
     if opts.init != "hf":
         return None

@@ -23,11 +23,17 @@ torch/distributed/elastic/multiprocessing/api.py ``MultiprocessContext``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import os
 import signal
 import sys
+import uuid
+from multiprocessing import forkserver
+
+from harness.launch.child import name_this_rank
+from harness.launch.forkserver_init import PARENT_ENV
 
 #: torchrun's own value for ``--start-method`` (torch/distributed/run.py: spawn, fork, forkserver).
 START_METHOD = "forkserver"
@@ -39,9 +45,6 @@ def start_forkserver(modules: list[str]) -> None:
     ``harness.launch.forkserver_init`` comes first: the forkserver dies with this process even
     while it is still importing.
     """
-    from multiprocessing import forkserver
-
-    from harness.launch.forkserver_init import PARENT_ENV
 
     multiprocessing.set_forkserver_preload(["harness.launch.forkserver_init", *modules])
     os.environ[PARENT_ENV] = str(os.getpid())  # for the forkserver alone
@@ -61,9 +64,6 @@ def run_forked_rank(module: str, argv: list[str]) -> None:
     this function would record it again over that file, so it leaves as exit 1 with
     its traceback printed by ``sys.excepthook``, as the interpreter would print it.
     """
-    import importlib
-
-    from harness.launch.child import name_this_rank
 
     name_this_rank()  # first: from here on harness.base.processes tells this rank from other forkserver children
     try:
@@ -79,9 +79,8 @@ def run_forked_rank(module: str, argv: list[str]) -> None:
 
 def launch_args(argv: list[str]):
     """torchrun's parsed options for ``argv``, with ``--standalone`` resolved as torchrun's ``run`` does."""
-    import uuid
 
-    from torch.distributed.run import parse_args
+    from torch.distributed.run import parse_args  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     args = parse_args(argv)
     if args.standalone:  # torch/distributed/run.py run(): a c10d rendezvous on a free local port
@@ -102,8 +101,8 @@ def launch_args(argv: list[str]):
 
 def run(argv: list[str]) -> None:
     """Launch ``harness.rank.train`` with torchrun's options in ``argv`` (blocks until every rank ends)."""
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args
+    from torch.distributed.launcher.api import elastic_launch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from torch.distributed.run import config_from_args  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     args = launch_args(argv)
     config, _, _ = config_from_args(args)
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     start_forkserver(
         [m for m in args.preload.split(",") if m]
     )  # first: nothing here has imported torch yet
-    from torch.distributed.elastic.multiprocessing.errors import (
+    from torch.distributed.elastic.multiprocessing.errors import (  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
         record,  # torchrun's import, while the launcher checks
     )
 
@@ -157,7 +156,6 @@ def stop_forkserver() -> None:
     the stdlib's ForkServer (cpython Lib/multiprocessing/forkserver.py); without it
     the forkserver is left to exit by itself.
     """
-    from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     if pid is None:

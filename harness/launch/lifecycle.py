@@ -31,7 +31,8 @@ from harness.launch.stop import STOP_SIGNALS, Interrupted, deferred, stop_signal
 from harness.launch.watchdog import STALL_EXIT, Budgets, Watchdog, dump_stacks, for_tier, stall_line
 from harness.options.run_options import RunOptions
 from recipes.platform import offline_env
-from recipes.tiers import REPO_ROOT
+from recipes.registry import RECIPES
+from recipes.tiers import REPO_ROOT, TIERS
 
 #: What torchrun gets when the launcher dies, however it dies: torchrun turns SIGTERM
 #: into SignalException and closes its ranks (SIGTERM, then SIGKILL after 30 s):
@@ -203,7 +204,6 @@ RANK_IMPORTS = (
 
 def preload_modules(recipe: str) -> list[str]:
     """What a "preloaded" rank imports before it knows its run: ``RANK_IMPORTS`` and the recipe's module."""
-    from recipes.registry import RECIPES
 
     return list(RANK_IMPORTS) + ([RECIPES[recipe].module] if recipe in RECIPES else [])
 
@@ -235,7 +235,6 @@ class Prestarted:
 
 def prestart(opts: RunOptions) -> Prestarted | None:
     """Start ``harness.launch.elastic`` for a tier whose ranks start "preloaded"; None for "exec" tiers."""
-    from recipes.tiers import TIERS
 
     tier = TIERS.get(opts.tier)
     if tier is None or tier.rank_start != "preloaded":
@@ -422,7 +421,7 @@ def launch(
     for step in steps[shown:]:
         echo(_progress(step, opts.steps))
     signum = getattr(stopped, "signum", signal.SIGINT) if stopped is not None else None
-    from harness.config.provenance import add_input_key
+    from harness.config.provenance import add_input_key  # noqa: PLC0415 -- heavy: harness.config.provenance imports torch (torch 2.9 s); this module stays light
 
     result = RunResult(
         recipe=opts.recipe,

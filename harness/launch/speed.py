@@ -18,7 +18,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from recipes.tiers import rehearsal_mark
+from harness.base.environment import versions as installed_versions
+from harness.checks.kernels import tier_lnc
+from harness.declare.published import CLAIMS
+from recipes.tiers import REPO_ROOT, rehearsal_mark
 
 #: The JSON-lines file each run appends its record to (unset: nothing is appended).
 RUNS_LOG_ENV = "QWEN3_RUNS_LOG"
@@ -102,7 +105,6 @@ def peak_tflops(tier: str) -> float | None:
     per_core = PEAK_BF16_TFLOPS_PER_PHYSICAL_CORE.get(tier)
     if per_core is None:
         return None
-    from harness.checks.kernels import tier_lnc
 
     return per_core * tier_lnc(tier)
 
@@ -169,7 +171,6 @@ def run_speed(steps: list[dict], tier: str, nproc: int, started_unix_s: float | 
 
 def git_commit() -> str | None:
     """The suite's own commit (None outside a git checkout)."""
-    from recipes.tiers import REPO_ROOT
 
     try:
         out = subprocess.run(
@@ -193,8 +194,6 @@ def run_label(run_dir: str) -> str:
 
 def run_record(result: dict, versions: dict | None = None, night: str | None = None) -> dict:
     """The runs-log line of one finished run (``RunResult.to_dict()``): what it measured and how fast."""
-    from harness.base.environment import versions as installed_versions
-    from harness.declare.published import CLAIMS
 
     now = time.gmtime()
     losses = result.get("losses") or [s.get("loss") for s in result.get("steps") or []]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from harness.base import processes
 from harness.base.run_dir import HEARTBEAT_DIR, STACKS_DIR
+from recipes.tiers import rehearsal_settings
 
 #: ``python -m harness run``'s exit code when a launch stalled (0 ok, 1 a failed run or check, 2 refused
 #: before launch, 128 + N stopped by signal N).
@@ -72,7 +73,6 @@ TRN2 = Budgets(before_first_step_s=(3.0 + 4.0 + 45.0) * 60 * PLAN_MARGIN, step_f
 
 def for_tier(tier) -> Budgets:
     """The tier's budgets; a rehearsal of trn2 runs tiny models on cpu and gets the cpu tier's."""
-    from recipes.tiers import rehearsal_settings
 
     budgets = CPU if tier.name == "cpu" or rehearsal_settings() is not None else TRN2
     if os.environ.get(FLOOR_ENV):

@@ -35,6 +35,7 @@ Sources: ``Trainer.Config.hf_assets_path`` defaults to ``"./tests/assets/tokeniz
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,9 +111,8 @@ def titan_checkout() -> tuple[Path | None, str]:
     checkout; without one, an editable torchtitan's package sits in its checkout, so the package's parent
     directory is taken. Either way the checkout must hold torchtitan's ``tests/assets``.
     """
-    import importlib.util
 
-    from recipes.platform.torchtitan_checkout import checkout_info
+    from recipes.platform.torchtitan_checkout import checkout_info  # noqa: PLC0415 -- --help stays fast: recipes.platform (on python -m harness's import path)
 
     info = checkout_info()
     if info["installed"]:

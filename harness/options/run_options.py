@@ -20,8 +20,10 @@ from typing import Annotated
 import tyro
 
 from harness.base.run_dir import RUN_FILE
+from harness.base.tyro_events import ParseRefused, _spelling, describe, refuse
 from harness.options.mapped import check_one_value
 from harness.options.paths import HARNESS_PATH_OPTIONS, check_given_paths
+from recipes.errors import RecipeError
 from recipes.registry import DEFAULT_RECIPE
 from recipes.tiers import REPO_ROOT, TIERS, Tier
 from recipes.tutorial import INITS, RecipeInputs, set_rope_theta
@@ -180,9 +182,7 @@ def parse_run_command(argv: list[str]) -> tuple[RunCommand, list[str]]:
     A refused flag (``--steps abc``) is one ``RecipeError`` line from tyro's parse-error event
     (``harness.base.tyro_events``), not tyro's box; ``--help`` still prints tyro's help.
     """
-    from harness.base.tyro_events import ParseRefused, describe, refuse
-    from recipes import titan
-    from recipes.errors import RecipeError
+    from recipes import titan  # noqa: PLC0415 -- --help stays fast: recipes.titan (on python -m harness's import path)
 
     on_parse_error, _ = titan.optional("on_parse_error")
     parse = functools.partial(
@@ -227,7 +227,6 @@ def absolute_titan_paths(cli_overrides: list[str], cwd: Path | None = None) -> l
     The user typed it from the current directory; the ranks run in the repository root, where
     torchtitan would otherwise read it, as the harness's own ``--model-dir`` is read from the current directory.
     """
-    from harness.base.tyro_events import _spelling
 
     cwd = Path.cwd() if cwd is None else cwd
     wanted = {_spelling(o) for o in TITAN_PATH_OPTIONS}
@@ -309,8 +308,6 @@ def read_run_options(run_dir: Path) -> RunOptions:
     """
     path = run_dir / RUN_FILE
     if not path.is_file():
-        from recipes.errors import RecipeError
-
         raise RecipeError(
             f"{path} does not exist: harness.rank.train runs the options `python -m harness run` resolved and wrote there; "
             "start runs with `python -m harness run` (or torchtitan's own entry: `-m torchtitan.train --module "

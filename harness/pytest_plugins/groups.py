@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from _pytest.nodeid import NodeId
 
 PLUGIN_NAME = "xdist-group-ids"
 
@@ -27,7 +28,6 @@ class XdistGroupIds:
     def pytest_collection_modifyitems(self, config, items):
         if not getattr(config.option, "loadgroup", False):
             return
-        from _pytest.nodeid import NodeId
 
         for item in items:
             groups = {

@@ -14,6 +14,9 @@ import json
 import os
 from pathlib import Path
 
+from harness.base.environment import versions
+from harness.judge import goldens, unmeasured
+from harness.night import upstream
 from harness.report.markdown import lanes_section, md_table
 from harness.report.results import VERDICT_SUFFIX
 from recipes.tiers import REPO_ROOT, rehearsal_mark
@@ -82,7 +85,6 @@ def _is_controller(config) -> bool:
 
 def _golden_rows(records: list[dict]) -> list[dict]:
     """Rows for recorded golden checks: '<recipe>.<tier>.<key>' with a '.verdict' sibling."""
-    from harness.judge import goldens
 
     rows = []
     for record in records:
@@ -189,8 +191,6 @@ def markdown(records: list[dict], rows: list[dict], warnings: list[dict] = ()) -
     if any(
         r["test"].startswith("tests/neuron/") for r in records
     ):  # the night: what tonight could not fail
-        from harness.judge import unmeasured
-
         lines += unmeasured.lines("trn2") + [""]
     tests = []
     for record in sorted(records, key=lambda r: r["test"]):
@@ -208,7 +208,6 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if not _is_controller(config) or not _RECORDS:
         return
-    from harness.base.environment import versions
 
     report_dir = Path(config.getoption("--report-dir"))
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +224,6 @@ def pytest_sessionfinish(session, exitstatus):
     (report_dir / "tests.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     text = markdown(_RECORDS, rows, warnings)
     (report_dir / "tests.md").write_text(text)
-    from harness.night import upstream
 
     for path in upstream.write(
         report_dir, rows, _RECORDS, data["versions"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from _pytest.mark.expression import Expression
+
 
 def selectable_tiers(markexpr: str, tiers: tuple[str, ...] = ("cpu", "neuron")) -> set[str]:
     """The tiers whose tests ``-m markexpr`` can select (both when there is no expression).
@@ -15,7 +17,6 @@ def selectable_tiers(markexpr: str, tiers: tuple[str, ...] = ("cpu", "neuron")) 
     """
     if not markexpr.strip():
         return set(tiers)
-    from _pytest.mark.expression import Expression
 
     expression = Expression.compile(markexpr)
     others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", markexpr)) - {"and", "or", "not", *tiers})

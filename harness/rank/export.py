@@ -9,16 +9,21 @@ export or the new complete one, never a half-written directory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from torch.distributed.tensor import DTensor
+
 from harness.base import marker
 from harness.base.run_dir import CHECKPOINT_DIR, EXPORT_DIR_NAME, FINAL_STATE_FILE  # noqa: F401 -- the run directory's names (harness.base.run_dir)
 from harness.options.run_options import RunOptions
 from recipes.hf_config import read_hf_config
+from recipes.specs import model_dims
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -33,9 +38,6 @@ TOKENIZER_FILES = (
 
 def tensor_sha256(tensor) -> str:
     """sha256 of a tensor's bytes (any dtype, bf16 included), as stored in safetensors."""
-    import hashlib
-
-    import torch
 
     return hashlib.sha256(
         tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
@@ -48,7 +50,6 @@ def record_final_state(trainer, path: Path, rank: int) -> None:
     The export must hold these weights, not the source checkpoint's or step 0's. Every rank
     takes part (``full_tensor`` gathers one parameter at a time, so memory stays one tensor).
     """
-    from torch.distributed.tensor import DTensor
 
     checkpointer = trainer.checkpointer
     hashes = {}
@@ -63,7 +64,6 @@ def record_final_state(trainer, path: Path, rank: int) -> None:
 
 def hf_config(spec, torch_dtype: str) -> dict:
     """A transformers config.json for the model a torchtitan Qwen3 spec builds."""
-    from recipes.specs import model_dims
 
     dims = model_dims(spec)
     layer = spec.model.layers[0]

@@ -16,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from recipes import titan
+
 ENV = "QWEN3_REPRO_FAULT"
 KINDS = ("die", "hang", "nan", "kill")
 
@@ -55,7 +57,6 @@ def at_start(rank: int) -> None:
 
 def install(trainer, rank: int) -> None:
     """Wrap the declared hook ``Trainer.train_step`` so the configured fault fires on its rank and step."""
-    from recipes import titan
 
     fault = from_env()
     if fault is None or fault.rank != rank:
@@ -90,7 +91,7 @@ def _fire(fault: Fault, rank: int, trainer) -> None:
         while True:
             time.sleep(3600)
     if fault.kind == "nan" and trainer is not None:
-        import torch
+        import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
         with torch.no_grad():
             for part in trainer.model_parts:

@@ -13,7 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from safetensors import safe_open
+
 from harness.base.run_dir import RECORD_DIR  # noqa: F401 -- the run directory's names (harness.base.run_dir)
+from recipes import titan
 
 #: torchtitan's and transformers' "no loss here" label (torchtitan.components.loss.IGNORE_INDEX).
 IGNORE_INDEX = -100
@@ -33,7 +36,6 @@ def install(trainer, opts, run_dir: Path, rank: int) -> None:
     loss. They are written when the first step fetches them, after the checkpoint load, so the
     RoPE frequencies recorded are the ones step 1 runs with.
     """
-    from recipes import titan
 
     if opts.init != "hf":
         return
@@ -62,7 +64,7 @@ def install(trainer, opts, run_dir: Path, rank: int) -> None:
 
 def write_rank_record(directory: Path, rank: int, world: int, batches, model) -> Path:
     """``rank<R>.safetensors``: each batch's input/positions/labels, and the RoPE the model holds."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     tensors = {}
     for i, (input_dict, labels) in enumerate(batches):
@@ -103,7 +105,7 @@ def held_inv_freq(model):
     keeps a ``cache`` of cos/sin rows ``[cos(p·f), cos(p·f), sin(p·f), sin(p·f)]``, whose
     row 1 gives ``f = atan2(sin, cos)`` (every Qwen3 frequency is ≤ 1 < π).
     """
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     for module in model.modules():
         buffer = getattr(module, "inv_freq", None)
@@ -164,7 +166,6 @@ class Record:
 
 def load_record(run_dir: Path) -> Record | None:
     """The run's recorded first batch (None when it recorded none); refuses a partial one."""
-    from safetensors import safe_open
 
     directory = Path(run_dir) / RECORD_DIR
     paths = sorted(directory.glob("rank*.safetensors"))

@@ -40,6 +40,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.base.run_dir import INITIAL_STATE_FILE, STEP1_FORWARD_FILE
+from harness.options.run_options import read_run_options
+from recipes import platform
+from recipes.errors import RecipeError
 
 
 @dataclass
@@ -74,9 +77,9 @@ def first_batches(trainer) -> list:
 
 def global_valid_tokens(trainer, batches):
     """``train_step``'s denominator: labels not ignored, summed over the batch mesh."""
-    import torch
-    from torchtitan.components.loss import IGNORE_INDEX
-    from torchtitan.distributed import utils as dist_utils
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from torchtitan.components.loss import IGNORE_INDEX  # noqa: PLC0415 -- heavy: torchtitan+torch 2.9 s; this module stays light
+    from torchtitan.distributed import utils as dist_utils  # noqa: PLC0415 -- heavy: torchtitan+torch 2.9 s; this module stays light
 
     local = torch.tensor(0, dtype=torch.int64)
     for _, labels in batches:
@@ -94,8 +97,8 @@ def forward_loss(trainer, batches) -> tuple[float, int]:
     ``_forward_backward_body``; under ``no_grad`` the chunked loss takes its forward-only
     branch, which sums the same per-chunk losses.
     """
-    import torch
-    from torchtitan.distributed import utils as dist_utils
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from torchtitan.distributed import utils as dist_utils  # noqa: PLC0415 -- heavy: torchtitan+torch 2.9 s; this module stays light
 
     dims = trainer.parallel_dims
     if dims.pp_enabled or len(trainer.model_parts) != 1:
@@ -142,15 +145,15 @@ def score_built(trainer, config, started: float, initial_state: Path | None = No
 
     ``started``: ``time.perf_counter()`` before the trainer was built (``build_s`` counts from it).
     """
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
-    from harness.checks.mismatch import built_dims
+    from harness.checks.mismatch import built_dims  # noqa: PLC0415 -- heavy: harness.checks.mismatch imports torch (torch 2.9 s); this module stays light
 
     parameters = sum(p.numel() for p in trainer.model_parts[0].parameters())
     trainer.checkpointer.load(step=config.checkpoint.load_step)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if initial_state is not None:
-        from harness.rank.export import record_final_state
+        from harness.rank.export import record_final_state  # noqa: PLC0415 -- heavy: harness.rank.export imports torch (torch 2.9 s); this module stays light
 
         record_final_state(trainer, initial_state, rank)
     built = time.perf_counter()
@@ -225,10 +228,7 @@ def rank_main(argv: list[str]) -> int:
     )
     args, cli_overrides = parser.parse_known_args(argv)
 
-    from harness.config.build import build_config
-    from harness.options.run_options import read_run_options
-    from recipes import platform
-    from recipes.errors import RecipeError
+    from harness.config.build import build_config  # noqa: PLC0415 -- heavy: harness.config.build imports torch (torch 2.9 s); this module stays light
 
     single_process_env()
     run_dir = args.run_dir.resolve()
@@ -242,7 +242,7 @@ def rank_main(argv: list[str]) -> int:
     except RecipeError as e:
         print(f"harness.rank.step1_forward: error: {e}", file=sys.stderr)
         return 2
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if torch.distributed.is_initialized():

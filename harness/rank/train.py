@@ -18,10 +18,20 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+
 from harness.base.run_dir import PROVENANCE_FILE, STEPS_FILE
+from harness.checks.mismatch import mismatches
+from harness.config import provenance
+from harness.config.build import build_config
 from harness.launch import watchdog
 from harness.launch.child import RANK_DEATH_SIGNAL, die_with_parent
 from harness.options.run_options import RunOptions, read_run_options
+from harness.rank import faults, first_batch, step1_forward
+from harness.rank.export import FINAL_STATE_FILE, finish_export, record_final_state
+from recipes import platform, titan
+from recipes.errors import RecipeError
 
 
 class StepRecorder:
@@ -58,10 +68,6 @@ class StepRecorder:
 
 def write_provenance(opts: RunOptions, config, path: Path) -> None:
     """The run's provenance (harness.config.provenance), and how this rank started (``rank_start``)."""
-    import torch
-
-    from harness.checks.mismatch import mismatches
-    from harness.config import provenance
 
     allowed = [m for m in mismatches(opts, config) if m.name in opts.allow_mismatch]
     record = {
@@ -80,7 +86,6 @@ PRELOAD_MARKER = "torchtitan.trainer"
 
 def record_steps(trainer, path: Path) -> None:
     """Add a StepRecorder beside whatever loggers torchtitan configured (maybe none), through the declared hook."""
-    from recipes import titan
 
     def beside(logger):
         loggers = titan.LoggerContainer()
@@ -93,7 +98,6 @@ def record_steps(trainer, path: Path) -> None:
 
 def score_step1(trainer, config, run_dir: Path | None) -> None:
     """Step 1 forward-only (``harness.rank.step1_forward``, bitwise the trainer's step-1 loss), recorded as step 1."""
-    from harness.rank import step1_forward
 
     started = time.perf_counter()
     record = step1_forward.step_record(step1_forward.score_built(trainer, config, started), started)
@@ -104,7 +108,6 @@ def score_step1(trainer, config, run_dir: Path | None) -> None:
 
 def beat_every_step(trainer, run_dir: Path) -> None:
     """A heartbeat after each of the trainer's steps (the declared hook ``Trainer.train_step``), with its time."""
-    from recipes import titan
 
     def wrap(original):
         last = [time.perf_counter()]
@@ -123,11 +126,6 @@ def beat_every_step(trainer, run_dir: Path) -> None:
 
 def train(opts: RunOptions, cli_overrides: list[str] = ()) -> None:
     """Build the recipe and train it in this process (one torchrun rank)."""
-    import torch
-
-    from harness.config.build import build_config
-    from harness.rank import faults, first_batch
-    from harness.rank.export import FINAL_STATE_FILE, finish_export, record_final_state
 
     config = build_config(
         opts, cli_overrides
@@ -178,7 +176,6 @@ def _error_handler():
     ``TORCHELASTIC_ERROR_FILE`` (errors/__init__.py ``record``, error_handler.py
     ``dump_error_file``). The file holds no rank number, so this adds it.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
     class RankErrorHandler(ErrorHandler):
         def record_exception(self, e: BaseException) -> None:
@@ -200,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     RANK_START = "preloaded" if PRELOAD_MARKER in sys.modules else "exec"
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: end with torchrun, however it ends
         die_with_parent(RANK_DEATH_SIGNAL)
-    from torch.distributed.elastic.multiprocessing.errors import record
 
     handler = _error_handler()
     return record(_main, error_handler=handler)(argv, handler)
@@ -214,9 +210,6 @@ def _main(argv: list[str] | None, errors) -> int:
         "--run-dir", type=Path, required=True, help="the run's directory, holding its run.json"
     )
     args, cli_overrides = parser.parse_known_args(argv)
-
-    from recipes import platform
-    from recipes.errors import RecipeError
 
     try:
         opts = read_run_options(args.run_dir.resolve())

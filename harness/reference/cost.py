@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 from pathlib import Path
 
+from harness.base.environment import cpu_model
+from harness.declare import catalogue
+from harness.options.run_options import RunOptions
 from harness.reference.scoring import batch_loss
 
 #: A trn2 global batch at the tutorial's launch: 64 ranks × local batch 1 × 2048 tokens.
@@ -26,12 +30,9 @@ def measure_cost(
     the figure to scale (other processes on a shared machine stretch wall time).
     The full model's fp32 size is counted on the meta device.
     """
-    import gc
 
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from harness.base.environment import cpu_model
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
     if threads:
         torch.set_num_threads(threads)
@@ -88,15 +89,12 @@ def measure_localize_cost(
     the debugger wrote; per layer from the two depths, then ``fixed + n_layers × per_layer``.
     transformers' model itself is not counted: the reference check has loaded it already.
     """
-    import gc
 
-    import torch
-    from transformers import AutoConfig
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from transformers import AutoConfig  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
-    from harness.config.build import build_config
-    from harness.declare import catalogue
-    from harness.options.run_options import RunOptions
-    from harness.reference.localize import localize, titan_model
+    from harness.config.build import build_config  # noqa: PLC0415 -- heavy: harness.config.build imports torch (torch 2.9 s); this module stays light
+    from harness.reference.localize import localize, titan_model  # noqa: PLC0415 -- heavy: harness.reference.localize imports torch (torch 2.9 s); this module stays light
 
     if threads:
         torch.set_num_threads(threads)
@@ -153,8 +151,8 @@ def measure_localize_cost(
 
 def truncated_model(config_dir, layers: int):
     """``config_dir``'s model cut to its first ``layers`` blocks, random (seed 0), fp32, eval: what a cost is measured on."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
     config = AutoConfig.from_pretrained(config_dir)
     config.num_hidden_layers = layers

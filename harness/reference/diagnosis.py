@@ -38,6 +38,8 @@ global batch (``cost --localize``: what the layer-by-layer localizer costs there
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import resource
 import sys
@@ -131,7 +133,7 @@ def check(
 
 def _localization(run: RunInfo, record: Record, model) -> dict:
     """The first divergence, or why there is none to report (never lost: the check stands either way)."""
-    from harness.reference.localize import localize_run
+    from harness.reference.localize import localize_run  # noqa: PLC0415 -- heavy: harness.reference.localize imports torch (torch 2.9 s); this module stays light
 
     try:
         return localize_run(run, record, model).to_dict()
@@ -175,7 +177,6 @@ def check_run_dir(
 def batch_key(run_dir: Path) -> str | None:
     """sha256 of the run's recorded first batch (tokens, positions, labels, attention) and weights directory: two
     runs with the same key have the same reference loss, scored once."""
-    import hashlib
 
     record = load_record(run_dir)
     if record is None:
@@ -203,7 +204,6 @@ def summary(result: ReferenceCheck) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m harness.reference.diagnosis", description=__doc__.split("\n\n")[0]
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int)
     args = parser.parse_args(argv)
     if args.what == "cost":
-        from recipes.specs import QWEN3_4B_INSTRUCT_2507
+        from recipes.specs import QWEN3_4B_INSTRUCT_2507  # noqa: PLC0415 -- heavy: recipes.specs imports torch (torch 2.9 s); this module stays light
 
         measure = measure_localize_cost if args.localize else measure_cost
         print(

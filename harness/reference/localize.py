@@ -43,6 +43,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+from transformers.model_debugging_utils import model_addition_debugger_context
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+from harness.config.build import build_config
+from harness.declare import catalogue
+
 #: A module differs when max |Δ| > ULPS × eps(dtype) × max |transformers' output|, dtype the coarser
 #: of the two outputs' (fp32 on the host: 7.6e-6 relative). Both sides compute the same math with
 #: other kernels (fused vs separate QKV): on the cpu fixture every module of a clean pair agreed
@@ -163,7 +171,6 @@ def module_pairs(titan, hf) -> list[tuple[str, int | None, object, object]]:
 
 def _titan_outputs(titan, paths: set[str], ids, positions):
     """torchtitan's forward on ``ids`` with each module in ``paths`` recording its output (hooks)."""
-    import torch
 
     modules = dict(titan.named_modules())
     missing = sorted(p for p in paths if p not in modules)
@@ -193,10 +200,6 @@ def _titan_outputs(titan, paths: set[str], ids, positions):
 
 def _hf_outputs(hf, ids, positions, directory: Path):
     """transformers' forward under its own debugger, full tensors to ``directory``; a reader of them."""
-    import torch
-    from safetensors.torch import load_file
-    from transformers.model_debugging_utils import model_addition_debugger_context
-    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
     kwargs = {
         "use_cache": False,
@@ -247,7 +250,6 @@ def _hf_outputs(hf, ids, positions, directory: Path):
 
 def compare(name: str, layer, titan_path: str, hf_name: str, a, b) -> ModuleDiff:
     """One module's outputs: max |Δ|, relative to max |transformers'|, against its dtype's tolerance."""
-    import torch
 
     coarser = max((a.dtype, b.dtype), key=lambda d: torch.finfo(d).eps)
     scale = b.detach().float().abs().max().item() if b.numel() else 0.0
@@ -320,11 +322,8 @@ def titan_model(opts, state: dict | None = None):
     checkpoint's own layout: transformers' in-memory MoE experts are fused, the files are not),
     through the spec's own ``state_dict_adapter.from_hf``.
     """
-    import torch
-    from safetensors.torch import load_file
 
-    from harness.config.build import build_config
-    from recipes.titan import set_default_dtype
+    from recipes.titan import set_default_dtype  # noqa: PLC0415 -- heavy: recipes.titan imports torchtitan (torchtitan+torch 2.9 s); this module stays light
 
     spec = build_config(opts).model_spec
     with torch.device("cpu"), set_default_dtype(torch.float32):
@@ -357,7 +356,6 @@ def first_rows(record, rows: int = ROWS, tokens: int = TOKENS):
 
 def localize_run(run, record, hf, rows: int = ROWS, tokens: int = TOKENS) -> Localization:
     """The run's first divergence (``run``: ``harness.reference.diagnosis.RunInfo`` with its options)."""
-    from harness.declare import catalogue
 
     if run.options is None:
         raise LocalizeError(

@@ -7,11 +7,15 @@ per-tier tolerance, and the verdict of one check (:class:`ReferenceCheck`).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from harness.declare import catalogue
 from harness.rank.first_batch import ATTENTIONS, IGNORE_INDEX
+from recipes.hf_config import read_hf_config
+from recipes.hf_rope import rope_parameters
 
 #: Positions whose logits are formed at once: bounds host memory at the 4B vocab
 #: (256 × 151,936 fp32 logits = 156 MB) instead of a whole 2048-token row (1.2 GB).
@@ -69,8 +73,8 @@ def load_reference_model(model_dir: Path):
     a process-wide init patch (torchtitan's backend replaces ``PreTrainedModel._init_weights``
     for every later model, see recipes/hf_compat.py workaround 5) cannot leave it at 0 here.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 -- heavy: transformers 1.8 s; this module stays light
 
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="sdpa"
@@ -89,9 +93,6 @@ def _rotaries(model):
 
 def computed_inv_freq(model, rope_theta: float | None = None):
     """The inverse frequencies transformers computes from ``model``'s config (or with ``rope_theta``)."""
-    import copy
-
-    from recipes.hf_rope import rope_parameters
 
     rotary = _rotaries(model)[0]
     config = rotary.config
@@ -125,8 +126,8 @@ def batch_loss_sums(
 
     One row at a time, logits ``chunk`` positions at a time (host memory); CE summed in fp64.
     """
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    import torch.nn.functional as F  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     if attention not in ATTENTIONS:
         raise ReferenceError(f"attention {attention!r}: expected one of {ATTENTIONS}")
@@ -288,8 +289,6 @@ class ReferenceCheck:
 
 def tolerance_for(tier: str, model_dir: Path, recipe: str) -> Tolerance:
     """The tier's tolerance; a MoE model of a recipe whose experts compute in bf16 (harness.declare.catalogue) gets the wider one."""
-    from harness.declare import catalogue
-    from recipes.hf_config import read_hf_config
 
     hf = read_hf_config(model_dir)
     moe = "num_experts" in hf or "num_local_experts" in hf

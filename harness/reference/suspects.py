@@ -9,10 +9,13 @@ run allowed (``--allow-mismatch``) is a suspect as well, measured or not.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.base.run_dir import RUN_FILE, provenance_state, read_provenance, read_steps
+from harness.options.run_options import RunOptions
 from harness.rank.first_batch import IncompleteRecord, Record, ReferenceError
 from harness.reference.scoring import (
     PLAUSIBLE_FRACTION,
@@ -26,7 +29,7 @@ from harness.reference.scoring import (
 
 
 def _file_sha(directory: Path) -> str | None:
-    from harness.config.provenance import sha256_of
+    from harness.config.provenance import sha256_of  # noqa: PLC0415 -- heavy: harness.config.provenance imports torch (torch 2.9 s); this module stays light
 
     files = [
         p
@@ -48,8 +51,8 @@ def tokenizer_doubts(run: "RunInfo") -> tuple[list[str], list[str]]:
     tokenizer.json as it is now, config.json's ``vocab_size``, and the tokenizer files the launcher
     hashed into provenance ``inputs``. Where the tokenizer lies rules nothing out.
     """
-    from harness.config.provenance import file_sha256
-    from recipes.specs import read_hf_dims
+    from harness.config.provenance import file_sha256  # noqa: PLC0415 -- heavy: harness.config.provenance imports torch (torch 2.9 s); this module stays light
+    from recipes.specs import read_hf_dims  # noqa: PLC0415 -- heavy: recipes.specs imports torch (torch 2.9 s); this module stays light
 
     own = Path(run.model_dir)
     doubts, checked = [], []
@@ -128,9 +131,8 @@ def tokenizer_suspect(
 
 def rebuilt_batches(opts, tokenizer_dir: Path, per_rank: int) -> list[dict]:
     """The run's step-1 batches, re-packed from the same corpus with ``tokenizer_dir`` (torchtitan's loader)."""
-    import dataclasses
 
-    from harness.config.build import build_config
+    from harness.config.build import build_config  # noqa: PLC0415 -- heavy: harness.config.build imports torch (torch 2.9 s); this module stays light
 
     opts = dataclasses.replace(
         opts, tokenizer_dir=Path(tokenizer_dir), allow_mismatch=[*opts.allow_mismatch, "tokenizer"]
@@ -159,7 +161,7 @@ def rebuilt_batches(opts, tokenizer_dir: Path, per_rank: int) -> list[dict]:
 def theta_suspect(
     run: "RunInfo", record: Record, model, reference: float, measured: float, tol: float
 ):
-    from recipes.specs import read_hf_dims
+    from recipes.specs import read_hf_dims  # noqa: PLC0415 -- heavy: recipes.specs imports torch (torch 2.9 s); this module stays light
 
     weights_theta = read_hf_dims(Path(run.model_dir)).get("rope_theta")
     run_theta = run.model.get("rope_theta")
@@ -196,7 +198,7 @@ def inv_freq_suspect(
     run: "RunInfo", record: Record, model, reference: float, measured: float, tol: float
 ):
     """Each rank's held ``inv_freq`` vs what the run's theta gives; scored per rank with its own."""
-    import torch
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
     held = [
         b.get("held_inv_freq") if b.get("held_inv_freq") is not None else record.inv_freq
@@ -287,8 +289,6 @@ class RunInfo:
     def from_run_dir(cls, run_dir: Path, allow_no_step: bool = False) -> "RunInfo":
         """``allow_no_step``: a run that died in step 1 (torchtitan stops on a non-finite loss
         before logging it) is measured as NaN, so its record can still be diagnosed."""
-        from harness.base.run_dir import RUN_FILE, provenance_state, read_provenance, read_steps
-        from harness.options.run_options import RunOptions
 
         run_dir = Path(run_dir)
         provenance = read_provenance(run_dir)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness.base.readable import Unreadable, text_of
 from harness.launch.speed import NEFF_STATES, SPEED_FIGURES
+from harness.report.results import import_plotting
 from recipes.tiers import rehearsal_mark
 
 SUMMARY = "plots.json"
@@ -200,7 +201,6 @@ def change_label(change: dict) -> str:
 
 def draw(plot: Plot, all_nights: list[str], changes: list[dict], out: Path) -> Path:
     """One PNG: a line per series over the nights, the reference, and each version change."""
-    from harness.report.results import import_plotting
 
     plt = import_plotting()
     index = {night: i for i, night in enumerate(all_nights)}

@@ -29,7 +29,7 @@ def rope_in_use(config) -> dict[str, list[int]]:
     Empty when the model has no torchtitan RoPE node (the HF backend builds transformers'
     own rotary embedding).
     """
-    from recipes.titan import RoPE
+    from recipes.titan import RoPE  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     used: dict[str, list[int]] = {}
     for fqn, cfg, _, _ in config.traverse(RoPE.Config):
@@ -54,10 +54,10 @@ def rope_gathers(config, probe_len: int = 256) -> dict[str, list[str]]:
     aten op it dispatches is recorded, and those in :data:`GATHER_OPS` are returned. "RoPE without
     gather" (config 3) holds when every list is empty. Nothing is computed: meta tensors only.
     """
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+    import torch  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415 -- heavy: torch 2.9 s; this module stays light
 
-    from recipes.titan import RoPE
+    from recipes.titan import RoPE  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     class Ops(TorchDispatchMode):
         def __init__(self):

@@ -258,10 +258,10 @@ def _kernels():
     there: test/integration/nkilib/experimental/moe/test_bwmm_bwd.py).
     """
     try:
-        from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
-        from torch_neuronx.nki_hop import wrap_nki
+        from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd  # noqa: PLC0415 -- optional: Neuron's nkilib, only on trn2
+        from torch_neuronx.nki_hop import wrap_nki  # noqa: PLC0415 -- optional: only on trn2
 
-        from recipes.kernels.moe_cte_checkpointed import moe_cte_shard_on_i_checkpointed
+        from recipes.kernels.moe_cte_checkpointed import moe_cte_shard_on_i_checkpointed  # noqa: PLC0415 -- optional: imports nki, only on trn2
     except ImportError as e:
         raise NkiMissingError(
             f"grouped_experts on the neuron device needs nkilib and torch_neuronx ({e}); "
@@ -277,7 +277,7 @@ def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 def _affinity_post_scale():
     """``ExpertAffinityScaleMode.POST_SCALE``: nkilib/core/utils/common_types.py (moe_cte's default)."""
-    from nkilib.core.utils.common_types import ExpertAffinityScaleMode
+    from nkilib.core.utils.common_types import ExpertAffinityScaleMode  # noqa: PLC0415 -- optional: Neuron's nkilib, only on trn2
 
     return ExpertAffinityScaleMode.POST_SCALE
 

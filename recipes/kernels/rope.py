@@ -128,8 +128,8 @@ def _rope_hf_kernel():
     (aws-neuron/nki-library src/nkilib_src/nkilib/core/embeddings/rope_hf.py,
     ``_validate_apply_rope_inputs``).
     """
-    from nkilib.core.embeddings.rope_hf import rope_hf as kernel
-    from torch_neuronx.nki_hop import wrap_nki
+    from nkilib.core.embeddings.rope_hf import rope_hf as kernel  # noqa: PLC0415 -- optional: Neuron's nkilib, only on trn2
+    from torch_neuronx.nki_hop import wrap_nki  # noqa: PLC0415 -- optional: only on trn2
 
     return wrap_nki(kernel)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 
+from recipes.platform import neuron
+from recipes.platform.neuron import neuron_status
+
 #: Run-time settings every tier needs: nothing reaches the Hub.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -26,7 +29,6 @@ def tier_unavailable(tier: str) -> str | None:
     """Why ``tier`` cannot run on this machine (one line naming what is missing), or None when it can."""
     if tier != "trn2":
         return None
-    from recipes.platform.neuron import neuron_status
 
     status = neuron_status()
     if status.ready:
@@ -43,12 +45,10 @@ def install(tier: str) -> None:
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
     if tier == "cpu":
-        from recipes.platform import cpu
+        from recipes.platform import cpu  # noqa: PLC0415 -- heavy: recipes.platform.cpu imports torch (torch 2.9 s); this module stays light
 
         cpu.install()
     elif tier == "trn2":
-        from recipes.platform import neuron
-
         neuron.install()
     else:
         raise ValueError(f"unknown tier {tier!r}; choose one of {', '.join(TIERS)}")

@@ -19,6 +19,7 @@ import importlib
 import os
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from recipes.platform.device_copies import DEVICE_COPIES
 from recipes.upstream_shape import require, require_attributes
@@ -118,7 +119,7 @@ def import_device_copy(name: str):
 
 def _patch_device_type() -> None:
     """Point every torchtitan copy of device_type/device_module at the CPU."""
-    from recipes.titan import device_utils as utils
+    from recipes.titan import device_utils as utils  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
 
     check_device_utils(utils)
     utils.device_type = "cpu"
@@ -142,7 +143,6 @@ def _patch_fsdp_sum_reduction() -> None:
     module; FSDP2 then reduce-scatters with ``ReduceOp.PREMUL_SUM``, which gloo
     rejects. Forcing SUM reduction with a divide factor of 1.0 is the same math.
     """
-    from torch.distributed.fsdp import FSDPModule
 
     require_attributes(FSDPModule, FSDP_METHODS, "torch", FSDP_WORKAROUND, "FSDPModule")
     original = FSDPModule.set_gradient_divide_factor

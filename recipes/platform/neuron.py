@@ -12,10 +12,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 from recipes.errors import RecipeError
 from recipes.platform import neuron_versions
+from recipes.platform.device_copies import repoint_imported_device_copies
 from recipes.tiers import REHEARSAL_SETTINGS_ENV, rehearsal_settings  # noqa: F401 -- the seam's name, re-exported
 
 #: The device type torch-neuronx registers (PrivateUse1 renamed "neuron"; recipes.platform.on_neuron).
@@ -272,7 +274,7 @@ def install() -> None:
     """
     logical_neuron_cores()  # refuse a bad LNC before the runtime reads it
     set_rank_cores()  # before the runtime starts (at the first device tensor)
-    import torch_neuronx  # noqa: F401
+    import torch_neuronx  # noqa: PLC0415, F401 -- optional: only on trn2
 
     point_torchtitan_at_neuron()
 
@@ -287,9 +289,6 @@ def point_torchtitan_at_neuron() -> None:
     (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) it had fixed "cuda"; after ``import torch_neuronx`` the
     same function answers "neuron". Nothing imported yet: nothing to do.
     """
-    import sys
-
-    from recipes.platform.device_copies import repoint_imported_device_copies
 
     utils = sys.modules.get("torchtitan.tools.utils")
     if utils is None or utils.device_type == NEURON_DEVICE_TYPE:
