@@ -180,6 +180,24 @@ def test_a_results_md_the_suite_did_not_write_is_kept_aside_and_said(tmp_path, c
     assert capsys.readouterr().err == ""
 
 
+def test_a_results_json_the_suite_did_not_write_is_merged_kept_as_it_was_and_said(tmp_path, capsys):
+    """Issue 46 item 1: a foreign results.json's runs are merged (never lost) and the file is kept as it was."""
+    run = failed_before_provenance(tmp_path)
+    foreign = json.dumps({"runs": [run], "checks": [], "mine": True})
+    (tmp_path / report.RESULTS_JSON).write_text(foreign)
+    report.update(tmp_path, runs=[{**run, "seed": 1}])
+    kept = tmp_path / f"{report.RESULTS_JSON}.foreign-1"
+    assert kept.read_text() == foreign, "the foreign results.json is kept, unchanged"
+    assert f"kept as {kept.name}" in capsys.readouterr().err
+    runs = json.loads((tmp_path / report.RESULTS_JSON).read_text())["runs"]
+    assert len(runs) == 2, "its run is merged with this command's"
+    report.update(
+        tmp_path
+    )  # the suite's own results.json now: merged again, nothing more kept aside
+    assert not (tmp_path / f"{report.RESULTS_JSON}.foreign-2").exists()
+    assert capsys.readouterr().err == ""
+
+
 def test_every_directory_the_suite_writes_says_what_wrote_it(tmp_path):
     run = run_dir.claim(tmp_path / "runs", "r-20260101-000000")
     assert marker.kind(run) == marker.RUN
