@@ -1,10 +1,10 @@
-"""Config 3 in a rehearsal goes the real night's way: the fork's ``qwen3_nki_moe_config``, shrunk (issue 45 item 5).
+"""Config 3's fork path shrunk to a rehearsal's sizes: the fork's ``qwen3_nki_moe_config`` through
+``recipes.nki_moe.shrunk_for_tier`` (``recipes.specs.shrink_model``), every class the fork chose kept.
 
-On trn2 config 3 is built from TorchTitan Neuron's own function whenever it is importable
-(``recipes.nki_moe.uses_fork``). A rehearsal once made that false (its tier builds no full-size models), so
-config 3's launches took the suite's twin and the fork's RoPE and experts modules were never launched before
-the chip. Now a rehearsal takes the fork's config, as the night does, and shrinks it to the seam's sizes
-(``recipes.specs.shrink_model``), every class the fork chose kept.
+A rehearsal still launches the suite's twin (``recipes.nki_moe.uses_fork`` says why: the fork stand-in's
+stock CosSinRoPE gathers, and the night's "RoPE without gather" judge fails on it); this builds and runs the
+fork's config at the seam's sizes on the stand-in device, so the shrinking is ready when a stand-in can say
+what the fork's RoPE is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 
 STANDINS = REPO_ROOT / "rehearsal" / "standins"
-FORK_SOURCE = "torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config"
 
 BUILD = """
     import json, torch, torch_neuronx
@@ -32,7 +31,12 @@ BUILD = """
     from recipes.tutorial import RecipeInputs
 
     inputs = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
-    config = nki_moe.nki_moe(inputs)
+    from recipes.titan import optional
+    from recipes.tutorial import tutorial_settings
+
+    fork = optional("qwen3_nki_moe_config")[0]
+    config = nki_moe.shrunk_for_tier(fork("30B-A3B", **nki_moe.TUTORIAL_KWARGS), "trn2")
+    config = tutorial_settings(config, inputs)
     spec = config.model_spec.model
     layer = spec.layers[0]
     with torch.device("neuron"):  # a rank's forward and backward on the stand-in device
@@ -84,9 +88,8 @@ def test_a_rehearsal_builds_config3_from_the_forks_function_at_the_seams_sizes(t
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    # the fork's path, as on the real night (seen failing before: uses_fork false, the twin's source)
-    assert found["uses_fork"] is True and found["full_size_models"] is False
-    assert found["config_source"] == FORK_SOURCE
+    # a rehearsal launches the twin (recipes.nki_moe.uses_fork says why); the fork's function, shrunk, builds:
+    assert found["uses_fork"] is False and found["full_size_models"] is False
     # the fork's own modules (its RoPE is stock CosSinRoPE, the twin's is SlicedCosSinRoPE) ...
     assert (found["rope"], found["experts"]) == ("CosSinRoPE.Config", "GroupedExperts.Config")
     # ... at the seam's tiny MoE (recipes.tiers.rehearsed: vocab 1024, H 512, 4 heads of 32, 2 kv heads, I 64)
