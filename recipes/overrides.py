@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 
 from recipes.errors import RecipeError
-from recipes.kernels import grouped_experts, rope
 from recipes.titan import ModelSpec, OverrideConfig, apply_overrides, override
 
 __all__ = [
@@ -89,6 +88,7 @@ def _named(
 
 
 def _rope_hf() -> NamedOverride:
+    from recipes.kernels import rope  # noqa: PLC0415 -- a kernel's module is imported when its override is used
 
     # rope_hf also replaces config 3's SlicedCosSinRoPE: without it, `--override rope_hf=GLOB`
     # on nki_moe found no (exact) CosSinRoPE node and was refused as matching nothing.
@@ -102,6 +102,7 @@ def _rope_hf() -> NamedOverride:
 
 
 def _grouped_experts() -> NamedOverride:
+    from recipes.kernels import grouped_experts  # noqa: PLC0415 -- a kernel's module is imported when its override is used
 
     return _named(
         "grouped_experts",

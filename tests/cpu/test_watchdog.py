@@ -19,6 +19,7 @@ import time
 import pytest
 from run_watch import RunWatch, describe
 
+from harness.base import processes
 from harness.base.run_dir import HEARTBEAT_DIR, STACKS_DIR
 from harness.checks.preflight import preflight
 from harness.launch import watchdog
@@ -91,6 +92,10 @@ def test_the_rank_named_is_the_one_behind_and_stopped_first(tmp_path, sleeper):
     assert dog.check(now).rank == 0, "ranks 0 and 1 are behind; neither is stopped: the first"
     os.kill(sleeper.pid, signal.SIGSTOP)
     try:
+        # SIGSTOP is delivered asynchronously: wait until the kernel shows the process stopped (state T)
+        deadline = time.monotonic() + 10
+        while processes.read(sleeper.pid).state not in ("T", "t") and time.monotonic() < deadline:
+            time.sleep(0.01)
         stall = dog.check(now)
     finally:
         os.kill(sleeper.pid, signal.SIGCONT)
