@@ -48,7 +48,7 @@ def outcome(name, call):
         results[name] = "ok"
     except AssertionError as e:
         results[name] = "AssertionError: " + str(e)
-    except Exception as e:
+    except Exception as e:  # recorded, then compared: an unexpected error fails its expected outcome
         results[name] = f"{type(e).__name__}: {e}"
 
 # --- rope_hf: q/k [B, heads, S, D], cos/sin [(B,) S, D] ---------------------------------------------
