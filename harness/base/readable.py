@@ -13,13 +13,14 @@ import os
 import stat
 from pathlib import Path
 
-_SPECIAL = (
-    (stat.S_ISDIR, "a directory"),
+#: What may stand at a path that is neither a regular file nor a directory, by ``stat`` test.
+SPECIAL_FILES = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
 )
+_SPECIAL = ((stat.S_ISDIR, "a directory"), *SPECIAL_FILES)
 
 
 class Unreadable(ValueError):

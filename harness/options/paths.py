@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from pathlib import Path
 
+from harness.base.readable import SPECIAL_FILES
 from harness.base.tyro_events import _spelling
 from recipes.errors import RecipeError
 
@@ -22,13 +22,6 @@ HARNESS_PATH_OPTIONS = (
     "--tokenizer-dir",
     "--export-dir",
     "--report-dir",
-)
-
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
 )
 
 
@@ -59,7 +52,7 @@ def what_is(path: Path) -> str | None:
         if e.errno == errno.ENOTDIR:
             return None  # a parent is a file: the directory checks name it
         return f"not readable ({e.strerror})"
-    return next((kind for test, kind in _KINDS if test(mode)), None)
+    return next((kind for test, kind in SPECIAL_FILES if test(mode)), None)
 
 
 def check_path(flag: str, value: str) -> None:
