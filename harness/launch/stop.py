@@ -6,7 +6,8 @@ reference, the report): ``Interrupted`` is raised where the command is, its hand
 process and write what was measured, and the command exits 128 + the signal's number.
 The first signal raises; every later one is noted on stderr and ignored, so a second Ctrl-C
 while the first is handled loses nothing already measured. Inside ``deferred()`` (a report
-being written) even the first waits until the block has ended.
+being written) even the first waits until the block has ended, and inside an ``import`` until the
+import has ended (``inside_an_import`` says why).
 """
 
 from __future__ import annotations
@@ -58,7 +59,28 @@ class StopSignals:
         if self._deferring:
             self._pending = signum
             return
+        if inside_an_import(frame):
+            self._pending = signum
+            self._retry_after_the_import()
+            return
         raise Interrupted(signum)
+
+    def _retry_after_the_import(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, IMPORT_RETRY_S)  # SIGALRM: ``retry``
+
+    def retry(self, _alarm: int, frame) -> None:
+        """SIGALRM's handler: raise the stop that came during an import once the import has ended."""
+        if self._pending is None:
+            return
+        if inside_an_import(frame):
+            self._retry_after_the_import()
+            return
+        if not self._deferring:  # else deferred() raises it at the block's end
+            signum, self._pending = self._pending, None
+            raise Interrupted(signum)
+
+    def cancel_retry(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
     @contextmanager
     def deferred(self):
@@ -71,6 +93,24 @@ class StopSignals:
         if not self._deferring and self._pending is not None:
             signum, self._pending = self._pending, None
             raise Interrupted(signum)
+
+
+#: How often a stop that came during an import looks again whether the import has ended.
+IMPORT_RETRY_S = 0.05
+
+
+def inside_an_import(frame) -> bool:
+    """Whether ``frame`` runs inside an ``import``: a stop raised there waits for the import to end.
+
+    torch's C init imports numpy and swallows what numpy's import raises: an ``Interrupted`` raised
+    there is lost, numpy is left half-initialised, and the run dies later on "cannot load module
+    more than once per process" (a clean-clone CI, Ctrl-C during the checks' import of torch).
+    """
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 _ACTIVE: StopSignals | None = None
@@ -87,11 +127,13 @@ def stop_signals_raise():
     global _ACTIVE
     stops, outer = StopSignals(), _ACTIVE
     previous = {sig: signal.signal(sig, stops.handle) for sig in STOP_SIGNALS}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, stops.retry)
     _ACTIVE = stops
     try:
         yield stops
     finally:
         _ACTIVE = outer
+        stops.cancel_retry()
         for sig, old in previous.items():
             signal.signal(sig, old)
 

@@ -353,6 +353,45 @@ def test_the_first_stop_signal_waits_out_a_deferred_block_and_the_next_are_ignor
     assert signal.getsignal(signal.SIGINT) is before, "the previous handlers are back"
 
 
+#: ``python -m harness run`` with a SIGINT sent from inside torch's import of numpy: torch's C init
+#: swallows what numpy's import raises, as it did to a Ctrl-C in a clean-clone CI's checks row.
+SIGINT_INSIDE_NUMPYS_IMPORT = """
+import os, runpy, signal, sys
+
+class SigintInsideNumpysImport:
+    def find_spec(self, name, path=None, target=None):
+        if name.endswith("_multiarray_umath") and "torch" in sys.modules:
+            sys.meta_path.remove(self)
+            print("SIGINT sent inside numpy's import", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.meta_path.insert(0, SigintInsideNumpysImport())
+sys.argv = ["harness", *sys.argv[1:]]
+runpy.run_module("harness", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_stop_inside_torchs_import_waits_for_the_import_and_is_not_lost(tmp_path):
+    """A Ctrl-C inside an import is raised once the import has ended: exit 130, nothing ran.
+
+    Seen failing without the wait (``inside_an_import``): torch swallowed the Interrupted, and the
+    run trained and exited 0; in the CI it died later on numpy's "cannot load module more than once".
+    """
+    report_dir = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGINT_INSIDE_NUMPYS_IMPORT, *command(report_dir, 1)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "SIGINT sent inside numpy's import" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "INTERRUPTED by SIGINT during the checks" in proc.stderr
+    assert not list(report_dir.glob("runs/*")), "the interrupted checks left their run directory"
+
+
 def test_an_interrupt_before_torchrun_started_names_that_run_not_started(tmp_path):
     """A launch stopped before it started torchrun has no result: its run is listed as never started."""
     from harness.__main__ import Progress, report_interrupt
