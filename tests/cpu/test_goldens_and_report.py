@@ -307,6 +307,9 @@ def test_workflows_parse_and_call_the_readme_commands():
     cpu = yaml.safe_load((REPO_ROOT / ".github/workflows/cpu.yml").read_text())
     cpu_steps = " ".join(step.get("run", "") for step in cpu["jobs"]["cpu"]["steps"])
     assert "make test" in cpu_steps
+    ci_run = (REPO_ROOT / ".ci/run").read_text()
+    for runner, steps in (("cpu.yml", cpu_steps), (".ci/run", ci_run)):
+        assert "make lint" in steps, f"{runner} does not run the stage contracts and the format"
     nightly = yaml.safe_load((REPO_ROOT / ".github/workflows/nightly-trn2.yml").read_text())
     job = nightly["jobs"]["neuron"]
     assert job["runs-on"] == ["self-hosted", "trn2"]
@@ -322,7 +325,6 @@ def test_workflows_parse_and_call_the_readme_commands():
         "harness.night.ci trend",
     ):
         assert needed in nightly_steps, needed
-    ci_run = (REPO_ROOT / ".ci/run").read_text()
     assert "make rehearse-trn2" in ci_run and ci_run.rstrip().endswith(
         "make test"
     )  # pytest's summary closes CI
