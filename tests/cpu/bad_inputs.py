@@ -437,33 +437,25 @@ def assert_outcome(
     return lines[0]
 
 
+def one_step_command(report_dir: Path, *args: str) -> list[str]:
+    """``python -m harness run native_qwen3`` for one step on the cpu tier, nothing exported."""
+    return [
+        *(sys.executable, "-m", "harness", "run", "native_qwen3", "--tier", "cpu"),
+        *("--init", "hf", "--steps", "1", "--no-export", "--report-dir", str(report_dir), *args),
+    ]
+
+
 def harness_run(
-    report_dir: Path, *args: str, env: dict | None = None
+    report_dir: Path, *args: str, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """``python -m harness run`` of one weights-loaded step, nothing exported (a launch of 2 ranks)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness",
-        "run",
-        "native_qwen3",
-        "--tier",
-        "cpu",
-        "--init",
-        "hf",
-        "--steps",
-        "1",
-        "--no-export",
-        "--report-dir",
-        str(report_dir),
-        *args,
-    ]
+    cmd = one_step_command(report_dir, *args)
     return subprocess.run(
         cmd,
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+from bad_inputs import harness_run
 
-from recipes.tiers import FIXTURES, REPO_ROOT
+from recipes.tiers import FIXTURES
 
 
 def test_a_failing_check_fails_the_main_job_and_is_reported(tmp_path):
@@ -22,29 +20,7 @@ def test_a_failing_check_fails_the_main_job_and_is_reported(tmp_path):
     data["values"]["step1_loss_hf"]["value"] = 1.25  # the fixture measures 1.548
     path.write_text(json.dumps(data))
     report_dir = tmp_path / "report"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "native_qwen3",
-            "--tier",
-            "cpu",
-            "--init",
-            "hf",
-            "--steps",
-            "1",
-            "--no-export",
-            "--report-dir",
-            str(report_dir),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=600,
-        env={**os.environ, "QWEN3_GOLDENS_DIR": str(goldens_dir)},
-    )
+    out = harness_run(report_dir, env={"QWEN3_GOLDENS_DIR": str(goldens_dir)}, timeout=600)
     assert out.returncode == 1, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
     assert (
         "FAILED check: regression: step1_loss_hf" in out.stderr

@@ -17,19 +17,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from bad_inputs import harness_run
 
 from harness.checks.preflight import preflight
 from harness.options.run_options import RunOptions
 from harness.reference import diagnosis as reference
-from recipes.tiers import FIXTURES, REPO_ROOT
+from recipes.tiers import FIXTURES
 
 MODEL_DIR = FIXTURES / "qwen3-tiny"
 MOE_DIR = FIXTURES / "qwen3-moe-tiny"
@@ -425,32 +423,13 @@ def test_kept_inv_freq_defect_through_the_trainer_is_named(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_main_job_reports_the_reference_and_names_the_fault(tmp_path):
     report_dir = tmp_path / "report"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "native_qwen3",
-            "--tier",
-            "cpu",
-            "--init",
-            "hf",
-            "--steps",
-            "1",
-            "--no-export",
-            "--rope-theta",
-            repr(FAULTY_THETA),
-            "--allow-mismatch",
-            "rope_theta",
-            "--report-dir",
-            str(report_dir),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
+    out = harness_run(
+        report_dir,
+        "--rope-theta",
+        repr(FAULTY_THETA),
+        "--allow-mismatch",
+        "rope_theta",
         timeout=600,
-        env={**os.environ},
     )
     assert out.returncode == 1, (out.stdout[-3000:], out.stderr[-3000:])
     assert "FAILED check: reference" in out.stderr

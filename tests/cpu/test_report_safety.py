@@ -12,11 +12,11 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from bad_inputs import one_step_command
 
 from harness.base import marker, run_dir
 from harness.launch.lifecycle import RunResult
@@ -240,22 +240,7 @@ def test_two_launches_in_the_same_second_never_share_a_run_directory(tmp_path):
     for path in taken:
         path.mkdir(parents=True)
         (path / "mine.txt").write_text("not the run's")
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness",
-        "run",
-        "native_qwen3",
-        "--tier",
-        "cpu",
-        "--init",
-        "hf",
-        "--steps",
-        "1",
-        "--no-export",
-        "--report-dir",
-        str(shared),
-    ]
+    cmd = one_step_command(shared)
     procs = [
         subprocess.Popen(
             [*cmd, "--seed", str(seed)],
