@@ -31,6 +31,7 @@ from harness.base.readable import Unreadable, json_object_of, kind_of
 from harness.declare.claims import published_claims
 from harness.judge import gate, goldens, unmeasured
 from harness.launch.speed import NIGHT_ENV
+from harness.night.standing import PROPERTY_PREFIX
 from harness.report.results import VERDICT_SUFFIX
 
 
@@ -243,7 +244,6 @@ def record_inputs(report_path: Path, replace: bool = False, goldens_dir: Path | 
 
 def standing_results(report: dict) -> dict[str, dict]:
     """``launch`` -> tonight's standing record (``harness.night.standing``), from the tests that ran."""
-    from harness.night.standing import PROPERTY_PREFIX
 
     return {
         name[len(PROPERTY_PREFIX) :]: value

@@ -8,7 +8,13 @@ its catalogue entry's ``fork`` (``harness.declare.catalogue``).
 
 from __future__ import annotations
 
+import importlib
+
 from harness.config.tree import collapse_layers, config_tree, differences
+from harness.declare import catalogue
+from recipes.registry import get_recipe
+from recipes.titan import BY_NAME
+from recipes.tutorial import tutorial_settings
 
 
 def config3_comparison(inputs) -> dict:
@@ -19,12 +25,6 @@ def config3_comparison(inputs) -> dict:
     "differences": [{"path", "fork", "twin"}...]}``; the differences repeat per layer only once
     (``layers.*``, with the layers). The fork's function absent is a finding, not a skip.
     """
-    import importlib
-
-    from harness.declare import catalogue
-    from recipes.registry import get_recipe
-    from recipes.titan import BY_NAME
-    from recipes.tutorial import tutorial_settings
 
     entry = catalogue.forked()
     module = importlib.import_module(get_recipe(entry.recipe).module)

@@ -22,17 +22,31 @@ import dataclasses
 import json
 import os
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from harness.checks import preflight
+from harness.checks.built_config import check_built, check_inputs
+from harness.checks.mismatch import refuse, size_mismatches
+from harness.checks.preflight import OPTION_CHECKS
+from harness.config.build import build_config as build
+from harness.config.tree import config_tree
 from harness.declare.catalogue import Upstream, entry
-from harness.options.run_options import RunOptions
+from harness.launch.lifecycle import torchrun_command
+from harness.night import plan as nightly
+from harness.options.run_options import RunOptions, command_line
 from recipes.errors import RecipeError
 from recipes.hf_config import read_hf_config
+from recipes.platform import OFFLINE_ENV, offline_env
+from recipes.platform.torchtitan_checkout import checkout_info, describe
 from recipes.specs import QWEN3_4B_INSTRUCT_2507 as QWEN3_4B_SIZES
 from recipes.specs import read_hf_dims
-from recipes.tiers import TIERS
+from recipes.tiers import REPO_ROOT, TIERS
+from recipes.tutorial import RecipeInputs
 
 DRY_RUN_DIR = "dry-run"
 
@@ -99,7 +113,6 @@ def plan_run(opts: RunOptions) -> Plan:
     Runs the device-free preflight checks (names, sizes, nodes, mismatch names); the
     device, weights, tokenizer and dataset checks need the instance and its files.
     """
-    from harness.checks.preflight import OPTION_CHECKS
 
     for check in OPTION_CHECKS:
         check(opts)
@@ -141,7 +154,6 @@ def plan_run(opts: RunOptions) -> Plan:
 
 def check_files(plan: Plan) -> None:
     """The preflight checks of the files this machine has (never the device: that needs the instance)."""
-    from harness.checks import preflight as preflight
 
     checks = [preflight.check_hf_model, preflight.check_export_dir]
     if plan.has_weights:
@@ -157,7 +169,6 @@ def check_files(plan: Plan) -> None:
 
 def check_sizes(opts: RunOptions, config) -> list[str]:
     """Without weights: the built sizes against config.json, refused as a real run refuses them."""
-    from harness.checks.mismatch import refuse, size_mismatches
 
     if opts.init != "hf":
         return []
@@ -169,8 +180,6 @@ def check_sizes(opts: RunOptions, config) -> list[str]:
 
 def build_config(plan: Plan, cli_overrides: list[str]) -> tuple[object, list[str]]:
     """The config the launcher would hand every rank, and what was checked on the way."""
-    from harness.checks.built_config import check_built, check_inputs
-    from harness.config.build import build_config as build
 
     opts = plan.build
     config = build(opts, cli_overrides)
@@ -194,7 +203,7 @@ def dims_of(hf_config: dict) -> dict:
 
 def spec_dims(spec) -> dict:
     """The hyper-parameters a torchtitan Qwen3 spec builds."""
-    from harness.rank.export import hf_config
+    from harness.rank.export import hf_config  # noqa: PLC0415 -- heavy: harness.rank.export imports torch.distributed.tensor (1.2 s)
 
     return dims_of(hf_config(spec, "bfloat16"))
 
@@ -208,9 +217,8 @@ def config_dims(config) -> dict:
 
 def build_on_meta(model_config, dtype: str = "float32"):
     """``model_config.build()`` on the meta device in ``dtype``, as torchtitan's trainer builds it."""
-    import torch
 
-    from recipes.titan import TORCH_DTYPE_MAP, set_default_dtype
+    from recipes.titan import TORCH_DTYPE_MAP, set_default_dtype  # noqa: PLC0415 -- heavy: these names import torchtitan (2.5 s); a dry run that refuses stays fast
 
     with torch.device("meta"), set_default_dtype(TORCH_DTYPE_MAP[dtype]):
         return model_config.build()
@@ -237,7 +245,7 @@ def _set_fields(obj, name: str, value) -> None:
 
 def upstream_spec(upstream: Upstream, layers: int | None = None):
     """``model_registry(flavor)`` shrunk as the tutorial shrinks it: first N layers, E experts, top-k."""
-    from recipes.titan import model_registry
+    from recipes.titan import model_registry  # noqa: PLC0415 -- heavy: these names import torchtitan (2.5 s); a dry run that refuses stays fast
 
     spec = model_registry(upstream.flavor)
     n_layers = layers or upstream.n_layers
@@ -314,7 +322,6 @@ def model_report(config, opts: RunOptions) -> dict:
 
 def shell_command(argv: list[str], placeholders: list[Placeholder]) -> str:
     """``torchrun ...`` as a shell line: ``python -m torch.distributed.run`` is torchrun; placeholders expand."""
-    import sys
 
     if argv[:3] == [sys.executable, "-m", "torch.distributed.run"]:
         argv = ["torchrun", *argv[3:]]
@@ -324,8 +331,6 @@ def shell_command(argv: list[str], placeholders: list[Placeholder]) -> str:
 
 def launch_env(opts: RunOptions) -> dict:
     """What the launch sets for every rank, and the decisive variables it passes through."""
-    from recipes.platform import offline_env
-    from recipes.tiers import REPO_ROOT
 
     return {
         "set": {
@@ -351,7 +356,6 @@ def _substitute(value, old: str, new: str):
 def resolved_config(config, plan: Plan) -> dict:
     """The resolved config as JSON, every node with its class (``_class``: SDPA, the gather-free RoPE,
     NKI's grouped experts, the loss and tokenizer are visible), placeholders' stand-ins shown as placeholders."""
-    from harness.config.tree import config_tree
 
     tree = json.loads(json.dumps(config_tree(config), default=str))
     for p in plan.placeholders:
@@ -362,7 +366,6 @@ def resolved_config(config, plan: Plan) -> dict:
 
 def torchtitan_neuron() -> dict:
     """Which TorchTitan Neuron ref and commit this machine's trn2 run would import (none on a laptop)."""
-    from recipes.platform.torchtitan_checkout import checkout_info
 
     return checkout_info()
 
@@ -373,8 +376,6 @@ def dry_run(plan: Plan, cli_overrides: list[str]) -> dict:
     ``command`` is what a user types for this one run; ``torchrun`` what the launcher then
     starts, whose ranks read ``run_json`` from the run directory (``harness.rank.train``).
     """
-    from harness.launch.lifecycle import torchrun_command
-    from harness.options.run_options import command_line
 
     opts = plan.shown
     argv = torchrun_command(opts, cli_overrides)
@@ -445,8 +446,6 @@ def summary(result: dict, path: Path) -> str:
             + (f"; differs in {diffs}" if diffs else "")
         )
     if "torchtitan_neuron" in result:
-        from recipes.platform.torchtitan_checkout import describe
-
         lines.append(f"  TorchTitan Neuron: {describe(result['torchtitan_neuron'])}")
     lines += [f"  placeholder {p['shown']}: {p['note']}" for p in result["placeholders"]]
     lines.append(f"  report: {path}")
@@ -461,7 +460,6 @@ def cmd_dry_run(
     On trn2 the nightly's own plan comes first (``harness.night.plan.dry_run_report``): a missing torchtitan
     name refuses the dry run as it would refuse every launch.
     """
-    from recipes.platform import OFFLINE_ENV
 
     for (
         key,
@@ -472,9 +470,6 @@ def cmd_dry_run(
         os.environ.setdefault(key, value)
     refused = 0
     if any(opts.tier == "trn2" for opts in runs):
-        from harness.night import plan as nightly
-        from recipes.tutorial import RecipeInputs
-
         stand_in = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
         refused += not nightly.dry_run_report(report_dir / DRY_RUN_DIR, stand_in, echo)
         echo("")

@@ -25,10 +25,13 @@ records every launch's wall time and step times) and the timeout follows.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness.checks import titan as titan_check
 from harness.declare import catalogue
 from harness.declare.catalogue import (  # noqa: F401  (the plan's names, declared per recipe in the catalogue)
     BAND_LAUNCH,
@@ -40,8 +43,12 @@ from harness.declare.catalogue import (  # noqa: F401  (the plan's names, declar
     ClaimJudge,
     Launch,
 )
+from harness.declare.claims import published_claims
 from harness.launch import watchdog
 from harness.launch.watchdog import Budgets
+from harness.night.config3_fork import config3_comparison
+from harness.report.markdown import md_table
+from recipes.tiers import TIERS, rehearsal_settings
 
 # --- estimates (minutes unless named otherwise), each with its basis ---------------------------------
 #: torchrun start-up of 64 ranks, process groups, dataloader: torch/torchtitan imports take ~9 s of CPU
@@ -216,7 +223,6 @@ def watchdog_budgets(name: str) -> Budgets:
     """The launch watchdog's budgets for launch ``name`` (``harness.launch.watchdog``): before step 1, its
     estimate's start-up, weights and cold compile times ``watchdog.PLAN_MARGIN`` (a warm night only finishes
     sooner); after it, the trn2 tier's multiple and floor. A rehearsal runs tiny models on cpu: the tier's."""
-    from recipes.tiers import TIERS, rehearsal_settings
 
     tier = watchdog.for_tier(TIERS["trn2"])
     if rehearsal_settings() is not None:
@@ -229,7 +235,6 @@ def watchdog_budgets(name: str) -> Budgets:
 def measured_lines(measured: dict[str, dict]) -> list[str]:
     """The plan's estimate of each launch beside what a night measured (``{name: {"launch_min", "reference_min",
     "steps", "stopped"}}``, from tests/neuron/lane_runs.py), so the first real night can replace the estimates."""
-    from harness.report.markdown import md_table
 
     rows = []
     for name, estimate in launch_estimates().items():
@@ -326,7 +331,6 @@ def night_line(night: str) -> str:
 
 
 def plan_lines() -> list[str]:
-    from harness.report.markdown import md_table
 
     plan = steps(CHANGED)
     rows = [
@@ -371,8 +375,6 @@ def plan_lines() -> list[str]:
 
 
 def claim_lines() -> list[str]:
-    from harness.declare.claims import published_claims
-    from harness.report.markdown import md_table
 
     rows = []
     for claim in published_claims("trn2"):
@@ -400,11 +402,6 @@ def dry_run_report(out_dir: Path, inputs, echo=print) -> bool:
     without the trn2 inputs). Writes ``<out_dir>/nightly.json``; False when a required torchtitan
     name is missing.
     """
-    import dataclasses
-    import json
-
-    from harness.checks import titan as titan_check
-    from harness.night.config3_fork import config3_comparison
 
     rows = titan_check.check("trn2")
     echo(titan_check.summary(rows, "trn2"))
