@@ -18,6 +18,11 @@ watches the child's progress lines; if the child does not return within ``--limi
 then killed with its process group, so it holds no core) or fails, this prints ONE line naming the op
 and why, and exits :data:`EXIT_STOP`; the workflow runs no launch after it. Otherwise one line with
 the seconds each op took, exit 0.
+
+``--held-guard`` runs the same child only to its first device tensor, while its runtime holds core 0, and
+reads the child's fd table (harness/base/device_files.py): with no ``/dev/neuron*`` open there, the guard
+after each trn2 test (tests/neuron/neuron_cores.py ``fail_if_device_held``) cannot see held cores on this
+release, and it prints ONE line saying so and exits :data:`EXIT_GUARD_BLIND` (the launches still run).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ REPO = Path(__file__).resolve().parents[2]
 LIMIT_S = 60.0
 #: The exit code when the night must stop here (1: the workflow step fails; nothing else reads it).
 EXIT_STOP = 1
+#: ``--held-guard``: a process holding core 0 shows no open device file, so the held-device guard is blind.
+#: Only that step fails (nightly-trn2.yml conditions the launches on the random-ops step, not on this one).
+EXIT_GUARD_BLIND = 2
 #: The core the child runs on (a launch has not started: every core is free).
 CORE = "0"
 #: The ops, in the order a launch's init_weights meets them (trunc_normal_ first: the one that can hang).
@@ -56,8 +64,17 @@ def what(op: str) -> str:
     return SETUP if op == "setup" else f"DTensor {op} on neuron"
 
 
-def child() -> int:
-    """Run in the child: print ``start <op>`` / ``done <op> <s>`` lines, flushed, as each op runs."""
+def held_files() -> list[str]:
+    """The Neuron device files this process holds open (a rehearsal's fake nodes count)."""
+    from harness.base.device_files import open_device_files
+    from recipes.platform.neuron import device_nodes
+
+    return open_device_files(nodes=device_nodes())
+
+
+def child(held_only: bool = False) -> int:
+    """Run in the child: print ``start <op>`` / ``done <op> <s>`` lines, flushed, as each op runs, and after the
+    first device tensor ``held <file> ...`` (``held`` alone: none). ``held_only``: stop there."""
 
     def mark(text: str) -> None:
         print(text, flush=True)
@@ -67,6 +84,15 @@ def child() -> int:
     from recipes.platform.neuron import install
 
     install()
+    if held_only:
+        import torch
+
+        torch.empty(
+            1, device="neuron"
+        )  # the first device tensor: the runtime holds core 0 from here
+        mark(" ".join(["held", *held_files()]))
+        mark(f"done setup {time.monotonic() - started:.1f}")
+        return 0
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -98,12 +124,15 @@ def child() -> int:
     return 0
 
 
-def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[int, str]:
+def check(
+    limit_s: float = LIMIT_S, env: dict[str, str] | None = None, held_guard: bool = False
+) -> tuple[int, str]:
     """Run the child and watch it: (exit code, the one line to print)."""
     env = {**(os.environ if env is None else env), "NEURON_RT_VISIBLE_CORES": CORE}
     env.pop("LOCAL_RANK", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.night.device_random", "--child"],
+        [sys.executable, "-m", "harness.night.device_random", "--child"]
+        + (["--held-only"] if held_guard else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,13 +140,15 @@ def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[
         cwd=REPO,
         start_new_session=True,
     )
-    current, done, errors = "setup", {}, []
+    current, done, errors, held = "setup", {}, [], None
 
     def read_stdout():
-        nonlocal current
+        nonlocal current, held
         for line in proc.stdout:
             word = line.split()
-            if len(word) >= 2 and word[0] == "start":
+            if word[:1] == ["held"]:
+                held = word[1:]
+            elif len(word) >= 2 and word[0] == "start":
                 current = word[1]
             elif len(word) == 3 and word[0] == "done":
                 done[word[1]] = float(word[2])
@@ -140,18 +171,40 @@ def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[
         for r in readers:
             r.join(timeout=5)
     seconds = time.monotonic() - started
+    # --held-guard's step stops nothing (the launches follow the random-ops step): its lines say so
+    name, after = (
+        ("held-device guard", "the launches still run")
+        if held_guard
+        else ("device random", "no launch started")
+    )
     if code is None:
         why = HANG_WHY if current in OPS else "the device or its runtime did not answer"
         return EXIT_STOP, (
-            f"device random: {what(current)} did not return in {limit_s:.0f} s: {why}; no launch started"
+            f"{name}: {what(current)} did not return in {limit_s:.0f} s: {why}; {after}"
         )
-    if code != 0 or set(done) != {"setup", *OPS}:
+    if code != 0 or set(done) != ({"setup"} if held_guard else {"setup", *OPS}):
         last = next((e.strip() for e in reversed(errors) if e.strip()), f"exit code {code}")
-        return EXIT_STOP, f"device random: {what(current)} failed: {last}; no launch started"
+        return EXIT_STOP, f"{name}: {what(current)} failed: {last}; {after}"
+    if held_guard:
+        return guard_verdict(held)
     times = ", ".join(f"{op} {done[op]:.1f} s" for op in OPS)
     return 0, (
         f"device random: DTensor {times} on neuron (NEURON_RT_VISIBLE_CORES={CORE}, child {seconds:.0f} s "
         f"of {limit_s:.0f})"
+    )
+
+
+def guard_verdict(held: list[str] | None) -> tuple[int, str]:
+    """The one line of ``--held-guard`` from the device files the child held with core 0."""
+    if held:
+        return 0, (
+            f"held-device guard: a process holding NeuronCore {CORE} holds {', '.join(held)} open, "
+            "as tests/neuron/neuron_cores.py fail_if_device_held reads it"
+        )
+    return EXIT_GUARD_BLIND, (
+        f"held-device guard: a process holding NeuronCore {CORE} has no /dev/neuron* open, so "
+        "tests/neuron/neuron_cores.py fail_if_device_held cannot see held cores on this release; "
+        "the launches still run"
     )
 
 
@@ -162,11 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--limit", type=float, default=LIMIT_S, help="seconds the child may take (hard limit)"
     )
+    parser.add_argument(
+        "--held-guard",
+        action="store_true",
+        help="instead: whether a child holding core 0 shows an open /dev/neuron* (exit 2 if not)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--held-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return child()
-    code, line = check(args.limit)
+        return child(held_only=args.held_only)
+    code, line = check(args.limit, held_guard=args.held_guard)
     print(line, file=sys.stderr if code else sys.stdout, flush=True)
     return code
 
