@@ -19,15 +19,17 @@ then killed with its process group, so it holds no core) or fails, this prints O
 and why, and exits :data:`EXIT_STOP`; the workflow runs no launch after it. Otherwise one line with
 the seconds each op took, exit 0.
 
-``--held-guard`` runs the same child only to its first device tensor, while its runtime holds core 0, and
-reads the child's fd table (harness/base/device_files.py): with no ``/dev/neuron*`` open there, the guard
-after each trn2 test (tests/neuron/neuron_cores.py ``fail_if_device_held``) cannot see held cores on this
-release, and it prints ONE line saying so and exits :data:`EXIT_GUARD_BLIND` (the launches still run).
+The same child, once its runtime holds core 0, also reads its own fd table (harness/base/device_files.py)
+and ``--held-out FILE`` keeps what it held; the next step, ``--held-guard FILE``, judges it without a child:
+with no ``/dev/neuron*`` open, the guard after each trn2 test (tests/neuron/neuron_cores.py
+``fail_if_device_held``) cannot see held cores on this release, and it prints ONE line saying so and exits
+:data:`EXIT_GUARD_BLIND` (the launches still run: they follow the random-ops step).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -72,9 +74,9 @@ def held_files() -> list[str]:
     return open_device_files(nodes=device_nodes())
 
 
-def child(held_only: bool = False) -> int:
+def child() -> int:
     """Run in the child: print ``start <op>`` / ``done <op> <s>`` lines, flushed, as each op runs, and after the
-    first device tensor ``held <file> ...`` (``held`` alone: none). ``held_only``: stop there."""
+    first device tensor ``held <file> ...`` (``held`` alone: none)."""
 
     def mark(text: str) -> None:
         print(text, flush=True)
@@ -84,15 +86,6 @@ def child(held_only: bool = False) -> int:
     from recipes.platform.neuron import install
 
     install()
-    if held_only:
-        import torch
-
-        torch.empty(
-            1, device="neuron"
-        )  # the first device tensor: the runtime holds core 0 from here
-        mark(" ".join(["held", *held_files()]))
-        mark(f"done setup {time.monotonic() - started:.1f}")
-        return 0
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -103,6 +96,8 @@ def child(held_only: bool = False) -> int:
     mesh = init_device_mesh("neuron", (1,))
     torch.manual_seed(0)
     dtensor_random.manual_seed(0, mesh)  # as torchtitan's set_determinism on a multi-rank mesh
+    torch.empty(1, device="neuron")  # the first device tensor: the runtime holds core 0 from here
+    mark(" ".join(["held", *held_files()]))
     mark(f"done setup {time.monotonic() - started:.1f}")
     std = 0.02
     calls = {
@@ -125,14 +120,14 @@ def child(held_only: bool = False) -> int:
 
 
 def check(
-    limit_s: float = LIMIT_S, env: dict[str, str] | None = None, held_guard: bool = False
+    limit_s: float = LIMIT_S, env: dict[str, str] | None = None, held_out: Path | None = None
 ) -> tuple[int, str]:
-    """Run the child and watch it: (exit code, the one line to print)."""
+    """Run the child and watch it: (exit code, the one line to print). ``held_out``: where to write the
+    device files the child held with core 0 (``--held-guard`` reads them), or null when it never got there."""
     env = {**(os.environ if env is None else env), "NEURON_RT_VISIBLE_CORES": CORE}
     env.pop("LOCAL_RANK", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.night.device_random", "--child"]
-        + (["--held-only"] if held_guard else []),
+        [sys.executable, "-m", "harness.night.device_random", "--child"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -171,22 +166,16 @@ def check(
         for r in readers:
             r.join(timeout=5)
     seconds = time.monotonic() - started
-    # --held-guard's step stops nothing (the launches follow the random-ops step): its lines say so
-    name, after = (
-        ("held-device guard", "the launches still run")
-        if held_guard
-        else ("device random", "no launch started")
-    )
+    if held_out is not None:
+        held_out.write_text(json.dumps({"held": held}) + "\n")
     if code is None:
         why = HANG_WHY if current in OPS else "the device or its runtime did not answer"
         return EXIT_STOP, (
-            f"{name}: {what(current)} did not return in {limit_s:.0f} s: {why}; {after}"
+            f"device random: {what(current)} did not return in {limit_s:.0f} s: {why}; no launch started"
         )
-    if code != 0 or set(done) != ({"setup"} if held_guard else {"setup", *OPS}):
+    if code != 0 or set(done) != {"setup", *OPS}:
         last = next((e.strip() for e in reversed(errors) if e.strip()), f"exit code {code}")
-        return EXIT_STOP, f"{name}: {what(current)} failed: {last}; {after}"
-    if held_guard:
-        return guard_verdict(held)
+        return EXIT_STOP, f"device random: {what(current)} failed: {last}; no launch started"
     times = ", ".join(f"{op} {done[op]:.1f} s" for op in OPS)
     return 0, (
         f"device random: DTensor {times} on neuron (NEURON_RT_VISIBLE_CORES={CORE}, child {seconds:.0f} s "
@@ -196,6 +185,11 @@ def check(
 
 def guard_verdict(held: list[str] | None) -> tuple[int, str]:
     """The one line of ``--held-guard`` from the device files the child held with core 0."""
+    if held is None:
+        return EXIT_GUARD_BLIND, (
+            "held-device guard: no record of a process holding NeuronCore "
+            f"{CORE} (run python -m harness.night.device_random --held-out FILE first); the launches still run"
+        )
     if held:
         return 0, (
             f"held-device guard: a process holding NeuronCore {CORE} holds {', '.join(held)} open, "
@@ -208,6 +202,14 @@ def guard_verdict(held: list[str] | None) -> tuple[int, str]:
     )
 
 
+def held_of(path: Path) -> list[str] | None:
+    """What ``--held-out`` wrote: the device files, or None (no file, or the child never held core 0)."""
+    try:
+        return json.loads(path.read_text())["held"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m harness.night.device_random", description=__doc__.split("\n\n")[0]
@@ -216,16 +218,24 @@ def main(argv: list[str] | None = None) -> int:
         "--limit", type=float, default=LIMIT_S, help="seconds the child may take (hard limit)"
     )
     parser.add_argument(
+        "--held-out",
+        type=Path,
+        help="write the device files the child held with core 0 here (JSON), for --held-guard",
+    )
+    parser.add_argument(
         "--held-guard",
-        action="store_true",
-        help="instead: whether a child holding core 0 shows an open /dev/neuron* (exit 2 if not)",
+        type=Path,
+        metavar="HELD_OUT",
+        help="instead: judge what --held-out wrote (exit 2 if a process holding core 0 showed no /dev/neuron*)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--held-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return child(held_only=args.held_only)
-    code, line = check(args.limit, held_guard=args.held_guard)
+        return child()
+    if args.held_guard is not None:
+        code, line = guard_verdict(held_of(args.held_guard))
+    else:
+        code, line = check(args.limit, held_out=args.held_out)
     print(line, file=sys.stderr if code else sys.stdout, flush=True)
     return code
 

@@ -93,7 +93,10 @@ def rehearsal_env(tmp_path) -> dict[str, str]:
 def test_held_guard_passes_when_the_runtime_holding_core_0_holds_its_device_node(tmp_path):
     """The stand-in runtime opens the rehearsal's fake node as it starts (torch_neuronx/_runtime.py). Seen
     failing with the stand-in's ``_open_devices()`` call removed (exit 2, the blind line)."""
-    done, _ = preflight("--held-guard", **rehearsal_env(tmp_path))
+    held = tmp_path / "held-guard.json"
+    done, _ = preflight("--held-out", str(held), **rehearsal_env(tmp_path))
+    assert done.returncode == 0, lines(done)
+    done, _ = preflight("--held-guard", str(held))
     assert done.returncode == 0, lines(done)
     assert lines(done) == [
         f"held-device guard: a process holding NeuronCore 0 holds {tmp_path / 'dev' / 'neuron0'} open, "
@@ -106,7 +109,10 @@ def test_held_guard_says_in_one_line_that_the_guard_is_blind_when_no_device_file
     line, with EXIT_GUARD_BLIND. Seen failing with guard_verdict passing whatever the child held."""
     env = rehearsal_env(tmp_path)
     env.pop("QWEN3_STANDIN_DEVICE_DIR")
-    done, _ = preflight("--held-guard", **env)
+    held = tmp_path / "held-guard.json"
+    done, _ = preflight("--held-out", str(held), **env)
+    assert done.returncode == 0, "the random ops pass: only the next step fails"
+    done, _ = preflight("--held-guard", str(held))
     assert done.returncode == device_random.EXIT_GUARD_BLIND != device_random.EXIT_STOP
     assert len(lines(done)) == 1, lines(done)
     assert "cannot see held cores on this release" in lines(done)[0]
