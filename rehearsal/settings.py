@@ -154,6 +154,9 @@ class RehearsalSettings:
             self.device_dir
         ):  # the night's processes reserve cores in one place (torch_neuronx/_runtime.py)
             out["QWEN3_STANDIN_CORE_LOCKS"] = str(Path(self.device_dir).parent / "core-locks")
+            out["QWEN3_STANDIN_DEVICE_DIR"] = (
+                self.device_dir
+            )  # its runtime opens them (_runtime.py)
         return out
 
     def to_json(self) -> str:

@@ -18,11 +18,18 @@ watches the child's progress lines; if the child does not return within ``--limi
 then killed with its process group, so it holds no core) or fails, this prints ONE line naming the op
 and why, and exits :data:`EXIT_STOP`; the workflow runs no launch after it. Otherwise one line with
 the seconds each op took, exit 0.
+
+The same child, once its runtime holds core 0, also reads its own fd table (harness/base/device_files.py)
+and ``--held-out FILE`` keeps what it held; the next step, ``--held-guard FILE``, judges it without a child:
+with no ``/dev/neuron*`` open, the guard after each trn2 test (tests/neuron/neuron_cores.py
+``fail_if_device_held``) cannot see held cores on this release, and it prints ONE line saying so and exits
+:data:`EXIT_GUARD_BLIND` (the launches still run: they follow the random-ops step).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +44,9 @@ REPO = Path(__file__).resolve().parents[2]
 LIMIT_S = 60.0
 #: The exit code when the night must stop here (1: the workflow step fails; nothing else reads it).
 EXIT_STOP = 1
+#: ``--held-guard``: a process holding core 0 shows no open device file, so the held-device guard is blind.
+#: Only that step fails (nightly-trn2.yml conditions the launches on the random-ops step, not on this one).
+EXIT_GUARD_BLIND = 2
 #: The core the child runs on (a launch has not started: every core is free).
 CORE = "0"
 #: The ops, in the order a launch's init_weights meets them (trunc_normal_ first: the one that can hang).
@@ -56,8 +66,17 @@ def what(op: str) -> str:
     return SETUP if op == "setup" else f"DTensor {op} on neuron"
 
 
+def held_files() -> list[str]:
+    """The Neuron device files this process holds open (a rehearsal's fake nodes count)."""
+    from harness.base.device_files import open_device_files
+    from recipes.platform.neuron import device_nodes
+
+    return open_device_files(nodes=device_nodes())
+
+
 def child() -> int:
-    """Run in the child: print ``start <op>`` / ``done <op> <s>`` lines, flushed, as each op runs."""
+    """Run in the child: print ``start <op>`` / ``done <op> <s>`` lines, flushed, as each op runs, and after the
+    first device tensor ``held <file> ...`` (``held`` alone: none)."""
 
     def mark(text: str) -> None:
         print(text, flush=True)
@@ -77,6 +96,8 @@ def child() -> int:
     mesh = init_device_mesh("neuron", (1,))
     torch.manual_seed(0)
     dtensor_random.manual_seed(0, mesh)  # as torchtitan's set_determinism on a multi-rank mesh
+    torch.empty(1, device="neuron")  # the first device tensor: the runtime holds core 0 from here
+    mark(" ".join(["held", *held_files()]))
     mark(f"done setup {time.monotonic() - started:.1f}")
     std = 0.02
     calls = {
@@ -98,8 +119,11 @@ def child() -> int:
     return 0
 
 
-def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run the child and watch it: (exit code, the one line to print)."""
+def check(
+    limit_s: float = LIMIT_S, env: dict[str, str] | None = None, held_out: Path | None = None
+) -> tuple[int, str]:
+    """Run the child and watch it: (exit code, the one line to print). ``held_out``: where to write the
+    device files the child held with core 0 (``--held-guard`` reads them), or null when it never got there."""
     env = {**(os.environ if env is None else env), "NEURON_RT_VISIBLE_CORES": CORE}
     env.pop("LOCAL_RANK", None)
     proc = subprocess.Popen(
@@ -111,13 +135,15 @@ def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[
         cwd=REPO,
         start_new_session=True,
     )
-    current, done, errors = "setup", {}, []
+    current, done, errors, held = "setup", {}, [], None
 
     def read_stdout():
-        nonlocal current
+        nonlocal current, held
         for line in proc.stdout:
             word = line.split()
-            if len(word) >= 2 and word[0] == "start":
+            if word[:1] == ["held"]:
+                held = word[1:]
+            elif len(word) >= 2 and word[0] == "start":
                 current = word[1]
             elif len(word) == 3 and word[0] == "done":
                 done[word[1]] = float(word[2])
@@ -140,6 +166,8 @@ def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[
         for r in readers:
             r.join(timeout=5)
     seconds = time.monotonic() - started
+    if held_out is not None:
+        held_out.write_text(json.dumps({"held": held}) + "\n")
     if code is None:
         why = HANG_WHY if current in OPS else "the device or its runtime did not answer"
         return EXIT_STOP, (
@@ -155,6 +183,33 @@ def check(limit_s: float = LIMIT_S, env: dict[str, str] | None = None) -> tuple[
     )
 
 
+def guard_verdict(held: list[str] | None) -> tuple[int, str]:
+    """The one line of ``--held-guard`` from the device files the child held with core 0."""
+    if held is None:
+        return EXIT_GUARD_BLIND, (
+            "held-device guard: no record of a process holding NeuronCore "
+            f"{CORE} (run python -m harness.night.device_random --held-out FILE first); the launches still run"
+        )
+    if held:
+        return 0, (
+            f"held-device guard: a process holding NeuronCore {CORE} holds {', '.join(held)} open, "
+            "as tests/neuron/neuron_cores.py fail_if_device_held reads it"
+        )
+    return EXIT_GUARD_BLIND, (
+        f"held-device guard: a process holding NeuronCore {CORE} has no /dev/neuron* open, so "
+        "tests/neuron/neuron_cores.py fail_if_device_held cannot see held cores on this release; "
+        "the launches still run"
+    )
+
+
+def held_of(path: Path) -> list[str] | None:
+    """What ``--held-out`` wrote: the device files, or None (no file, or the child never held core 0)."""
+    try:
+        return json.loads(path.read_text())["held"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m harness.night.device_random", description=__doc__.split("\n\n")[0]
@@ -162,11 +217,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--limit", type=float, default=LIMIT_S, help="seconds the child may take (hard limit)"
     )
+    parser.add_argument(
+        "--held-out",
+        type=Path,
+        help="write the device files the child held with core 0 here (JSON), for --held-guard",
+    )
+    parser.add_argument(
+        "--held-guard",
+        type=Path,
+        metavar="HELD_OUT",
+        help="instead: judge what --held-out wrote (exit 2 if a process holding core 0 showed no /dev/neuron*)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child()
-    code, line = check(args.limit)
+    if args.held_guard is not None:
+        code, line = guard_verdict(held_of(args.held_guard))
+    else:
+        code, line = check(args.limit, held_out=args.held_out)
     print(line, file=sys.stderr if code else sys.stdout, flush=True)
     return code
 

@@ -165,8 +165,9 @@ def steps(night: str = CHANGED) -> list[Step]:
             Estimate(0.5, 0.5),
         ),
         Step(
-            "device randomness: a launch's random-init ops on one core (a hang stops the night)",
-            "python -m harness.night.device_random --limit 60",
+            "device randomness: a launch's random-init ops on one core (a hang stops the night), and "
+            "the device files a process holding a core keeps open (the held-device guard's reading)",
+            "python -m harness.night.device_random --limit 60 --held-out held-guard.json",
             1,
             1,
             0,

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,9 @@ sys.stdin.read()  # hold the cores until the test says
 """
 
 
-def start_rank(local_rank: int, mapping: bool, switch: str, locks) -> subprocess.Popen:
+def start_rank(
+    local_rank: int, mapping: bool, switch: str, locks, **extra: str
+) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QWEN3_STANDIN_", "NEURON_"))}
     env.update(
         PYTHONPATH=os.pathsep.join([str(STANDIN), str(REPO_ROOT)]),
@@ -52,6 +55,7 @@ def start_rank(local_rank: int, mapping: bool, switch: str, locks) -> subprocess
         QWEN3_STANDIN_CORE_LOCKS=str(locks),
         QWEN3_STANDIN_LOCAL_RANK_CORES=switch,
     )
+    env.update(extra)
     return subprocess.Popen(
         [sys.executable, "-c", RANK, "1" if mapping else "0"],
         stdin=subprocess.PIPE,
@@ -97,6 +101,30 @@ def test_without_any_mapping_the_second_rank_cannot_start_its_runtime(tmp_path):
 def test_the_standins_own_mapping_alone_also_separates_them(tmp_path):
     ranks = two_ranks(tmp_path, mapping=False, switch="1")
     assert ranks == [{"ok": True, "visible": "0"}, {"ok": True, "visible": "1"}], ranks
+
+
+@pytest.mark.slow
+def test_a_started_runtime_holds_the_device_node_of_its_core_open(tmp_path):
+    """As a driver-backed runtime: while it holds its core, the rank's fd table shows that core's device node
+    (the reading tests/neuron/neuron_cores.py fail_if_device_held and the night's --held-guard rely on).
+    Two fake devices of two cores each: core 3 is on neuron1. Seen failing with _open_devices not called."""
+    from harness.base.device_files import open_device_files
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    nodes = [str(dev / f"neuron{i}") for i in range(2)]
+    for node in nodes:
+        Path(node).touch()
+    rank = start_rank(
+        3, True, "0", tmp_path / "locks", QWEN3_STANDIN_CORES="4", QWEN3_STANDIN_DEVICE_DIR=str(dev)
+    )
+    try:
+        line = rank.stdout.readline()
+        assert json.loads(line) == {"ok": True, "visible": "3"}, rank.communicate(timeout=60)
+        held = open_device_files(Path(f"/proc/{rank.pid}/fd"), nodes)
+    finally:
+        rank.communicate(input="", timeout=60)
+    assert held == [nodes[1]], held
 
 
 def test_set_rank_cores_keeps_a_users_value_and_leaves_non_ranks_alone():

@@ -309,6 +309,22 @@ def test_open_neuron_devices_reads_the_fd_table(contract, tmp_path):
     assert contract.open_neuron_devices() == [], "this (cpu) process holds no Neuron device"
 
 
+def test_a_rehearsal_s_fake_device_node_counts_as_a_device(tmp_path):
+    """The stand-in runtime opens the rehearsal's fake nodes (files, not under /dev): named, they count.
+    Seen failing with ``nodes`` ignored (only the /dev/neuron prefix matched)."""
+    from harness.base.device_files import open_device_files
+
+    node = tmp_path / "dev" / "neuron0"
+    node.parent.mkdir()
+    node.touch()
+    fds = tmp_path / "fd"
+    fds.mkdir()
+    (fds / "3").symlink_to(node)
+    (fds / "4").symlink_to(tmp_path / "dev" / "other")
+    assert open_device_files(fds) == []
+    assert open_device_files(fds, [str(node)]) == [str(node)]
+
+
 def test_a_test_after_which_the_pytest_process_holds_the_device_fails(contract):
     with pytest.raises(
         pytest.fail.Exception,

@@ -27,7 +27,8 @@ a body takes the first cores of its worker's slice; serially it takes cores 0.. 
 when anything touches the device outside a ``@neuron_core_body`` function (importing
 torch_neuronx, ``torch.device("neuron")``, ``neuron_device()``) or calls a body directly;
 on trn2, ``tests/neuron/conftest.py`` fails the test after which the pytest process holds
-an open ``/dev/neuron*`` (:func:`open_neuron_devices`).
+an open ``/dev/neuron*`` (:func:`open_neuron_devices`; the night's ``device_random --held-guard`` step
+checks first that a process holding a core shows one).
 """
 
 from __future__ import annotations
@@ -189,22 +190,19 @@ def on_neuron_cores(body, *args, cores: int = 1, timeout_s: float = DEFAULT_TIME
 
 
 def open_neuron_devices(fd_dir: Path = Path("/proc/self/fd")) -> list[str]:
-    """The ``/dev/neuron*`` files this process holds open: a process holding them holds NeuronCores.
+    """The Neuron device files this process holds open: a process holding them holds NeuronCores.
 
-    Open question (checked: the Neuron runtime configuration guide, aws-neuron/aws-neuron-sdk, which
-    says cores stay reserved until the process exits but not how): that the runtime keeps its cores
-    through open ``/dev/neuron*`` descriptors is how a driver-backed device works, not documented;
-    the first trn2 run shows it (an in-process device test would then fail this guard).
+    The fd table is read by ``harness.base.device_files.open_device_files`` (why the reading holds: its
+    docstring, from the driver's public source); on a cpu rehearsal the fake nodes of
+    ``recipes.platform.neuron.device_nodes`` count too, as the stand-in runtime opens them when it starts.
+    That the runtime keeps a descriptor while it holds cores is checked on the night, before the first
+    64-rank launch, by ``python -m harness.night.device_random --held-guard`` (its step fails when a child
+    holding core 0 shows none: this guard would then be blind).
     """
-    held = []
-    for fd in fd_dir.iterdir() if fd_dir.is_dir() else ():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("/dev/neuron"):
-            held.append(target)
-    return sorted(set(held))
+    from harness.base.device_files import open_device_files
+    from recipes.platform.neuron import device_nodes
+
+    return open_device_files(fd_dir, device_nodes())
 
 
 class CountingKernel:

@@ -13,6 +13,13 @@ Here the runtime starts with the process's first tensor on ``neuron`` (:func:`st
 ``$QWEN3_STANDIN_CORE_LOCKS`` (a directory the night's processes share: rehearsal/settings.py); the kernel drops
 the locks when the process ends, however it ends. Without that variable nothing is shared: nothing is reserved.
 The host's cores are ``$QWEN3_STANDIN_CORES`` (0 .. N-1).
+
+Like a driver-backed runtime, it also opens the device file of each device its cores are on (the rehearsal's
+fake nodes ``neuron<i>`` in ``$QWEN3_STANDIN_DEVICE_DIR``, the cores split evenly across them) and keeps them
+open for the process's life. That is the reading the guard after each trn2 test relies on (an open
+``/dev/neuron*`` means held cores: harness/base/device_files.py, which cites the driver's side) and the one
+the night's preflight checks on the real runtime before the first launch
+(``python -m harness.night.device_random --held-guard``).
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ import os
 from pathlib import Path
 
 LOCKS_ENV = "QWEN3_STANDIN_CORE_LOCKS"
-_held: list[int] = []  # the open lock files: the reservation lasts as long as the process
+DEVICE_DIR_ENV = "QWEN3_STANDIN_DEVICE_DIR"
+_held: list[
+    int
+] = []  # the open lock files and device nodes: the reservation lasts as long as the process
 _started = False
 
 
@@ -46,8 +56,27 @@ def start() -> None:
         return
     _started = True
     folder = os.environ.get(LOCKS_ENV)
-    if not folder:
+    if folder:
+        _reserve(folder)
+    _open_devices()
+
+
+def _open_devices() -> None:
+    """Open (read-only, kept) the fake node of each device that holds one of this process's cores."""
+    folder = os.environ.get(DEVICE_DIR_ENV)
+    nodes = (
+        sorted(Path(folder).glob("neuron[0-9]*"), key=lambda p: int(p.name[6:])) if folder else []
+    )
+    if not nodes:
         return
+    per_device = max(1, int(os.environ.get("QWEN3_STANDIN_CORES", "2")) // len(nodes))
+    for device in sorted({core // per_device for core in claimed()}):
+        if device < len(nodes):
+            _held.append(os.open(nodes[device], os.O_RDONLY))
+
+
+def _reserve(folder: str) -> None:
+    """Each claimed core's lock in ``folder``, or none and the runtime's error."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     cores, held, taken = claimed(), [], []
     for core in cores:
