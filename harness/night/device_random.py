@@ -38,6 +38,9 @@ import threading
 import time
 from pathlib import Path
 
+from harness.base.device_files import open_device_files
+from recipes.platform.neuron import device_nodes, install
+
 #: The suite's checkout: the child runs ``-m harness.night.device_random`` from it.
 REPO = Path(__file__).resolve().parents[2]
 #: The hard limit, seconds: import, process group and three ops take seconds on a warm NEFF cache.
@@ -68,9 +71,6 @@ def what(op: str) -> str:
 
 def held_files() -> list[str]:
     """The Neuron device files this process holds open (a rehearsal's fake nodes count)."""
-    from harness.base.device_files import open_device_files
-    from recipes.platform.neuron import device_nodes
-
     return open_device_files(nodes=device_nodes())
 
 
@@ -83,14 +83,13 @@ def child() -> int:
 
     mark("start setup")
     started = time.monotonic()
-    from recipes.platform.neuron import install
-
     install()
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-    from torch.distributed.tensor import _random as dtensor_random
+    # The child's own imports, after install(): the parent watches it and never imports torch.
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.tensor import Shard, distribute_tensor  # noqa: PLC0415
+    from torch.distributed.tensor import _random as dtensor_random  # noqa: PLC0415
 
     dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh("neuron", (1,))
