@@ -93,9 +93,9 @@ TEST_BPE_IDS = 512
 
 def test_tokenizer(fixtures: Path, out: Path) -> None:
     """A byte-level BPE of :data:`TEST_BPE_IDS` ids trained on the fixture corpus: not the weights' tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415 -- only the fork build trains a tokenizer
 
-    from fixtures.build_fixtures import EOS_TOKEN, read_corpus, write_tokenizer
+    from fixtures.build_fixtures import EOS_TOKEN, read_corpus, write_tokenizer  # noqa: PLC0415 -- heavy: fixtures.build_fixtures imports torch and transformers; only the build needs it
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

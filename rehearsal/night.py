@@ -30,11 +30,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.night import plan
+from harness.night.ci import executed
 from rehearsal import fork, wheels
+from rehearsal import settings as seam
 from rehearsal.workflow import (
     Context,
     JobRun,
     StepResult,
+    load_job,
     step_name,
     upload_artifact,
 )
@@ -174,7 +178,6 @@ def fill(text: str, values: dict[str, str]) -> str:
 
 def expected_codes(workflow: Path, night: str) -> dict[str, int | None]:
     """EXPECTED for every step of ``workflow``, by name; a step the table lacks (or names wrongly) is an error."""
-    from rehearsal.workflow import load_job
 
     names = [step_name(s) for s in load_job(workflow)[1].get("steps") or []]
     missing = [n for n in names if n not in EXPECTED]
@@ -255,13 +258,6 @@ def standin_weights(dest: Path) -> None:
 
 def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) -> dict[str, str]:
     """RUNNER.settings written for rehearsal/settings.py, loaded back through it; the variables it exports."""
-    try:
-        from rehearsal import settings as seam
-    except ImportError:
-        raise RehearsalError(
-            "rehearsal: rehearsal/settings.py (the stand-ins' seam, branch i34standins) is missing; "
-            "merge that branch first"
-        ) from None
     path = scratch / "rehearsal-settings.json"
     data = {k: fill(v, values) if isinstance(v, str) else v for k, v in RUNNER.settings.items()}
     path.write_text(
@@ -392,8 +388,6 @@ REHEARSAL_LAUNCH_MIN = 1.5
 def job_timeout(workflow: Path, night: str) -> tuple[float, str]:
     """(seconds, how) the job's ``timeout-minutes`` is applied: scaled by the rehearsal's plan over the trn2
     plan's (harness/night/plan.py: the workflow's minutes are that plan's cold total with a margin)."""
-    from harness.night import plan
-    from rehearsal.workflow import load_job
 
     minutes = float(load_job(workflow)[1].get("timeout-minutes") or 360)
     launches = 0 if night == "device-random" else sum(s.launches for s in plan.steps(plan.CHANGED))
@@ -488,7 +482,6 @@ def launches_in(scratch: Path) -> int:
 
 def counts(workspace: Path, scratch: Path) -> tuple[int, int, int]:
     """(neuron tests executed, neuron tests skipped, launches): report/tests.json and the launches in scratch."""
-    from harness.night.ci import executed
 
     report = workspace / "report/tests.json"
     tests = json.loads(report.read_text())["tests"] if report.is_file() else []
@@ -550,7 +543,6 @@ def report_line(result: StepResult, expected: int | None) -> str:
 
 def stopped_as_expected(results: list[StepResult], workflow: Path = WORKFLOW) -> str:
     """'' when the preflight step's output is exactly one line, :data:`STOP_LINE`; else what it was."""
-    from rehearsal.workflow import load_job
 
     steps = load_job(workflow)[1].get("steps") or []
     name = next((step_name(s) for s in steps if s.get("id") == PREFLIGHT_ID), None)

@@ -53,9 +53,9 @@ def _satisfied(name: str, spec: str) -> str | None:
     if not spec:
         return None
     try:
-        from packaging.specifiers import SpecifierSet
+        from packaging.specifiers import SpecifierSet  # noqa: PLC0415 -- packaging may be absent: then pip's vendored copy
     except ImportError:
-        from pip._vendor.packaging.specifiers import SpecifierSet
+        from pip._vendor.packaging.specifiers import SpecifierSet  # noqa: PLC0415 -- packaging may be absent: then pip's vendored copy
     if not SpecifierSet(spec).contains(version, prereleases=True):
         return f"{name}{spec}: {version} installed"
     return None
@@ -72,7 +72,7 @@ def standin_versions() -> dict[str, str]:
 
 def check_versions(requirements: dict[str, str]) -> list[str]:
     """Each stand-in's version must satisfy its pin; one line per mismatch."""
-    from pip._vendor.packaging.specifiers import SpecifierSet
+    from pip._vendor.packaging.specifiers import SpecifierSet  # noqa: PLC0415 -- packaging may be absent: then pip's vendored copy
 
     problems = []
     for name, version in standin_versions().items():

@@ -159,7 +159,7 @@ def _custom_op_body(func):
     """The Python implementation of a ``torch.library.custom_op`` (its "neuron" one, else its default)."""
     if func.namespace in ("aten", "prims"):
         return None
-    from torch._library.custom_ops import _maybe_get_opdef
+    from torch._library.custom_ops import _maybe_get_opdef  # noqa: PLC0415 -- private torch API, read when an op first runs (the stand-in loads during torch's own import)
 
     opdef = _maybe_get_opdef(func)
     if opdef is None:
@@ -197,7 +197,7 @@ def _with_device_generator(func, schema: _Schema, args, kwargs):
     ):
         return args, kwargs, None
     i = argument.position
-    from torch_neuronx import neuron
+    from torch_neuronx import neuron  # noqa: PLC0415 -- circular: torch_neuronx.neuron imports this module
 
     state = neuron._generator()
     generator = torch.Generator().manual_seed(_mix(state.seed, state.offset))
@@ -282,7 +282,7 @@ def install(device_module) -> None:
     """Rename PrivateUse1 to ``neuron``, register ``torch.neuron`` and the kernels above (once per process)."""
     if torch._C._get_privateuse1_backend_name() == DEVICE_NAME:
         return
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend  # noqa: PLC0415 -- at install(), once torch has finished importing (autoload runs inside it)
 
     _setup_privateuseone_for_python_backend(DEVICE_NAME, backend_module=device_module)
     fallback = torch.library.Library("_", "IMPL")

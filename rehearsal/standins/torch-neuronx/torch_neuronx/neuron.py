@@ -95,14 +95,14 @@ class _PhiloxGenerator:
         self.offset = 0
 
     def get_state(self):
-        import torch
+        import torch  # noqa: PLC0415 -- the device module is registered while torch is still importing (autoload): torch is read when called
 
         return torch.frombuffer(
             bytearray(struct.pack("<Qq", self.seed, self.offset)), dtype=torch.uint8
         ).clone()
 
     def set_state(self, state) -> None:
-        import torch
+        import torch  # noqa: PLC0415 -- the device module is registered while torch is still importing (autoload): torch is read when called
 
         raw = bytes(state.detach().to("cpu").contiguous().view(torch.uint8).tolist())
         if len(raw) not in (8, 16):
@@ -117,7 +117,7 @@ _generators: dict[int, _PhiloxGenerator] = {}
 def _generator(device=None) -> _PhiloxGenerator:
     """The default generator of ``device`` (an index, "neuron:<i>", a torch.device, or None: the current one)."""
     if isinstance(device, str):
-        import torch
+        import torch  # noqa: PLC0415 -- the device module is registered while torch is still importing (autoload): torch is read when called
 
         device = torch.device(device)
     index = getattr(device, "index", device)
@@ -167,7 +167,7 @@ def get_device_properties(device=None):
 
 def get_amp_supported_dtype():
     """What ``torch.autocast(device_type="neuron")`` asks of a device module (torch/amp/autocast_mode.py)."""
-    import torch
+    import torch  # noqa: PLC0415 -- the device module is registered while torch is still importing (autoload): torch is read when called
 
     return [torch.bfloat16, torch.float16, torch.float32]
 

@@ -22,6 +22,7 @@ and returned as the very tensor the caller passed (switch ``QWEN3_STANDIN_WRAP_N
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -102,8 +103,6 @@ RETURNS_ARGUMENT_SWITCH = "QWEN3_STANDIN_WRAP_NKI_RETURNS_ARGUMENT"
 
 def _kernel_view(t):
     """The tensor a kernel body is handed for ``t`` (a CPU tensor), per the two switches."""
-    import os
-
     if os.environ.get(RETURNS_ARGUMENT_SWITCH, "1") != "1":
         t = t.clone()  # keeps t's strides: the layout check still sees what the caller passed
     if os.environ.get(CONTIGUOUS_SWITCH, "0") == "1" and not t.is_contiguous():
@@ -113,9 +112,9 @@ def _kernel_view(t):
 
 def _on_device_memory(launch: Callable, arguments: dict[str, Any]) -> Any:
     """``launch(**arguments)`` on the payloads of its neuron tensors; its tensors back on ``neuron``."""
-    import torch
+    import torch  # noqa: PLC0415 -- read when a kernel runs (the stand-in loads during torch's own import)
 
-    from torch_neuronx._cpu_device import NeuronTensor, _wrap
+    from torch_neuronx._cpu_device import NeuronTensor, _wrap  # noqa: PLC0415 -- circular: torch_neuronx._cpu_device imports this module
 
     def handed(v):
         if isinstance(v, NeuronTensor):

@@ -45,7 +45,7 @@ def _create_neuron_process_group(store, rank, size, timeout):
     if _first_group:
         _first_group = False
         set_rt_visible_cores()
-        from torch_neuronx import neuron
+        from torch_neuronx import neuron  # noqa: PLC0415 -- circular: torch_neuronx.neuron imports the backend
 
         local_rank, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
         if local_rank is not None and local_world is not None:
