@@ -126,15 +126,9 @@ def twin_config(tier: str, *, as_published: bool = False):
 
 
 def uses_fork(tier: str) -> bool:
-    """Config 3 comes from the fork's function on the full-size (trn2) tier whenever it is importable.
-
-    Not in a rehearsal: the fork is not public, so its stand-in (rehearsal/fork.py) builds stock CosSinRoPE,
-    which gathers its cache per position, and the night's "RoPE without gather" judge
-    (tests/neuron/test_nki_moe_neuron.py) fails on it, as it should on a fork that did. Launching it takes
-    a stand-in that says what the fork's RoPE is; until then the rehearsal launches the twin, and
-    :func:`shrunk_for_tier` (the fork's config at the seam's sizes) is exercised by
-    tests/cpu/test_rehearsal_config3.py alone."""
-    return TIERS[tier].full_size_models and optional("qwen3_nki_moe_config")[0] is not None
+    """Config 3 comes from the fork's function on the full-size (trn2) tier whenever it is importable, in a
+    rehearsal too (which shrinks it: :func:`nki_moe`), as the real night does: the tier is read as published."""
+    return AS_PUBLISHED[tier].full_size_models and optional("qwen3_nki_moe_config")[0] is not None
 
 
 def shrunk_for_tier(config, tier: str):

@@ -19,8 +19,8 @@ from harness.base.run_dir import PROVENANCE_FILE, read_provenance
 from harness.checks.mismatch import Mismatch, built_dims
 from harness.declare import catalogue
 from harness.options.run_options import RunOptions
+from recipes.kernels import experts_in_use, rope_in_use
 from recipes.kernels import rope_gathers as probe
-from recipes.kernels import rope_in_use
 from recipes.platform.torchtitan_checkout import checkout_info
 from recipes.registry import get_recipe
 
@@ -240,6 +240,7 @@ def provenance(opts: RunOptions, config, allowed: list[Mismatch] = ()) -> dict:
         "model": built_dims(config),
         "rope": rope_used(config),
         "rope_gather_ops": rope_gathers(config),
+        "experts": experts_in_use(config),
         "overrides": overrides_applied(config),
         "data": {
             **dataset_info(Path(config.dataloader.dataset_path)),

@@ -17,6 +17,7 @@ SIGSTOP, a debugger) first, then the one silent longest.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -165,9 +166,18 @@ def _stopped(pid: int | None) -> bool:
 
 
 def py_spy() -> str | None:
-    """py-spy beside this interpreter (the venv's, from the lock), else on PATH."""
+    """py-spy beside this interpreter (the venv's, from the lock), else the program of the py-spy distribution
+    this interpreter imports from (a venv layered on the DLAMI's sees the base venv's, whose bin/ is not beside
+    this interpreter nor on PATH: the rehearsal's layered neuron venv found none), else on PATH."""
     here = Path(sys.executable).parent / "py-spy"
-    return str(here) if here.is_file() else shutil.which("py-spy")
+    if here.is_file():
+        return str(here)
+    try:
+        files = importlib.metadata.distribution("py-spy").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    installed = [Path(f.locate()).resolve() for f in files if f.name == "py-spy"]
+    return next((str(p) for p in installed if p.is_file()), None) or shutil.which("py-spy")
 
 
 def dump_stack(pid: int) -> str:

@@ -10,7 +10,8 @@ Neuron packages are imported only inside the functions that run on the device (a
 kernel's custom op is a :class:`recipes.kernels.kernel_op.KernelOp`: torch_neuronx's
 ``nki_op`` on trn2, defined on first use.
 Users select these by name and scope with :mod:`recipes.overrides`.
-:func:`rope_in_use` names the RoPE of every layer without importing a kernel module.
+:func:`rope_in_use` names the RoPE of every layer, :func:`experts_in_use` its routed experts, without
+importing a kernel module.
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def rope_in_use(config) -> dict[str, list[int]]:
             described += ", positions dropped (as config 3's sliced RoPE)"
         layer = next((int(part) for part in fqn.split(".") if part.isdigit()), -1)
         used.setdefault(described, []).append(layer)
+    return used
+
+
+def experts_in_use(config) -> dict[str, list[int]]:
+    """``{experts config class: [layer indices]}`` of every routed-experts node of ``config``'s model.
+
+    Config 3 runs NKI grouped experts (the tutorial); torchtitan's stock ``GroupedExperts.Config`` in a layer
+    means its MoE block was not replaced. Empty for a dense model.
+    """
+    from recipes.titan import GroupedExperts  # noqa: PLC0415 -- lazy: recipes.titan resolves torchtitan names on first use, after recipes.platform.install
+
+    used: dict[str, list[int]] = {}
+    for fqn, cfg, _, _ in config.traverse(GroupedExperts.Config):
+        layer = next((int(part) for part in fqn.split(".") if part.isdigit()), -1)
+        used.setdefault(type(cfg).__qualname__, []).append(layer)
     return used
 
 

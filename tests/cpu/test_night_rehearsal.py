@@ -224,7 +224,9 @@ def classes_in(node, seen=None) -> set[str]:
     return found
 
 
-def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(tmp_path):
+def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan_but_rope_and_experts(
+    tmp_path,
+):
     import importlib.util
     import tomllib
 
@@ -264,10 +266,15 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan(t
     } == {(64, 4)}
     assert config.compile.enable is False and config.parallelism.expert_parallel_degree == 1
     classes = classes_in(config)
-    assert classes and all(c.startswith("torchtitan.") for c in classes), sorted(
-        c for c in classes if not c.startswith("torchtitan.")
-    )
-    assert "torchtitan.models.common.rope.CosSinRoPE.Config" in classes
+    # every class stock torchtitan's but the RoPE and the experts, as the tutorial's article says the fork's
+    # are (rehearsal/fork.py ARTICLE_CONFIG3): gather-free RoPE (stock CosSinRoPE with positions dropped) and NKI
+    # grouped experts, the suite's own such classes
+    ours = [
+        "recipes.kernels.grouped_experts.TrnGroupedExperts.Config",
+        "recipes.kernels.rope.SlicedCosSinRoPE.Config",
+    ]
+    assert classes and sorted(c for c in classes if not c.startswith("torchtitan.")) == ours
+    assert "torchtitan.models.common.rope.CosSinRoPE.Config" not in classes
 
 
 @pytest.mark.parametrize(

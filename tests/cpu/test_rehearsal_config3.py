@@ -1,10 +1,11 @@
-"""Config 3's fork path shrunk to a rehearsal's sizes: the fork's ``qwen3_nki_moe_config`` through
-``recipes.nki_moe.shrunk_for_tier`` (``recipes.specs.shrink_model``), every class the fork chose kept.
+"""Config 3 in a rehearsal goes the real night's way: the fork's ``qwen3_nki_moe_config``, shrunk (issue 45 item 5).
 
-A rehearsal still launches the suite's twin (``recipes.nki_moe.uses_fork`` says why: the fork stand-in's
-stock CosSinRoPE gathers, and the night's "RoPE without gather" judge fails on it); this builds and runs the
-fork's config at the seam's sizes on the stand-in device, so the shrinking is ready when a stand-in can say
-what the fork's RoPE is.
+On trn2 config 3 is built from TorchTitan Neuron's own function whenever it is importable
+(``recipes.nki_moe.uses_fork``, which reads the tier as published). A rehearsal takes it too, from the fork
+stand-in (rehearsal/fork.py), shrunk to the seam's sizes by ``recipes.nki_moe.shrunk_for_tier``
+(``recipes.specs.shrink_model``), every class the fork chose kept. The stand-in's RoPE is gather-free, as the
+tutorial's article says the fork's is ("rotary embedding without gather"), and the night's judge of that
+(``recipes.kernels.rope_gathers``) is run on it here, both ways.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from recipes.errors import RecipeError
 from recipes.tiers import REPO_ROOT
 
 STANDINS = REPO_ROOT / "rehearsal" / "standins"
+FORK_SOURCE = "torchtitan_neuron.models.qwen3.config_registry.qwen3_nki_moe_config"
 
 BUILD = """
     import json, torch, torch_neuronx
@@ -31,12 +33,7 @@ BUILD = """
     from recipes.tutorial import RecipeInputs
 
     inputs = RecipeInputs("trn2", "random", QWEN3_4B_SIZES, QWEN3_4B_SIZES, DATASET_STAND_IN)
-    from recipes.titan import optional
-    from recipes.tutorial import tutorial_settings
-
-    fork = optional("qwen3_nki_moe_config")[0]
-    config = nki_moe.shrunk_for_tier(fork("30B-A3B", **nki_moe.TUTORIAL_KWARGS), "trn2")
-    config = tutorial_settings(config, inputs)
+    config = nki_moe.nki_moe(inputs)  # what a rank of config 3's launches builds
     spec = config.model_spec.model
     layer = spec.layers[0]
     with torch.device("neuron"):  # a rank's forward and backward on the stand-in device
@@ -88,10 +85,14 @@ def test_a_rehearsal_builds_config3_from_the_forks_function_at_the_seams_sizes(t
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    # a rehearsal launches the twin (recipes.nki_moe.uses_fork says why); the fork's function, shrunk, builds:
-    assert found["uses_fork"] is False and found["full_size_models"] is False
-    # the fork's own modules (its RoPE is stock CosSinRoPE, the twin's is SlicedCosSinRoPE) ...
-    assert (found["rope"], found["experts"]) == ("CosSinRoPE.Config", "GroupedExperts.Config")
+    # the fork's path, as on the real night (seen failing at 4cbfeba: uses_fork False, the twin's source)
+    assert found["uses_fork"] is True and found["full_size_models"] is False
+    assert found["config_source"] == FORK_SOURCE
+    # the fork stand-in's modules: gather-free RoPE and NKI grouped experts, as the article says (rehearsal/fork.py)
+    assert (found["rope"], found["experts"]) == (
+        "SlicedCosSinRoPE.Config",
+        "TrnGroupedExperts.Config",
+    )
     # ... at the seam's tiny MoE (recipes.tiers.rehearsed: vocab 1024, H 512, 4 heads of 32, 2 kv heads, I 64)
     assert found["layers"] == 4
     assert found["embedding"] == [1024, 512]
@@ -111,3 +112,50 @@ def test_shrinking_refuses_a_size_it_does_not_know():
     config.model_spec.model.layers[2].attention.n_heads = 24
     with pytest.raises(RecipeError, match=r"model\.layers\[2\]\.attention\.n_heads=24"):
         shrink_model(config.model_spec.model, full, small)
+
+
+def test_the_fork_standins_rope_passes_the_nights_without_gather_judge(tmp_path):
+    """The night's "RoPE without gather" judge (tests/neuron/test_nki_moe_neuron.py: ``rope_gather_ops`` from
+    ``recipes.kernels.rope_gathers``) on the fork stand-in's own config 3, both ways: as the stand-in builds
+    it, nothing gathers; with its RoPE back to stock CosSinRoPE (the stand-in before this), the judge finds
+    the per-position ``index`` the night failed on (4cbfeba)."""
+    from recipes.kernels import ROPE_DESCRIPTIONS, rope_gathers
+    from recipes.nki_moe import TUTORIAL_KWARGS
+    from recipes.titan import CosSinRoPE, derive
+
+    config = standin_fork_config(tmp_path, TUTORIAL_KWARGS)
+    assert rope_gathers(config) == {ROPE_DESCRIPTIONS["SlicedCosSinRoPE.Config"]: []}
+    for layer in config.model_spec.model.layers:  # the stock RoPE, same theta and sizes
+        layer.attention.rope = derive(layer.attention.rope, CosSinRoPE.Config)
+    assert rope_gathers(config) == {ROPE_DESCRIPTIONS["CosSinRoPE.Config"]: ["index"]}
+
+
+def test_the_fork_standins_experts_pass_the_nights_nki_experts_judge(tmp_path):
+    """The night's "NKI grouped experts" judge (tests/neuron/test_nki_moe_neuron.py: no stock
+    ``GroupedExperts.Config`` in ``experts_in_use``) on the fork stand-in's config 3, both ways: as built, every
+    layer's experts are TrnGroupedExperts; with them back to stock (the stand-in before this), the judge's
+    stock class is there, in every layer."""
+    from recipes.kernels import experts_in_use
+    from recipes.nki_moe import TUTORIAL_KWARGS
+    from recipes.titan import GroupedExperts, derive
+
+    config = standin_fork_config(tmp_path, TUTORIAL_KWARGS)
+    assert experts_in_use(config) == {"TrnGroupedExperts.Config": [0, 1, 2, 3]}
+    for layer in config.model_spec.model.layers:
+        experts = layer.moe.routed_experts
+        experts.inner_experts = derive(experts.inner_experts, GroupedExperts.Config)
+    assert experts_in_use(config) == {"GroupedExperts.Config": [0, 1, 2, 3]}
+
+
+def standin_fork_config(tmp_path, kwargs: dict):
+    """The fork stand-in's ``qwen3_nki_moe_config`` (rehearsal/fork.py writes its source) at the published sizes."""
+    import importlib.util
+
+    from rehearsal import fork
+
+    fork.build(tmp_path / "fork", REPO_ROOT / "fixtures")
+    path = tmp_path / "fork/torchtitan_neuron/models/qwen3/config_registry.py"
+    spec = importlib.util.spec_from_file_location("standin_config_registry", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.qwen3_nki_moe_config("30B-A3B", **kwargs)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from run_watch import RunWatch, describe
@@ -38,6 +39,18 @@ def sleeper():
     yield proc
     proc.kill()
     proc.wait()
+
+
+def test_py_spy_is_found_through_its_distribution_when_not_beside_the_interpreter(
+    monkeypatch, tmp_path
+):
+    """A venv layered on another (the trn2 tier on the DLAMI's, the rehearsal's neuron venv) imports py-spy's
+    distribution from the base venv, whose bin/ is neither beside its python nor on PATH. Seen failing before
+    the distribution lookup (None: no stack on a stall)."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "layered" / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found = watchdog.py_spy()
+    assert found and Path(found).is_file() and Path(found).name == "py-spy", found
 
 
 def test_py_spy_names_the_main_threads_top_frame_running_and_stopped(sleeper):

@@ -198,6 +198,14 @@ def test_nki_moe_trains_in_eager_mode_on_64_ranks(shared_dir, record_property):
     assert provenance["rope_gather_ops"] and not any(provenance["rope_gather_ops"].values()), (
         provenance["rope_gather_ops"]
     )
+    # NKI grouped experts in every layer (the tutorial): torchtitan's stock GroupedExperts in a layer means
+    # the MoE block was not replaced, whatever class the fork's NKI experts have.
+    experts = provenance["experts"]
+    record_property("nki_moe.trn2.experts", experts)
+    assert sorted(layer for layers in experts.values() for layer in layers) == [0, 1, 2, 3], experts
+    assert "GroupedExperts.Config" not in experts, (
+        f"config 3 runs torchtitan's stock experts: {experts}"
+    )
     assert len(losses) == run.launch.steps
     assert_trains(losses, record_property, "as_published")
 
