@@ -263,7 +263,9 @@ def seam_env(scratch: Path, values: dict[str, str], switches: dict[str, str]) ->
     path.write_text(
         json.dumps({**data, "switches": {**seam.SWITCHES, **switches}}, indent=1) + "\n"
     )
-    return {seam.SETTINGS_ENV: str(path), **seam.load(path).env()}
+    settings = seam.load(path)
+    settings.device_nodes()  # the fake nodes exist from the start, as a host's devices do (the runtime opens them)
+    return {seam.SETTINGS_ENV: str(path), **settings.env()}
 
 
 def prepare(

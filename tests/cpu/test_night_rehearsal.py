@@ -567,3 +567,13 @@ def test_every_substitution_is_stated_in_the_readme():
     assert f"timeout-minutes {minutes} applied as" in how and 5 * 60 < seconds < minutes * 60
     short, _ = night.job_timeout(night.WORKFLOW, "device-random")
     assert short < seconds
+
+
+def test_the_fake_device_nodes_exist_before_any_step_runs(tmp_path):
+    """A host's /dev/neuron* exist from boot; the stand-in runtime opens the fake ones when it starts, and the
+    night's held-device preflight (step held_guard) reads that. Seen failing in a real rehearsal night before
+    seam_env made them: the nodes were made only on first use by the suite, after the preflight's runtime had
+    started, so the preflight found no device file open and the step failed (exit 2)."""
+    env = night.seam_env(tmp_path, {"scratch": str(tmp_path)}, {})
+    nodes = sorted(Path(env["QWEN3_STANDIN_DEVICE_DIR"]).glob("neuron[0-9]*"))
+    assert [p.name for p in nodes] == ["neuron0"], nodes
