@@ -48,7 +48,11 @@ GAP_RESIDUAL_ATOL = 0.02
 
 
 def recipe_options():
-    """The options of the shared native run (tests/cpu/conftest.py: native_hf_run), minus its outputs."""
+    """The options of the shared native run (tests/cpu/conftest.py: native_hf_run), minus its outputs.
+
+    That run's live step 1 against transformers on its own recorded batch is
+    tests/cpu/test_reference_loss.py::test_reference_agrees_with_measured_step1.
+    """
     from harness.checks.preflight import preflight
     from harness.options.run_options import RunOptions
 
@@ -226,26 +230,6 @@ def test_transformers_loss_on_first_batch_equals_step1_golden(batches, hf_model,
     record_property("step1_loss_hf_golden", golden)
     record_property("step1_loss_abs_diff_vs_golden", abs(measured - golden))
     assert measured == pytest.approx(golden, abs=STEP1_ATOL)
-
-
-@pytest.mark.slow
-def test_transformers_loss_on_first_batch_equals_live_step1(
-    batches, hf_model, native_hf_run, record_property
-):
-    """The same against this session's 2-rank run, so the pin holds wherever the golden is stale."""
-    opts = recipe_options()
-    assert (
-        native_hf_run["nproc"],
-        native_hf_run["seq_len"],
-        native_hf_run["local_batch_size"],
-    ) == (
-        opts.nproc,
-        opts.seq_len,
-        opts.local_batch_size,
-    ), "the shared run no longer has this data path's options"
-    measured = global_avg_loss(hf_model, batches, "torchtitan")
-    record_property("step1_loss_abs_diff_vs_live_run", abs(measured - native_hf_run["losses"][0]))
-    assert measured == pytest.approx(native_hf_run["losses"][0], abs=STEP1_ATOL)
 
 
 def test_per_document_positions_explain_the_gap_to_the_eval_loss(
