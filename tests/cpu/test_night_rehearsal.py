@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rehearsal import night
+from rehearsal import machine, night
 from rehearsal.workflow import Context, JobRun, WorkflowError, upload_artifact
 
 
@@ -190,7 +190,7 @@ def test_the_expected_exit_table_names_every_step_of_the_real_nightly(tmp_path):
         )
     )
     with pytest.raises(
-        night.RehearsalError, match=r"no entry for \['NEFF hits'\].*'NEFF cache hits and misses'"
+        machine.RehearsalError, match=r"no entry for \['NEFF hits'\].*'NEFF cache hits and misses'"
     ):
         night.expected_codes(renamed, "first")
 
@@ -232,7 +232,7 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan_b
 
     from rehearsal import fork
 
-    url = fork.build(tmp_path / "fork", night.SOURCE / "fixtures")
+    url = fork.build(tmp_path / "fork", machine.SOURCE / "fixtures")
     refs = subprocess.run(
         ["git", "ls-remote", "--heads", "--tags", url], capture_output=True, text=True
     ).stdout
@@ -244,13 +244,14 @@ def test_the_fork_standin_is_a_release_branch_whose_config_is_stock_torchtitan_b
     assert (
         (checkout / "requirements.txt").read_text().strip().splitlines()[-1].startswith("#")
     )  # asks for nothing
-    corpus = night.SOURCE / "fixtures/corpus/train.jsonl"
+    corpus = machine.SOURCE / "fixtures/corpus/train.jsonl"
     assert (checkout / "tests/assets/c4_test/train.jsonl").read_bytes() == corpus.read_bytes()
     # torchtitan's test BPE is not the weights' tokenizer: config 1's as-published lane shows that defect only
     # if the stand-in's is not the fixture model's either (seen failing: the tokenizer suspect never applied)
     test_bpe = checkout / "tests/assets/tokenizer/tokenizer.json"
     assert (
-        test_bpe.read_bytes() != (night.SOURCE / "fixtures/qwen3-tiny/tokenizer.json").read_bytes()
+        test_bpe.read_bytes()
+        != (machine.SOURCE / "fixtures/qwen3-tiny/tokenizer.json").read_bytes()
     )
     from tokenizers import Tokenizer
 
@@ -314,12 +315,12 @@ def test_config3_comparison_in_a_rehearsal_is_at_the_published_sizes(tmp_path):
 
     from rehearsal import fork
 
-    fork.build(tmp_path / "fork", night.SOURCE / "fixtures")
+    fork.build(tmp_path / "fork", machine.SOURCE / "fixtures")
     settings = tmp_path / "settings.json"
     settings.write_text("{}")
     result = tmp_path / "result.json"
     request = {
-        "module": str(night.SOURCE / "tests/neuron/test_nki_moe_neuron.py"),
+        "module": str(machine.SOURCE / "tests/neuron/test_nki_moe_neuron.py"),
         "body": "compare_config3",
         "args": [],
         "result": str(result),
@@ -333,11 +334,11 @@ def test_config3_comparison_in_a_rehearsal_is_at_the_published_sizes(tmp_path):
         OMP_NUM_THREADS="1",
     )
     done = subprocess.run(
-        [sys.executable, str(night.SOURCE / "tests/neuron/neuron_cores.py"), json.dumps(request)],
+        [sys.executable, str(machine.SOURCE / "tests/neuron/neuron_cores.py"), json.dumps(request)],
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=night.SOURCE,
+        cwd=machine.SOURCE,
         env=env,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -362,7 +363,7 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(night.SOURCE)!r})
+        sys.path.insert(0, {str(machine.SOURCE)!r})
         from pathlib import Path
         from rehearsal import night
         from tests.cpu.test_night_rehearsal import job
@@ -370,7 +371,7 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
         job(Path({str(tmp_path)!r}), [{{"name": "long", "run": "sleep 300 &\\necho $! > child.pid\\nwait"}}]).run()
     """)
     )
-    runner = subprocess.Popen([sys.executable, str(script)], cwd=night.SOURCE)
+    runner = subprocess.Popen([sys.executable, str(script)], cwd=machine.SOURCE)
     pid_file = tmp_path / "ws" / "child.pid"
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text().strip()):
@@ -395,10 +396,10 @@ def test_the_standin_4b_weights_carry_the_real_models_rope_theta(tmp_path):
     test_config2_theta_as_published_and_corrected, ``assert theta.applies``."""
     from recipes.specs import read_hf_dims
 
-    night.standin_weights(tmp_path / "4b")
-    real = read_hf_dims(night.SOURCE / "fixtures/qwen3-4b-instruct-2507")["rope_theta"]
+    machine.standin_weights(tmp_path / "4b")
+    real = read_hf_dims(machine.SOURCE / "fixtures/qwen3-4b-instruct-2507")["rope_theta"]
     assert read_hf_dims(tmp_path / "4b")["rope_theta"] == real == 5e6
-    tiny = night.SOURCE / "fixtures/qwen3-tiny/model.safetensors"
+    tiny = machine.SOURCE / "fixtures/qwen3-tiny/model.safetensors"
     assert (tmp_path / "4b/model.safetensors").read_bytes() == tiny.read_bytes()
 
 
@@ -521,14 +522,14 @@ def test_the_working_tree_is_rehearsed_as_its_stash_commit(tmp_path):
     git(source, "add", ".")
     git(source, "commit", "-qm", "one")
     head = git(source, "rev-parse", "HEAD").strip()
-    clean = night.working_tree(source)
+    clean = machine.working_tree(source)
     assert (clean.commit, clean.uncommitted) == (head, ())
     assert "the working tree is clean" in clean.lines()[0]
     (source / "rope.py").write_text("new\n")
     (source / "new_test.py").write_text("x\n")
     (source / "ignored.log").write_text("x\n")
     status = git(source, "status", "--porcelain")
-    tree = night.working_tree(source)
+    tree = machine.working_tree(source)
     assert tree.commit != head and tree.head == head
     assert tree.uncommitted == ("new_test.py", "rope.py") and tree.untracked == ("new_test.py",)
     assert git(source, "status", "--porcelain") == status and git(source, "stash", "list") == ""
@@ -540,7 +541,7 @@ def test_the_working_tree_is_rehearsed_as_its_stash_commit(tmp_path):
 
     out = tmp_path / "checkout.log"
     with open(out, "w") as f:
-        assert night.checkout(tree, source)({}, Job, f) == 0
+        assert machine.checkout(tree, source)({}, Job, f) == 0
     assert (Job.workspace / "rope.py").read_text() == "new\n"
     assert (Job.workspace / "new_test.py").exists() and not (Job.workspace / "ignored.log").exists()
     assert git(Job.workspace, "rev-parse", "HEAD").strip() == tree.commit
@@ -550,10 +551,10 @@ def test_the_working_tree_is_rehearsed_as_its_stash_commit(tmp_path):
 def test_every_substitution_is_stated_in_the_readme():
     """Each substitution the rehearsal prints (checkout, gh, timeout-minutes, uploads, machine) is a bullet of
     rehearsal/README.md; the job timeout is scaled by the rehearsal's plan and stated."""
-    tree = night.Tree("a" * 40, "a" * 40, ())
+    tree = machine.Tree("a" * 40, "a" * 40, ())
     seconds, how = night.job_timeout(night.WORKFLOW, "first")
     lines = night.substitutions(tree, how, 3600)
-    readme = (night.SOURCE / "rehearsal/README.md").read_text()
+    readme = (machine.SOURCE / "rehearsal/README.md").read_text()
     for line in lines:
         assert f"- **{line.split(':')[0]}**" in readme, line
     assert [line.split(":")[0] for line in lines] == [
@@ -574,6 +575,6 @@ def test_the_fake_device_nodes_exist_before_any_step_runs(tmp_path):
     night's held-device preflight (step held_guard) reads that. Seen failing in a real rehearsal night before
     seam_env made them: the nodes were made only on first use by the suite, after the preflight's runtime had
     started, so the preflight found no device file open and the step failed (exit 2)."""
-    env = night.seam_env(tmp_path, {"scratch": str(tmp_path)}, {})
+    env = machine.seam_env(tmp_path, {"scratch": str(tmp_path)}, {})
     nodes = sorted(Path(env["QWEN3_STANDIN_DEVICE_DIR"]).glob("neuron[0-9]*"))
     assert [p.name for p in nodes] == ["neuron0"], nodes
