@@ -40,6 +40,7 @@ from rehearsal.machine import (
     working_tree,
 )
 from rehearsal.workflow import (
+    STARTING,
     JobRun,
     StepResult,
     load_job,
@@ -304,7 +305,7 @@ def stop_on_signals() -> None:
     group is ended with it (rehearsal/workflow.py ``JobRun._execute``), never left running."""
 
     def stop(signum, frame):
-        raise SystemExit(128 + signum)
+        STARTING.stop(signum)  # at once, or once a step being started can be ended with it
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)

@@ -352,14 +352,20 @@ class JobRun:
         """Run one step in its own session; a watchdog ends its whole process group on the step timeout or
         when the machine's available memory falls under ``min_available`` (a shared host must survive)."""
         with open(log, "w") as out:
-            proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
             # the job's timeout ends the running step too, unless the job is already cancelled
             job_deadline = None if self.cancelled else self.job_deadline
-            why = ""
+            why, proc = "", None
             try:
+                with STARTING:  # a stop signal now waits until the step's process group is known
+                    proc = subprocess.Popen(
+                        argv,
+                        cwd=cwd,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 while proc.poll() is None:
                     if deadline and time.monotonic() > deadline:
                         why = f"timed out after {self.timeout_s:.0f} s"
@@ -374,7 +380,7 @@ class JobRun:
                         break
                     time.sleep(0.2)
             finally:  # a timeout, low memory, or the rehearsal itself stopped (SIGTERM, Ctrl-C): the step goes too
-                if proc.poll() is None:
+                if proc is not None and proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             if why:
@@ -382,6 +388,34 @@ class JobRun:
             if self.echo:
                 print(log.read_text(errors="replace"), end="", flush=True)
             return proc.returncode
+
+
+class Starting:
+    """While a step's process starts, a stop signal waits: raised inside ``Popen``, it would leave the step's
+    process running with no ``proc`` to end it (seen in a loaded CI: the step's child outlived the rehearsal).
+    The rehearsal's handler (rehearsal/night.py ``stop_on_signals``) asks :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.active, self.pending = False, None
+
+    def __enter__(self) -> None:
+        self.active = True
+
+    def __exit__(self, *exc) -> None:
+        self.active = False
+        if self.pending is not None and exc[0] is None:
+            signum, self.pending = self.pending, None
+            raise SystemExit(128 + signum)
+
+    def stop(self, signum: int) -> None:
+        """End the rehearsal with 128 + ``signum`` (through every ``finally``), or once the step has started."""
+        if self.active:
+            self.pending = signum
+            return
+        raise SystemExit(128 + signum)
+
+
+STARTING = Starting()
 
 
 def upload_artifact(with_: dict, job: JobRun, out) -> int:

@@ -390,6 +390,52 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
         pytest.fail(f"the step's child {child} outlived the rehearsal")
 
 
+def test_a_stop_while_a_step_starts_still_ends_the_step(tmp_path):
+    """SIGTERM inside ``Popen`` (the step's child already running, ``proc`` not yet bound) waits until the step
+    can be ended with it. Seen failing in a loaded clean-clone CI (test above: the step's child outlived the
+    rehearsal), and here with rehearsal/workflow.py's STARTING removed: the runner exits 143, the step runs on."""
+    import os
+    import signal
+    import sys
+    import textwrap
+
+    script = tmp_path / "runner.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        sys.path.insert(0, {str(machine.SOURCE)!r})
+        from pathlib import Path
+        from rehearsal import night
+        from tests.cpu.test_night_rehearsal import job
+
+        class StoppedWhileStarting(subprocess.Popen):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                pid_file = Path({str(tmp_path / "ws" / "child.pid")!r})
+                while not (pid_file.exists() and pid_file.read_text().strip()):
+                    time.sleep(0.01)
+                os.kill(os.getpid(), signal.SIGTERM)  # the stop arrives before Popen has returned
+                for _ in range(100):
+                    time.sleep(0.001)  # its handler runs here, inside Popen
+
+        subprocess.Popen = StoppedWhileStarting
+        night.stop_on_signals()
+        job(Path({str(tmp_path)!r}), [{{"name": "long", "run": "sleep 300 &\\necho $! > child.pid\\nwait"}}]).run()
+    """)
+    )
+    runner = subprocess.Popen([sys.executable, str(script)], cwd=machine.SOURCE)
+    assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+    child = int((tmp_path / "ws" / "child.pid").read_text())
+    for _ in range(50):
+        state = Path(f"/proc/{child}/stat")
+        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the step's child {child} outlived the rehearsal")
+
+
 def test_the_standin_4b_weights_carry_the_real_models_rope_theta(tmp_path):
     """Config 2's theta lanes measure the 4B flavor's 1e6 against config.json's 5e6; the tiny fixture says 1e6,
     so without this the suspect could not apply. Seen failing in the rehearsal:
