@@ -351,10 +351,23 @@ def test_config3_comparison_in_a_rehearsal_is_at_the_published_sizes(tmp_path):
     )[:4]
 
 
+def assert_gone_with_the_rehearsal(child: int) -> None:
+    """The step's child ``child`` is gone (or a zombie) within 5 s; else it is killed and the test fails."""
+    import os
+    import signal
+
+    for _ in range(50):
+        state = Path(f"/proc/{child}/stat")
+        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail(f"the step's child {child} outlived the rehearsal")
+
+
 def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
     """SIGTERM to the rehearsal (a Ctrl-C, a CI cancel) must not leave the night's pytest step running.
     Seen failing: after ``kill`` of the runner, step 9's pytest and its launches ran on."""
-    import os
     import signal
     import sys
     import textwrap
@@ -380,21 +393,13 @@ def test_a_stopped_rehearsal_ends_its_running_step(tmp_path):
     child = int(pid_file.read_text())
     runner.send_signal(signal.SIGTERM)
     assert runner.wait(timeout=30) == 128 + signal.SIGTERM
-    for _ in range(50):
-        state = Path(f"/proc/{child}/stat")
-        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(child, signal.SIGKILL)
-        pytest.fail(f"the step's child {child} outlived the rehearsal")
+    assert_gone_with_the_rehearsal(child)
 
 
 def test_a_stop_while_a_step_starts_still_ends_the_step(tmp_path):
     """SIGTERM inside ``Popen`` (the step's child already running, ``proc`` not yet bound) waits until the step
     can be ended with it. Seen failing in a loaded clean-clone CI (test above: the step's child outlived the
     rehearsal), and here with rehearsal/workflow.py's STARTING removed: the runner exits 143, the step runs on."""
-    import os
     import signal
     import sys
     import textwrap
@@ -426,14 +431,7 @@ def test_a_stop_while_a_step_starts_still_ends_the_step(tmp_path):
     runner = subprocess.Popen([sys.executable, str(script)], cwd=machine.SOURCE)
     assert runner.wait(timeout=60) == 128 + signal.SIGTERM
     child = int((tmp_path / "ws" / "child.pid").read_text())
-    for _ in range(50):
-        state = Path(f"/proc/{child}/stat")
-        if not state.exists() or state.read_text().split(") ")[1].startswith("Z"):
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(child, signal.SIGKILL)
-        pytest.fail(f"the step's child {child} outlived the rehearsal")
+    assert_gone_with_the_rehearsal(child)
 
 
 def test_the_standin_4b_weights_carry_the_real_models_rope_theta(tmp_path):
