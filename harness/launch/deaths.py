@@ -82,24 +82,46 @@ def why_killed(pid: int | None) -> str:
     return ""
 
 
+def _signal_deaths(block: str) -> list[tuple[int, int, int]]:
+    """``(rank, signal, pid)`` of each failure in a part of torchrun's ChildFailedError a signal ended."""
+    found = []
+    for entry in re.split(r"^\[\d+\]:", block, flags=re.M)[1:]:
+        rank, code = _RANK.search(entry), _EXIT.search(entry)
+        if rank and code and int(code.group(1)) < 0:
+            found.append((int(rank.group(1)), -int(code.group(1)), int(code.group(2))))
+    return found
+
+
 def killed_rank(run_dir: Path) -> str | None:
-    """'rank R was killed by SIGKILL (signal 9, pid P)...' from torchrun's root cause in console.log; None
-    when the first failed rank was not ended by a signal (or torchrun printed no root cause)."""
+    """'rank R was killed by SIGKILL (signal 9, pid P)...' from torchrun's ChildFailedError in console.log.
+
+    A SIGKILLed rank first, the root cause or not: a SIGKILL comes from outside (the OOM killer, a user),
+    and torch elastic times a signal death when it sees it, to the second (``ProcessFailure`` in
+    torch/distributed/elastic/multiprocessing/errors/__init__.py), so the exception a peer raised on
+    losing it ("Connection closed by peer") can come first. Else the root cause, if a signal ended it.
+    torchrun (exec ranks) lists every rank that had failed when it looked; the preloaded start's
+    function entrypoint (``MultiprocessContext``) lists only the first one its join saw.
+    None when no signal ended a rank, or torchrun printed no ChildFailedError.
+    """
     try:
         text = (Path(run_dir) / CONSOLE_FILE).read_text(errors="replace")
     except OSError:
         return None
-    cause = text.rpartition(ROOT_CAUSE)[2] if ROOT_CAUSE in text else ""
-    rank, code = _RANK.search(cause), _EXIT.search(cause)
-    if not (rank and code) or int(code.group(1)) >= 0:
+    if ROOT_CAUSE not in text:
         return None
-    number, pid = -int(code.group(1)), int(code.group(2))
+    before, _, cause = text.rpartition(ROOT_CAUSE)
+    others = before.rpartition("Failures:")[2]
+    every = _signal_deaths(cause) + _signal_deaths(others)
+    deaths = [death for death in every if death[1] == signal.SIGKILL] or _signal_deaths(cause)
+    if not deaths:
+        return None
+    rank, number, pid = deaths[0]
     try:
         name = signal.Signals(number).name
     except ValueError:
         name = f"signal {number}"
     extra = why_killed(pid) if number == signal.SIGKILL else ""
-    return f"rank {rank.group(1)} was killed by {name} (signal {number}, pid {pid}){extra}"
+    return f"rank {rank} was killed by {name} (signal {number}, pid {pid}){extra}"
 
 
 def torchrun_killed(returncode: int) -> str | None:

@@ -80,7 +80,9 @@ def failure_summary(
     why = non_finite_summary(run_dir, steps)
     if why:
         return why
-    first = first_failure(run_dir) or deaths.killed_rank(run_dir)
-    if deaths.torchrun_killed(returncode):
-        return deaths.torchrun_killed(returncode) + (f"; {first}" if first else "")
-    return f"torchrun exited {returncode}; {first}" if first else f"torchrun exited {returncode}"
+    # A rank killed from outside leads: the exception a peer raised on losing it is a consequence.
+    ranks = "; ".join(
+        part for part in (deaths.killed_rank(run_dir), first_failure(run_dir)) if part
+    )
+    launcher = deaths.torchrun_killed(returncode) or f"torchrun exited {returncode}"
+    return f"{launcher}; {ranks}" if ranks else launcher

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from harness.base.run_dir import CONSOLE_FILE
+import json
+
+from harness.base.run_dir import CONSOLE_FILE, ERROR_FILE
 from harness.launch import deaths
+from harness.launch.failures import failure_summary
 
 #: torchrun's ChildFailedError as it printed one for a SIGKILLed rank (cpu tier, torch 2.14).
 ROOT_CAUSE = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -51,6 +54,70 @@ def test_the_oom_killer_is_named_when_the_cgroup_counts_a_new_kill(tmp_path, mon
     monkeypatch.setattr(deaths, "oom_kills", lambda: {events: 3})
     said = deaths.killed_rank(console(tmp_path, ROOT_CAUSE))
     assert f"{events} counts 1 OOM kill(s) since the launcher started" in said, said
+
+
+#: The CI's run of kill@1:1 (torch 2.14): rank 1 SIGKILLed, rank 0's gloo error timed in the same second,
+#: so torch elastic called rank 0 first (its smallest timestamp, ties to the lowest rank).
+PEER_CALLED_FIRST = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+harness.rank.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-07_18:02:11
+  host      : host
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5120)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 5120
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-07_18:02:11
+  host      : host
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 5119)
+  error_file: /tmp/run/torchelastic/0/error.json
+  traceback : Traceback (most recent call last):
+    RuntimeError: Connection closed by peer [127.0.0.1]:49817.
+============================================================
+"""
+
+
+def test_a_sigkilled_rank_leads_a_peer_torch_elastic_called_first(tmp_path, monkeypatch):
+    """The CI failure of 2026-12-07: the SIGKILL is the cause even when a peer's exception is timed first."""
+    monkeypatch.setattr(deaths, "kernel_says", lambda pid: None)
+    monkeypatch.setattr(deaths, "oom_kills", lambda: dict(deaths.AT_START))
+    console(tmp_path, PEER_CALLED_FIRST)
+    (tmp_path / ERROR_FILE).write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": "RuntimeError: Connection closed by peer",
+                    "extraInfo": {"rank": 0},
+                }
+            }
+        )
+    )
+    said = failure_summary(tmp_path, [], 1, None)
+    assert said == (
+        "torchrun exited 1; rank 1 was killed by SIGKILL (signal 9, pid 5120); "
+        "rank 0 failed first: RuntimeError: Connection closed by peer"
+    ), said
+
+
+def test_a_sigkill_leads_a_root_cause_another_signal_ended(tmp_path):
+    """Seen on this machine: rank 0 raised, wrote its error file, then was SIGTERMed by torchrun; its
+    error file's earlier time made it the root cause, and rank 1's SIGKILL was listed beside it."""
+    text = PEER_CALLED_FIRST.replace("exitcode  : 1 (pid: 5119)", "exitcode  : -15 (pid: 5119)")
+    said = deaths.killed_rank(console(tmp_path, text))
+    assert said.startswith("rank 1 was killed by SIGKILL (signal 9, pid 5120)"), said
+
+
+def test_a_peer_ended_by_another_signal_does_not_lead(tmp_path):
+    """Only a SIGKILL comes from outside for sure; a SIGABRT beside the root cause may be its consequence."""
+    text = PEER_CALLED_FIRST.replace("-9 (pid: 5120)", "-6 (pid: 5120)")
+    assert deaths.killed_rank(console(tmp_path, text)) is None
 
 
 def test_a_rank_that_exited_is_no_signal(tmp_path):
