@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lock-installed
+# bash: the rehearsal nights keep their exit code through a pipe (set -o pipefail).
+SHELL  := /bin/bash
 
-.PHONY: venv repro test test-fast lint neuron-venv test-neuron rehearse-trn2 bench lock fixtures goldens bump bisect clean
+.PHONY: venv repro test test-fast lint neuron-venv test-neuron rehearse-trn2 rehearse-default rehearse-flipped rehearse-device-random bench lock fixtures goldens bump bisect clean
 
 venv: $(STAMP)
 
@@ -64,11 +66,24 @@ STANDINS ?= $(CURDIR)/.rehearsal-standins
 REHEARSAL_FLIPPED ?= --switch QWEN3_STANDIN_AUTOLOAD=0 --switch QWEN3_STANDIN_LOCAL_RANK_CORES=0 \
 	--switch QWEN3_STANDIN_WRAP_NKI_CONTIGUOUS=1 --switch QWEN3_STANDIN_WRAP_NKI_RETURNS_ARGUMENT=0
 
+# The three nights run side by side (REHEARSAL_JOBS=1: one after another): each has its own scratch dir, fake
+# devices, core locks and ports, and one night alone leaves a third of 2 cores idle (a rank waits on its peer, pip
+# on the disk). Each line is prefixed with its night; each night's exit code is its own.
+REHEARSAL_JOBS ?= 3
+REHEARSAL_NIGHTS := rehearse-default rehearse-flipped rehearse-device-random
+
 rehearse-trn2: venv
 	$(PY) -m rehearsal.standins build --out $(STANDINS)
-	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_ARGS)
-	$(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_FLIPPED) $(REHEARSAL_ARGS)
-	$(PY) -m rehearsal.night --standins $(STANDINS) --night device-random --switch QWEN3_STANDIN_DEVICE_RANDOM=0
+	$(MAKE) --no-print-directory -j$(REHEARSAL_JOBS) $(REHEARSAL_NIGHTS)
+
+# One night each; `set -o pipefail` keeps the night's exit code through the prefixing sed.
+rehearse-default:
+	set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_ARGS) 2>&1 | sed -u 's/^/[default] /'
+rehearse-flipped:
+	set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_FLIPPED) $(REHEARSAL_ARGS) 2>&1 | sed -u 's/^/[flipped] /'
+rehearse-device-random:
+	set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) --night device-random \
+	  --switch QWEN3_STANDIN_DEVICE_RANDOM=0 2>&1 | sed -u 's/^/[device-random] /'
 
 # Regenerate the lock (pip-tools, exact pins with hashes) from requirements.in.
 lock: venv
