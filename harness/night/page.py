@@ -40,7 +40,7 @@ REFERENCE_JUDGE = "python -m harness run (harness.judge.verdicts.reference_of)"
 
 
 @dataclass
-class Claim:
+class VerdictRow:
     """One judged number: a row of the verdict table."""
 
     name: str
@@ -102,7 +102,7 @@ class Page:
     generated: str
     source: str
     interrupted: list[str]
-    claims: list[Claim]
+    claims: list[VerdictRow]
     moved: list[Moved]
     curves: list[Figure]
     speed_header: list[str]
@@ -168,13 +168,13 @@ def basis_of(recipe: str, tier: str, key: str) -> str:
 
 def claim(
     name: str, what: str, row: dict, basis: str, verdict: str, state: str, judge: str
-) -> Claim:
+) -> VerdictRow:
     """A verdict-table row; ``row`` holds lane, published, golden, measured and tolerance."""
     cells = [_fmt(row.get(k)) for k in ("published", "golden", "measured", "tolerance")]
-    return Claim(name, what, row.get("lane") or "–", *cells, basis, verdict, state, judge)
+    return VerdictRow(name, what, row.get("lane") or "–", *cells, basis, verdict, state, judge)
 
 
-def main_job_claims(results: dict) -> list[Claim]:
+def main_job_claims(results: dict) -> list[VerdictRow]:
     """results.json: each check of ``python -m harness run`` and each run's host reference."""
     rows = []
     for c in results.get("checks", []):
@@ -197,7 +197,7 @@ def main_job_claims(results: dict) -> list[Claim]:
     return rows
 
 
-def test_claims(tests: dict) -> list[Claim]:
+def test_claims(tests: dict) -> list[VerdictRow]:
     """tests.json: each golden a pytest session judged (the night's claims among them)."""
     rows = []
     for r in tests.get("goldens", []):
@@ -208,7 +208,9 @@ def test_claims(tests: dict) -> list[Claim]:
     return rows
 
 
-def moved_claims(report_dir: Path, claims: list[Claim], results: dict, tests: dict) -> list[Moved]:
+def moved_claims(
+    report_dir: Path, claims: list[VerdictRow], results: dict, tests: dict
+) -> list[Moved]:
     """Each failing claim: its run's diagnosis, first divergence, lanes' causes, upstream report."""
     moved = []
     for claim in (c for c in claims if c.state == "fail"):
