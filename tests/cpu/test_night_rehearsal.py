@@ -622,3 +622,53 @@ def test_the_fake_device_nodes_exist_before_any_step_runs(tmp_path):
     env = machine.seam_env(tmp_path, {"scratch": str(tmp_path)}, {})
     nodes = sorted(Path(env["QWEN3_STANDIN_DEVICE_DIR"]).glob("neuron[0-9]*"))
     assert [p.name for p in nodes] == ["neuron0"], nodes
+
+
+# --- make rehearse-trn2: three nights side by side, each failing on its own ---------------------------------
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    """``make`` in the checkout, with the venv's python (a stale lock would re-run pip: ``-o`` the stamp)."""
+    root = Path(night.__file__).resolve().parents[1]
+    return subprocess.run(
+        ["make", "--no-print-directory", "-o", ".venv/.lock-installed", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_make_rehearse_trn2_runs_the_three_nights_each_with_its_exit_code():
+    """The plan (``make -n``): the default night, the flipped one with every REHEARSAL_FLIPPED switch, and
+    device-random, each behind ``set -o pipefail`` so the prefixing sed cannot hide its exit code."""
+    plan = make("-n", "rehearse-trn2").stdout.replace("\\\n", " ")
+    plan = "\n".join(" ".join(line.split()) for line in plan.splitlines())
+    flipped = make("-n", "-p", "rehearse-default").stdout
+    switches = next(
+        line.split("=", 1)[1].split()
+        for line in flipped.splitlines()
+        if line.startswith("REHEARSAL_FLIPPED ")
+    )
+    nights = {
+        label: line
+        for line in plan.splitlines()
+        for label in ("default", "flipped", "device-random")
+        if line.endswith(f"sed -u 's/^/[{label}] /'")
+    }
+    assert sorted(nights) == ["default", "device-random", "flipped"], plan
+    for label, line in nights.items():
+        assert line.startswith("set -o pipefail; ") and " -m rehearsal.night " in line, line
+    switches = [s for s in switches if s != "--switch"]
+    assert switches and all(s in nights["flipped"] for s in switches), (
+        switches,
+        nights["flipped"],
+    )
+    assert "--night device-random --switch QWEN3_STANDIN_DEVICE_RANDOM=0" in nights["device-random"]
+
+
+def test_a_failing_night_fails_make_rehearse_trn2():
+    """A night's python exiting 1 (here: ``false``) fails the target through the pipe, with the others run."""
+    done = make("-j3", "rehearse-default", "rehearse-flipped", "rehearse-device-random", "PY=false")
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert done.stderr.count("Error 1") == 3, done.stderr
