@@ -76,14 +76,15 @@ rehearse-trn2: venv
 	$(PY) -m rehearsal.standins build --out $(STANDINS)
 	$(MAKE) --no-print-directory -j$(REHEARSAL_JOBS) $(REHEARSAL_NIGHTS)
 
-# One night each; `set -o pipefail` keeps the night's exit code through the prefixing sed.
+# One night each: $(call night,LABEL,ARGS); `set -o pipefail` keeps its exit code through the prefixing sed.
+night = set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) $(2) 2>&1 | sed -u 's/^/[$(1)] /'
+
 rehearse-default:
-	set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_ARGS) 2>&1 | sed -u 's/^/[default] /'
+	$(call night,default,$(REHEARSAL_ARGS))
 rehearse-flipped:
-	set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) $(REHEARSAL_FLIPPED) $(REHEARSAL_ARGS) 2>&1 | sed -u 's/^/[flipped] /'
+	$(call night,flipped,$(REHEARSAL_FLIPPED) $(REHEARSAL_ARGS))
 rehearse-device-random:
-	set -o pipefail; $(PY) -m rehearsal.night --standins $(STANDINS) --night device-random \
-	  --switch QWEN3_STANDIN_DEVICE_RANDOM=0 2>&1 | sed -u 's/^/[device-random] /'
+	$(call night,device-random,--night device-random --switch QWEN3_STANDIN_DEVICE_RANDOM=0)
 
 # Regenerate the lock (pip-tools, exact pins with hashes) from requirements.in.
 lock: venv

@@ -111,11 +111,12 @@ def killed_rank(run_dir: Path) -> str | None:
         return None
     before, _, cause = text.rpartition(ROOT_CAUSE)
     others = before.rpartition("Failures:")[2]
-    every = _signal_deaths(cause) + _signal_deaths(others)
-    deaths = [death for death in every if death[1] == signal.SIGKILL] or _signal_deaths(cause)
-    if not deaths:
+    in_cause = _signal_deaths(cause)
+    sigkilled = [d for d in in_cause + _signal_deaths(others) if d[1] == signal.SIGKILL]
+    chosen = sigkilled or in_cause
+    if not chosen:
         return None
-    rank, number, pid = deaths[0]
+    rank, number, pid = chosen[0]
     try:
         name = signal.Signals(number).name
     except ValueError:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.base.run_dir import CONSOLE_FILE, ERROR_FILE
 from harness.launch import deaths
 from harness.launch.failures import failure_summary
@@ -28,14 +30,19 @@ Root Cause (first observed failure):
 """
 
 
+@pytest.fixture
+def no_oom_evidence(monkeypatch):
+    """Neither the kernel log nor the cgroup says the OOM killer sent a kill."""
+    monkeypatch.setattr(deaths, "kernel_says", lambda pid: None)
+    monkeypatch.setattr(deaths, "oom_kills", lambda: dict(deaths.AT_START))
+
+
 def console(tmp_path, text: str):
     (tmp_path / CONSOLE_FILE).write_text(text)
     return tmp_path
 
 
-def test_a_sigkilled_rank_is_named_with_the_signal(tmp_path, monkeypatch):
-    monkeypatch.setattr(deaths, "kernel_says", lambda pid: None)
-    monkeypatch.setattr(deaths, "oom_kills", lambda: dict(deaths.AT_START))
+def test_a_sigkilled_rank_is_named_with_the_signal(tmp_path, no_oom_evidence):
     said = deaths.killed_rank(console(tmp_path, ROOT_CAUSE))
     assert said == "rank 1 was killed by SIGKILL (signal 9, pid 24868)", said
 
@@ -84,10 +91,8 @@ Root Cause (first observed failure):
 """
 
 
-def test_a_sigkilled_rank_leads_a_peer_torch_elastic_called_first(tmp_path, monkeypatch):
+def test_a_sigkilled_rank_leads_a_peer_torch_elastic_called_first(tmp_path, no_oom_evidence):
     """The CI failure of 2026-12-07: the SIGKILL is the cause even when a peer's exception is timed first."""
-    monkeypatch.setattr(deaths, "kernel_says", lambda pid: None)
-    monkeypatch.setattr(deaths, "oom_kills", lambda: dict(deaths.AT_START))
     console(tmp_path, PEER_CALLED_FIRST)
     (tmp_path / ERROR_FILE).write_text(
         json.dumps(
@@ -106,7 +111,7 @@ def test_a_sigkilled_rank_leads_a_peer_torch_elastic_called_first(tmp_path, monk
     ), said
 
 
-def test_a_sigkill_leads_a_root_cause_another_signal_ended(tmp_path):
+def test_a_sigkill_leads_a_root_cause_another_signal_ended(tmp_path, no_oom_evidence):
     """Seen on this machine: rank 0 raised, wrote its error file, then was SIGTERMed by torchrun; its
     error file's earlier time made it the root cause, and rank 1's SIGKILL was listed beside it."""
     text = PEER_CALLED_FIRST.replace("exitcode  : 1 (pid: 5119)", "exitcode  : -15 (pid: 5119)")
